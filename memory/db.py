@@ -1,0 +1,78 @@
+"""Engine, sessions and migrations.
+
+The caller owns the transaction: repository functions take a session and never commit;
+routes, the runner and the consumers open ``async with db.transaction() as session``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from sqlalchemy import make_url, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def asyncpg_dsn(database_url: str) -> str:
+    """The same database as a plain asyncpg DSN (for LISTEN/NOTIFY connections)."""
+    url = make_url(database_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+def async_url(database_url: str) -> str:
+    """Normalise any postgres URL to the asyncpg driver."""
+    url = make_url(database_url)
+    if url.drivername in ("postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2"):
+        url = url.set(drivername="postgresql+asyncpg")
+    return url.render_as_string(hide_password=False)
+
+
+class Database:
+    """One engine and its session factory, opened in a lifespan and closed in ``finally``."""
+
+    def __init__(self, database_url: str, *, pool_size: int = 10) -> None:
+        self.url = async_url(database_url)
+        self.engine: AsyncEngine = create_async_engine(
+            self.url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False
+        )
+        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """A session inside one transaction: committed on success, rolled back on error."""
+        async with self.sessions() as session, session.begin():
+            yield session
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncSession]:
+        """A session with no transaction opened yet (for callers that open several)."""
+        async with self.sessions() as session:
+            yield session
+
+    async def ping(self) -> None:
+        """Raise if the database cannot answer."""
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    """Apply Alembic migrations (synchronous; call it before the event loop serves)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", async_url(database_url).replace("%", "%%"))
+    command.upgrade(cfg, revision)
+
+
+async def upgrade_async(database_url: str) -> None:
+    """Apply migrations from inside a running event loop."""
+    await asyncio.to_thread(upgrade, database_url)

@@ -1,0 +1,252 @@
+"""Storage models: every row that holds user data carries tenant_id and user_id."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pgvector.sqlalchemy import Vector
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+EMBEDDING_DIM = 384
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class TurnStatus:
+    """Turn states (see DESIGN.md)."""
+
+    STREAMING = "streaming"
+    COMPLETED = "completed"
+    INTERRUPTED_BY_USER = "interrupted_by_user"
+    INTERRUPTED_BY_ERROR = "interrupted_by_error"
+    FAILED = "failed"
+    AWAITING_APPROVAL = "awaiting_approval"
+
+    TERMINAL = frozenset({COMPLETED, INTERRUPTED_BY_USER, INTERRUPTED_BY_ERROR, FAILED})
+    INTERRUPTED = frozenset({INTERRUPTED_BY_USER, INTERRUPTED_BY_ERROR})
+
+
+class ToolCallState:
+    """States of one tool call inside an assistant turn."""
+
+    STREAMING = "streaming"
+    READY = "ready"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    AWAITING_APPROVAL = "awaiting_approval"
+
+
+def _now() -> Any:
+    return func.now()
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    title: Mapped[str] = mapped_column(Text, default="")
+    memory_mode: Mapped[str] = mapped_column(String(16), default="persistent")
+    next_seq: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # Newest turn seq whose memory rows are written (the indexer's watermark).
+    indexed_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    active_reply_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (
+        Index("ix_conversations_owner_created", "tenant_id", "user_id", "created_at", "id"),
+    )
+
+
+class Turn(Base):
+    __tablename__ = "turns"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    conversation_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("conversations.id", ondelete="CASCADE")
+    )
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))  # user | assistant | tool
+    status: Mapped[str] = mapped_column(String(32))
+    content: Mapped[str] = mapped_column(Text, default="")
+    # Assistant turns: [{"index", "id", "name", "arguments", "state", ...}] exactly as received.
+    tool_calls: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list, server_default="[]")
+    # Tool turns: which call this result answers.
+    tool_call_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    name: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # All turns of one reply (model → tools → model) share the first assistant turn's id.
+    reply_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
+    model: Mapped[str | None] = mapped_column(Text, nullable=True)
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
+    interrupt_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    rewritten_query: Mapped[str | None] = mapped_column(Text, nullable=True)
+    prompt_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    external_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB, nullable=True)
+    last_event_id: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "seq", name="uq_turns_conversation_seq"),
+        Index("ix_turns_reply", "reply_id"),
+        Index("ix_turns_streaming", "heartbeat_at", postgresql_where=text("status = 'streaming'")),
+        Index(
+            "uq_turns_idempotency",
+            "conversation_id",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+        Index(
+            "uq_turns_external_id",
+            "conversation_id",
+            "external_id",
+            unique=True,
+            postgresql_where=text("external_id IS NOT NULL"),
+        ),
+    )
+
+
+class TurnEventChunk(Base):
+    """The SSE events of one reply, persisted at each checkpoint (for resume on any process)."""
+
+    __tablename__ = "turn_events"
+
+    reply_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    first_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    last_id: Mapped[int] = mapped_column(Integer)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    # [[id, event, data], ...]
+    events: Mapped[list[Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+
+
+class ToolInvocation(Base):
+    """One logical tool call; the idempotency key makes a side effect happen at most once."""
+
+    __tablename__ = "tool_invocations"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    turn_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    call_index: Mapped[int] = mapped_column(Integer)
+    call_id: Mapped[str] = mapped_column(String(128))
+    tool_name: Mapped[str] = mapped_column(Text)
+    arguments: Mapped[Any] = mapped_column(JSONB)
+    idempotency_key: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[str] = mapped_column(String(32))
+    result: Mapped[Any | None] = mapped_column(JSONB, nullable=True)
+    side_effect_may_have_happened: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+
+
+class OutboxRow(Base):
+    """A finished turn waiting to reach the memory index (same transaction as the turn)."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    conversation_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    turn_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+    # Kafka transport: set once the broker acknowledged.
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Postgres transport: set once the indexer committed the rows.
+    consumed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    dead_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (
+        Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
+        Index("ix_outbox_unconsumed", "id", postgresql_where=text("consumed_at IS NULL AND dead_at IS NULL")),
+    )
+
+
+class MemoryItem(Base):
+    """One embedded chunk of a finished turn: the long-term memory."""
+
+    __tablename__ = "memory_items"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    conversation_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    turn_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    chunk_index: Mapped[int] = mapped_column(Integer)
+    turn_seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str | None] = mapped_column(Text, nullable=True)
+    text: Mapped[str] = mapped_column(Text)
+    # Words, plus CJK character bigrams, so 'simple' full-text search works for Chinese.
+    search_terms: Mapped[Any] = mapped_column(TSVECTOR)
+    embedding: Mapped[Any] = mapped_column(Vector(EMBEDDING_DIM))
+    turn_created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    external_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB, nullable=True)
+    indexed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+
+    __table_args__ = (
+        UniqueConstraint("turn_id", "chunk_index", name="uq_memory_turn_chunk"),
+        Index("ix_memory_owner", "tenant_id", "user_id"),
+        Index("ix_memory_conversation", "conversation_id"),
+        Index("ix_memory_terms", "search_terms", postgresql_using="gin"),
+        Index(
+            "ix_memory_embedding",
+            "embedding",
+            postgresql_using="hnsw",
+            postgresql_with={"m": 16, "ef_construction": 64},
+            postgresql_ops={"embedding": "vector_cosine_ops"},
+        ),
+    )
+
+
+class DeadLetter(Base):
+    """Messages the indexer gave up on (Postgres transport), with the error."""
+
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(32))
+    outbox_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    payload: Mapped[Any] = mapped_column(JSONB)
+    error: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
