@@ -51,3 +51,113 @@ async def db(pg_url: str) -> AsyncIterator[Database]:
         yield database
     finally:
         await database.dispose()
+
+
+# --- the API, served for real ------------------------------------------------------
+
+import asyncio  # noqa: E402
+import contextlib  # noqa: E402
+import socket  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+
+from chat_api.app import create_app  # noqa: E402
+from chat_api.auth import issue_token  # noqa: E402
+from memory.config import Settings, get_settings  # noqa: E402
+
+TEST_SECRET = "test-secret-not-for-production-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def token_for(tenant: str = "t1", user: str = "u1") -> str:
+    return issue_token(TEST_SECRET, tenant, user)
+
+
+def auth(tenant: str = "t1", user: str = "u1") -> dict[str, str]:
+    return {"Authorization": f"Bearer {token_for(tenant, user)}"}
+
+
+@pytest.fixture
+def make_settings(pg_url: str) -> Callable[..., Settings]:
+    """Settings for a test app on the test database; overrides as keyword arguments."""
+
+    def build(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "database_url": pg_url,
+            "jwt_secret": TEST_SECRET,
+            "demo_tokens_per_second": 200.0,
+            "checkpoint_interval_ms": 100,
+            "reaper_interval_seconds": 0.5,
+            "llm_provider": "demo",
+        }
+        values.update(overrides)
+        return get_settings(**values)
+
+    return build
+
+
+class LiveServer:
+    """A real uvicorn server running the app on a free loopback port, inside the test's loop."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def services(self) -> Any:
+        return self.app.state.services
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self.server.serve())
+        async with asyncio.timeout(20):
+            while not self.server.started:
+                if self._task.done():
+                    self._task.result()
+                await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(self._task, timeout=20)
+
+    def client(self, tenant: str = "t1", user: str = "u1", **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base_url, headers=auth(tenant, user), timeout=30, **kwargs)
+
+
+@pytest.fixture
+async def start_server(db: Any, make_settings: Callable[..., Settings]) -> AsyncIterator[Callable[..., Any]]:
+    """Start live servers: `await start_server(**settings_overrides, provider=..., tools=...)`."""
+    servers: list[LiveServer] = []
+
+    async def start(provider: Any = None, tools: Any = None, workers: Any = None, **overrides: Any) -> LiveServer:
+        app = create_app(make_settings(**overrides), provider=provider, tools=tools, workers=workers)
+        server = LiveServer(app)
+        await server.start()
+        servers.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            await server.stop()
+
+
+@pytest.fixture
+async def server(start_server: Callable[..., Any]) -> LiveServer:
+    """One live API server on demo defaults."""
+    return await start_server()  # type: ignore[no-any-return]

@@ -1,0 +1,148 @@
+"""The FastAPI application: long-lived parts opened in the lifespan, closed in `finally`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from chat_api.auth import TokenVerifier
+from chat_api.checkpoint import Checkpointer
+from chat_api.errors import install_error_handlers
+from chat_api.limits import BodyLimit
+from chat_api.prompting import Prompter
+from chat_api.providers.base import ChatProvider
+from chat_api.reaper import Reaper
+from chat_api.replies import ReplyRegistry
+from chat_api.routes import conversations, health, messages, turns
+from chat_api.runner import ReplyRunner
+from chat_api.services import Services, process_id
+from chat_api.signals import Signals
+from chat_api.tools import ToolRegistry, default_registry
+from memory.config import Settings
+from memory.db import Database
+from memory.prompts import load_prompts
+
+log = logging.getLogger(__name__)
+
+# A background part of the process: given the services and a stop event, runs until stopped.
+Worker = Callable[[Services, asyncio.Event], Awaitable[None]]
+
+
+def make_provider(settings: Settings) -> ChatProvider:
+    """The configured chat model provider."""
+    if settings.llm_provider == "openai":
+        from chat_api.providers.openai_provider import OpenAIProvider
+
+        return OpenAIProvider.from_settings(settings)
+    from chat_api.providers.demo import DemoProvider
+
+    return DemoProvider(
+        tokens_per_second=settings.demo_tokens_per_second,
+        first_token_delay=settings.demo_first_token_delay_seconds,
+    )
+
+
+def create_app(
+    settings: Settings,
+    *,
+    provider: ChatProvider | None = None,
+    tools: ToolRegistry | None = None,
+    workers: list[Worker] | None = None,
+) -> FastAPI:
+    """Build the app. `settings.database_url` must be set (the CLI sets it for the embedded server)."""
+    if settings.database_url is None:
+        raise ValueError("create_app needs settings.database_url")
+    database_url = settings.database_url
+    prompts = load_prompts(settings.prompt_language)
+    verifier = TokenVerifier(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = Database(database_url, pool_size=settings.db_pool_size)
+        chat_provider = provider or make_provider(settings)
+        registry = ReplyRegistry()
+        checkpointer = Checkpointer(
+            db, registry, interval_ms=settings.checkpoint_interval_ms, chars=settings.checkpoint_chars
+        )
+        prompter = Prompter(db, settings, prompts)
+        pid = process_id()
+        extras: dict[str, Any] = {"process_id": pid}
+        tool_registry = tools or default_registry()
+        services = Services(
+            settings=settings,
+            db=db,
+            verifier=verifier,
+            provider=chat_provider,
+            tools=tool_registry,
+            registry=registry,
+            signals=Signals(database_url, registry),
+            checkpointer=checkpointer,
+            reaper=Reaper(
+                db,
+                timeout_seconds=settings.heartbeat_timeout_seconds,
+                interval_seconds=settings.reaper_interval_seconds,
+            ),
+            prompter=prompter,
+            runner=ReplyRunner(
+                db=db,
+                settings=settings,
+                provider=chat_provider,
+                tools=tool_registry,
+                prompter=prompter,
+                checkpointer=checkpointer,
+                registry=registry,
+                services=extras,
+            ),
+            process_id=pid,
+            extras=extras,
+        )
+        app.state.services = services
+        stop = asyncio.Event()
+        loops = [
+            asyncio.create_task(services.checkpointer.run(stop), name="checkpointer"),
+            asyncio.create_task(services.signals.run(stop), name="signals"),
+            asyncio.create_task(services.reaper.run(stop), name="reaper"),
+        ]
+        loops += [asyncio.create_task(worker(services, stop)) for worker in workers or []]
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(services.signals.connected.wait(), timeout=5)
+            yield
+        finally:
+            # Replies still running end as interrupted_by_error with what they streamed.
+            await services.runner.shutdown()
+            stop.set()
+            await asyncio.wait(loops, timeout=10)
+            for task in loops:
+                task.cancel()
+            await chat_provider.aclose()
+            await db.dispose()
+
+    app = FastAPI(
+        title="chatmem",
+        version="0.1.0",
+        description="Chat backend for web chat frontends: SSE streaming, stop that works, long-term memory.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
+
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+
+    for router in (health.router, conversations.router, messages.router, turns.router):
+        app.include_router(router)
+    return app

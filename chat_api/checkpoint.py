@@ -1,0 +1,117 @@
+"""Persists every live reply's partial content and events, in one transaction per tick.
+
+One loop per process, not one per reply: at 1,000 concurrent streams a per-reply writer
+would be 4,000 transactions a second; batched, it is four. The same write is the
+heartbeat the reaper watches. A tick comes every `checkpoint_interval_ms`, or sooner
+when a reply has gathered `checkpoint_chars` new characters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from sqlalchemy import text
+
+from chat_api.replies import Reply, ReplyRegistry
+from memory.db import Database
+from memory.turns import CHECKPOINT_TURN, HEARTBEAT
+
+log = logging.getLogger(__name__)
+
+INSERT_EVENTS = text(
+    """
+    INSERT INTO turn_events (reply_id, first_id, last_id, tenant_id, user_id, events)
+    VALUES (:reply_id, :first_id, :last_id, :tenant_id, :user_id, CAST(:events AS jsonb))
+    ON CONFLICT (reply_id, first_id) DO NOTHING
+    """
+)
+NOTIFY_CHECKPOINT = text("SELECT pg_notify('chatmem_checkpoint', '')")
+
+
+def take_unpersisted(reply: Reply) -> dict[str, Any] | None:
+    """Claim the reply's events not yet persisted (synchronously, so two writers never overlap)."""
+    start, end = reply.persisted, len(reply.events)
+    if start == end:
+        return None
+    reply.persisted = end
+    batch = reply.events[start:end]
+    return {
+        "reply_id": reply.id,
+        "first_id": batch[0][0],
+        "last_id": batch[-1][0],
+        "tenant_id": reply.owner.tenant_id,
+        "user_id": reply.owner.user_id,
+        "events": json.dumps(batch, ensure_ascii=False),
+        "_range": (start, end),
+    }
+
+
+def give_back(reply: Reply, claimed: dict[str, Any]) -> None:
+    """A write failed: let the next tick retry the range, unless a later write already went on."""
+    start, end = claimed["_range"]
+    if reply.persisted == end:
+        reply.persisted = start
+
+
+class Checkpointer:
+    """The per-process checkpoint and heartbeat loop."""
+
+    def __init__(self, db: Database, registry: ReplyRegistry, *, interval_ms: int, chars: int) -> None:
+        self.db = db
+        self.registry = registry
+        self.interval = interval_ms / 1000
+        self.chars = chars
+        self._early = asyncio.Event()
+
+    def note_progress(self, reply: Reply) -> None:
+        """Called after each delta: wake the loop early when a reply gathered enough text."""
+        if reply.chars_since_checkpoint >= self.chars:
+            self._early.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick until `stop` is set."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._early.wait(), timeout=self.interval)
+            except TimeoutError:
+                pass
+            self._early.clear()
+            try:
+                await self.flush()
+            except Exception:  # a failed tick is retried by the next one
+                log.exception("checkpoint failed")
+
+    async def flush(self) -> None:
+        """Write every live reply's new events and content, and heartbeat the rest."""
+        replies = [r for r in self.registry.all() if not r.finished.is_set()]
+        if not replies:
+            return
+        turns, chunks, owners = [], [], []
+        for reply in replies:
+            claimed = take_unpersisted(reply)
+            if claimed is not None:
+                chunks.append(claimed)
+                owners.append(reply)
+                reply.chars_since_checkpoint = 0
+                turns.append(
+                    {
+                        "turn_id": reply.turn_id,
+                        "content": reply.content,
+                        "tool_calls": json.dumps(reply.tool_calls, ensure_ascii=False),
+                        "last_event_id": claimed["last_id"],
+                    }
+                )
+        try:
+            async with self.db.transaction() as session:
+                if chunks:
+                    await session.execute(INSERT_EVENTS, [{k: v for k, v in c.items() if k != "_range"} for c in chunks])
+                    await session.execute(CHECKPOINT_TURN, turns)
+                    await session.execute(NOTIFY_CHECKPOINT)
+                await session.execute(HEARTBEAT, {"ids": [r.turn_id for r in replies]})
+        except BaseException:
+            for reply, claimed in zip(owners, chunks, strict=True):
+                give_back(reply, claimed)
+            raise

@@ -1,0 +1,148 @@
+"""Starting a reply, and stopping or waiting for one, on whichever process runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from chat_api.reaper import end_stale_turns
+from chat_api.replies import Reply
+from chat_api.runner import ReplyRequest
+from chat_api.services import Services
+from chat_api.signals import Signals
+from memory.conversations import Owner, get_conversation
+from memory.errors import ConversationBusy
+from memory.models import Turn, TurnStatus
+from memory.outbox import record_finished_turn
+from memory.turns import add_turn, find_by_idempotency_key
+
+POLL_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class Accepted:
+    reply_id: uuid.UUID
+    user_turn_id: uuid.UUID
+    reattached: bool
+
+
+async def accept_message(
+    services: Services,
+    owner: Owner,
+    conversation_id: uuid.UUID,
+    content: str,
+    *,
+    on_busy: str,
+    idempotency_key: str | None,
+    memory_scope: str,
+) -> Accepted:
+    """Store the user turn and a streaming assistant turn, and start the reply."""
+    while True:
+        running: uuid.UUID | None = None
+        reply: Reply | None = None
+        try:
+            async with services.db.transaction() as session:
+                conversation = await get_conversation(session, owner, conversation_id, for_update=True)
+                if idempotency_key:
+                    earlier = await find_by_idempotency_key(session, conversation.id, idempotency_key)
+                    if earlier is not None and earlier.reply_id is not None:
+                        return Accepted(earlier.reply_id, earlier.id, reattached=True)
+                if conversation.active_reply_id is not None:
+                    running = conversation.active_reply_id
+                else:
+                    reply_id = uuid.uuid4()
+                    user_turn = await add_turn(
+                        session, conversation, role="user", status=TurnStatus.COMPLETED, content=content,
+                        reply_id=reply_id, idempotency_key=idempotency_key,
+                    )
+                    await record_finished_turn(session, user_turn)
+                    await add_turn(
+                        session, conversation, role="assistant", status=TurnStatus.STREAMING, reply_id=reply_id,
+                        turn_id=reply_id, model=services.provider.model, owner=services.process_id,
+                    )
+                    conversation.active_reply_id = reply_id
+                    reply = Reply(reply_id, owner, conversation.id, user_turn.id)
+                    reply.publish(
+                        "turn.started",
+                        {"reply_id": str(reply_id), "user_turn_id": str(user_turn.id),
+                         "assistant_turn_id": str(reply_id), "conversation_id": str(conversation.id),
+                         "model": services.provider.model},
+                    )
+                    # Registered before commit: a stop sent by another process as soon as the
+                    # turn is visible must find it here.
+                    services.registry.add(reply)
+        except BaseException:
+            if reply is not None:
+                services.registry.remove(reply.id)
+            raise
+        if reply is not None:
+            services.runner.launch(reply, ReplyRequest(user_text=content, memory_scope=memory_scope))
+            return Accepted(reply.id, reply.user_turn_id, reattached=False)
+        assert running is not None
+        if on_busy == "reject":
+            raise ConversationBusy(
+                "a reply is already streaming in this conversation", running_turn_id=str(running)
+            )
+        if on_busy == "interrupt":
+            await stop_reply(services, running, reason="new_message")
+        else:  # enqueue
+            await wait_reply_done(services, running, timeout=None)
+
+
+async def reply_streaming(services: Services, reply_id: uuid.UUID) -> bool:
+    async with services.db.session() as session:
+        row = await session.execute(
+            select(Turn.id).where(Turn.reply_id == reply_id, Turn.status == TurnStatus.STREAMING).limit(1)
+        )
+        return row.first() is not None
+
+
+async def wait_reply_done(services: Services, reply_id: uuid.UUID, timeout: float | None) -> bool:
+    """Wait until the reply has ended (any process); False if the timeout passed first."""
+    local = services.registry.get(reply_id)
+    if local is not None:
+        try:
+            await asyncio.wait_for(local.finished.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+    deadline = None if timeout is None else time.monotonic() + timeout
+    waiter = services.signals.done_waiter(reply_id)
+    try:
+        while await reply_streaming(services, reply_id):
+            remaining = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - time.monotonic())
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), remaining)
+        return True
+    finally:
+        services.signals.forget_waiter(reply_id, waiter)
+
+
+async def stop_reply(services: Services, reply_id: uuid.UUID, *, reason: str = "user") -> bool:
+    """Stop the reply wherever it runs; True once it has ended (by this stop or before it)."""
+    local = services.registry.get(reply_id)
+    if local is not None:
+        local.request_stop(reason)
+    elif await reply_streaming(services, reply_id):
+        await Signals.send_stop(services.db, reply_id, reason)
+    else:
+        return True
+    if await wait_reply_done(services, reply_id, services.settings.stop_wait_seconds):
+        return True
+    # Nobody answered: if the owner stopped heartbeating it is dead, and the stop is ours to store.
+    async with services.db.transaction() as session:
+        await end_stale_turns(
+            session,
+            older_than_seconds=services.settings.heartbeat_timeout_seconds,
+            status=TurnStatus.INTERRUPTED_BY_USER,
+            reply_id=reply_id,
+            reason=reason,
+        )
+    return not await reply_streaming(services, reply_id)

@@ -1,0 +1,28 @@
+"""Request dependencies: identity from the token, and the services of this process."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from chat_api.auth import AuthError
+from chat_api.services import Services
+from memory.conversations import Owner
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+def current_owner(request: Request, services: Annotated[Services, Depends(get_services)]) -> Owner:
+    """The tenant and user named by the bearer token (401 otherwise)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError("missing bearer token")
+    return services.verifier.verify(token.strip())
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+OwnerDep = Annotated[Owner, Depends(current_owner)]

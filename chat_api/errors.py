@@ -1,0 +1,77 @@
+"""The one place that maps errors to HTTP: every 4xx body is {"error": {"code", "message"}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from chat_api.auth import AuthError
+from memory.errors import Conflict, DomainError, InvalidInput, NotFound
+
+STATUS_BY_ERROR: list[tuple[type[DomainError], int]] = [
+    (NotFound, 404),
+    (InvalidInput, 422),
+    (Conflict, 409),
+]
+
+
+def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        body["details"] = details
+    return {"error": body}
+
+
+class RateLimited(Exception):
+    """Too many requests; retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn exceptions into machine-readable 4xx bodies."""
+
+    @app.exception_handler(DomainError)
+    async def _domain(_: Request, exc: DomainError) -> JSONResponse:
+        status = next((s for cls, s in STATUS_BY_ERROR if isinstance(exc, cls)), 400)
+        return JSONResponse(error_body(exc.code, exc.message, **exc.details), status_code=status)
+
+    @app.exception_handler(AuthError)
+    async def _auth(_: Request, exc: AuthError) -> JSONResponse:
+        return JSONResponse(
+            error_body("unauthorized", str(exc)), status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
+
+    @app.exception_handler(RateLimited)
+    async def _limited(_: Request, exc: RateLimited) -> JSONResponse:
+        return JSONResponse(
+            error_body("rate_limited", str(exc)),
+            status_code=429,
+            headers={"Retry-After": str(exc.retry_after)},
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": [str(p) for p in err.get("loc", ())], "msg": err.get("msg", ""), "type": err.get("type", "")}
+            for err in exc.errors()
+        ]
+        malformed = any(err["type"] == "json_invalid" for err in errors)
+        code = "malformed_json" if malformed else "validation_error"
+        message = "request body is not valid JSON" if malformed else "request does not match the schema"
+        return JSONResponse(error_body(code, message, errors=errors), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            exc.status_code, "http_error"
+        )
+        return JSONResponse(
+            error_body(code, str(exc.detail)), status_code=exc.status_code, headers=getattr(exc, "headers", None)
+        )

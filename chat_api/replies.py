@@ -1,0 +1,141 @@
+"""A reply in flight: its event log, its partial content, and the stop signal.
+
+Events are appended here by the runner, and every follower (the POST's SSE stream, a
+resuming GET, the stop endpoint) reads the same list from its own position, so a
+stream can be resumed with no gap and no duplicate. The checkpointer persists the
+list in chunks; followers on another process read those chunks instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from memory.conversations import Owner
+from memory.models import ToolCallState
+
+Event = tuple[int, str, dict[str, Any]]
+
+
+class Reply:
+    """The live state of one reply (model → tools → model), owned by this process's runner."""
+
+    def __init__(
+        self, reply_id: uuid.UUID, owner: Owner, conversation_id: uuid.UUID, user_turn_id: uuid.UUID
+    ) -> None:
+        self.id = reply_id
+        self.owner = owner
+        self.conversation_id = conversation_id
+        self.user_turn_id = user_turn_id
+        self.turn_id = reply_id  # the assistant turn streaming now
+        self.events: list[Event] = []
+        self.persisted = 0  # events[:persisted] are in turn_events
+        self.chars_since_checkpoint = 0
+        self.content_parts: list[str] = []
+        self.tool_calls: list[dict[str, Any]] = []
+        self.usage: dict[str, int] = {}
+        self.memories: list[Any] = []  # recalled once per reply, shown to every step
+        self.stop_requested = asyncio.Event()
+        self.stop_reason: str | None = None
+        self.finished = asyncio.Event()
+        self.final: dict[str, Any] | None = None
+        self._wake = asyncio.Event()
+
+    # --- what the model produced -----------------------------------------------------
+
+    @property
+    def content(self) -> str:
+        return "".join(self.content_parts)
+
+    def begin_step(self, turn_id: uuid.UUID) -> None:
+        """The next model step streams into a new assistant turn."""
+        self.turn_id = turn_id
+        self.content_parts = []
+        self.tool_calls = []
+        self.usage = {}
+
+    def add_text(self, text: str) -> None:
+        self.content_parts.append(text)
+        self.chars_since_checkpoint += len(text)
+        self.publish("message.delta", {"turn_id": str(self.turn_id), "text": text})
+
+    def add_tool_delta(self, index: int, call_id: str | None, name: str | None, arguments: str) -> None:
+        call = next((c for c in self.tool_calls if c["index"] == index), None)
+        if call is None:
+            call = {"index": index, "id": call_id or f"call_{self.turn_id.hex[:8]}_{index}", "name": name or "",
+                    "arguments": "", "state": ToolCallState.STREAMING}
+            self.tool_calls.append(call)
+        if call_id:
+            call["id"] = call_id
+        if name:
+            call["name"] = name
+        call["arguments"] += arguments
+        self.chars_since_checkpoint += len(arguments)
+        self.publish(
+            "tool_call.delta",
+            {"turn_id": str(self.turn_id), "index": index, "id": call["id"], "name": call["name"],
+             "arguments": arguments},
+        )
+
+    # --- events ---------------------------------------------------------------------
+
+    def publish(self, name: str, data: dict[str, Any]) -> Event:
+        """Append an event and wake every follower."""
+        event = (len(self.events) + 1, name, data)
+        self.events.append(event)
+        self._wake.set()
+        self._wake = asyncio.Event()
+        return event
+
+    def next_event_id(self) -> int:
+        return len(self.events) + 1
+
+    def finish(self, final: dict[str, Any]) -> None:
+        """Mark the reply over; followers drain the log and end."""
+        self.final = final
+        self.finished.set()
+        self._wake.set()
+
+    async def follow(self, after: int = 0) -> AsyncIterator[Event]:
+        """Every event with id > after, then each new one until the reply is over."""
+        position = max(after, 0)
+        while True:
+            wake = self._wake
+            while position < len(self.events):
+                yield self.events[position]
+                position += 1
+            if self.finished.is_set():
+                return
+            await wake.wait()
+
+    # --- stop -----------------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the runner to stop; the first reason wins."""
+        if not self.stop_requested.is_set():
+            self.stop_reason = reason
+            self.stop_requested.set()
+
+
+class ReplyRegistry:
+    """The replies this process is running, by reply id."""
+
+    def __init__(self) -> None:
+        self._replies: dict[uuid.UUID, Reply] = {}
+
+    def add(self, reply: Reply) -> None:
+        self._replies[reply.id] = reply
+
+    def remove(self, reply_id: uuid.UUID) -> None:
+        self._replies.pop(reply_id, None)
+
+    def get(self, reply_id: uuid.UUID) -> Reply | None:
+        return self._replies.get(reply_id)
+
+    def all(self) -> list[Reply]:
+        return list(self._replies.values())
+
+    def __len__(self) -> int:
+        return len(self._replies)

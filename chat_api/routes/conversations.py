@@ -1,0 +1,95 @@
+"""Conversations: create, list, get, rename, delete, and the context the model would see."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Query, Response
+
+from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.schemas import (
+    ContextOut,
+    ConversationCreate,
+    ConversationOut,
+    ConversationPage,
+    ConversationUpdate,
+    TurnList,
+    TurnOut,
+)
+from chat_api.text_checks import check_text
+from memory import conversations as repo
+from memory.turns import list_turns
+
+router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
+
+
+@router.post("", status_code=201)
+async def create_conversation(body: ConversationCreate, owner: OwnerDep, services: ServicesDep) -> ConversationOut:
+    check_text(body.title, field="title", allow_empty=True)
+    async with services.db.transaction() as session:
+        conversation = await repo.create_conversation(
+            session, owner, title=body.title, memory_mode=body.memory_mode
+        )
+    return ConversationOut.of(conversation)
+
+
+@router.get("")
+async def list_conversations(
+    owner: OwnerDep,
+    services: ServicesDep,
+    limit: int = Query(20, ge=1, le=100),
+    cursor: str | None = Query(None, max_length=512),
+) -> ConversationPage:
+    async with services.db.session() as session:
+        rows, next_cursor = await repo.list_conversations(session, owner, limit=limit, cursor=cursor)
+    return ConversationPage(items=[ConversationOut.of(c) for c in rows], next_cursor=next_cursor)
+
+
+@router.get("/{conversation_id}")
+async def get_conversation(conversation_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> ConversationOut:
+    async with services.db.session() as session:
+        return ConversationOut.of(await repo.get_conversation(session, owner, conversation_id))
+
+
+@router.patch("/{conversation_id}")
+async def update_conversation(
+    conversation_id: uuid.UUID, body: ConversationUpdate, owner: OwnerDep, services: ServicesDep
+) -> ConversationOut:
+    if body.title is not None:
+        check_text(body.title, field="title", allow_empty=True)
+    async with services.db.transaction() as session:
+        conversation = await repo.update_conversation(
+            session, owner, conversation_id, title=body.title, memory_mode=body.memory_mode
+        )
+    return ConversationOut.of(conversation)
+
+
+@router.delete("/{conversation_id}", status_code=204)
+async def delete_conversation(conversation_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> Response:
+    async with services.db.transaction() as session:
+        await repo.delete_conversation(session, owner, conversation_id)
+    return Response(status_code=204)
+
+
+@router.get("/{conversation_id}/turns")
+async def get_turns(conversation_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> TurnList:
+    """The full display history: every turn with its status and tool calls, whole."""
+    async with services.db.session() as session:
+        conversation = await repo.get_conversation(session, owner, conversation_id)
+        turns = await list_turns(session, conversation.id)
+    return TurnList(items=[TurnOut.of(t) for t in turns])
+
+
+@router.get("/{conversation_id}/context")
+async def get_context(conversation_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> ContextOut:
+    """What would be sent to the model for the next message (without recalled memory)."""
+    async with services.db.session() as session:
+        conversation = await repo.get_conversation(session, owner, conversation_id)
+    built = await services.prompter.context_for(conversation.id)
+    return ContextOut(
+        messages=built.messages,
+        prompt_version=built.prompt_version,
+        token_count=built.token_count,
+        window_turn_ids=list(built.window_turn_ids),
+        dropped=dict(built.dropped),
+    )

@@ -1,0 +1,26 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from chat_api.deps import ServicesDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=None)
+async def readyz(services: ServicesDep) -> JSONResponse | dict[str, str]:
+    """The database answers."""
+    try:
+        await services.db.ping()
+    except Exception as exc:
+        return JSONResponse({"status": "unavailable", "database": str(exc)[:200]}, status_code=503)
+    return {"status": "ready", "database": "ok"}

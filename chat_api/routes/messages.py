@@ -1,0 +1,62 @@
+"""Sending a message: the reply streams as SSE, or comes back whole as JSON."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Header
+from sse_starlette import EventSourceResponse
+
+from chat_api.control import accept_message, wait_reply_done
+from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.schemas import MessageCreate, ReplyOut, TurnOut
+from chat_api.streaming import sse_stream
+from chat_api.text_checks import check_text
+from memory.conversations import Owner
+from memory.turns import get_turn, reply_turns
+
+router = APIRouter(tags=["messages"])
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@router.post(
+    "/v1/conversations/{conversation_id}/messages",
+    response_model=None,
+    responses={200: {"description": "SSE stream (text/event-stream) or the finished reply (stream=false)"}},
+)
+async def post_message(
+    conversation_id: uuid.UUID,
+    body: MessageCreate,
+    owner: OwnerDep,
+    services: ServicesDep,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> EventSourceResponse | ReplyOut:
+    """Store the message and stream the reply (`turn.started` … `turn.completed|interrupted|failed`)."""
+    check_text(body.content, field="content", max_chars=services.settings.max_message_chars)
+    accepted = await accept_message(
+        services,
+        owner,
+        conversation_id,
+        body.content,
+        on_busy=body.on_busy or services.settings.on_busy_default,
+        idempotency_key=idempotency_key,
+        memory_scope=body.memory_scope or services.settings.memory_scope,
+    )
+    if body.stream:
+        return EventSourceResponse(
+            sse_stream(services, accepted.reply_id, 0, stop_on_disconnect=body.on_disconnect == "stop"),
+            headers=SSE_HEADERS,
+            ping=15,
+        )
+    await wait_reply_done(services, accepted.reply_id, timeout=None)
+    return await finished_reply(services, owner, accepted.reply_id, accepted.user_turn_id)
+
+
+async def finished_reply(services: ServicesDep, owner: Owner, reply_id: uuid.UUID, user_turn_id: uuid.UUID) -> ReplyOut:
+    async with services.db.session() as session:
+        user_turn = await get_turn(session, owner, user_turn_id)
+        turns = await reply_turns(session, reply_id)
+    status = next((t.status for t in reversed(turns) if t.role == "assistant"), "failed")
+    return ReplyOut(status=status, user_turn=TurnOut.of(user_turn), turns=[TurnOut.of(t) for t in turns])

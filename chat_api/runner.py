@@ -1,0 +1,323 @@
+"""Runs replies: model → tools → model, with stop, checkpoints and exactly one ending.
+
+Each reply runs as two tasks: the generation, and its supervisor. The supervisor waits
+for whichever comes first, the generation ending or a stop request, and then decides
+the one terminal status in one place:
+
+- the generation returned          → completed (even if a stop arrived a moment later);
+- the generation raised            → interrupted_by_error if anything was produced, else failed;
+- stop came first                  → the generation is cancelled (closing the provider
+                                     stream, cancelling a running tool) → interrupted_by_user.
+
+Only then is the terminal state written, with a conditional UPDATE (`WHERE status =
+'streaming'`) so that the reaper and this runner can never both end a turn. The
+terminal event is published to followers after the commit, so a client that saw
+`turn.interrupted` can read the stored turn and find every delta it was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+
+from chat_api.checkpoint import Checkpointer, give_back, take_unpersisted
+from chat_api.providers.base import ChatProvider, StreamEnd, TextDelta, ToolCallDelta
+from chat_api.replies import Reply, ReplyRegistry
+from chat_api.tools import (
+    ToolContext,
+    ToolRegistry,
+    begin_invocation,
+    cancel_invocation,
+    finish_invocation,
+)
+from memory.config import Settings
+from memory.conversations import get_conversation
+from memory.db import Database
+from memory.models import ToolCallState, TurnStatus
+from memory.outbox import record_finished_turn
+from memory.turns import add_turn, append_events, finish_turn, release_conversation
+
+log = logging.getLogger(__name__)
+
+NOTIFY_DONE = text("SELECT pg_notify('chatmem_turn_done', :reply_id)")
+
+TERMINAL_EVENT = {
+    TurnStatus.COMPLETED: "turn.completed",
+    TurnStatus.INTERRUPTED_BY_USER: "turn.interrupted",
+    TurnStatus.INTERRUPTED_BY_ERROR: "turn.interrupted",
+    TurnStatus.FAILED: "turn.failed",
+}
+
+# Stop reasons that count as the user's decision; any other (shutdown) is an error ending.
+USER_REASONS = frozenset({"user", "new_message", "client_disconnected"})
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    """What the user asked for, as the runner needs it."""
+
+    user_text: str
+    memory_scope: str = "user"
+
+
+class ReplyRunner:
+    """Starts replies in this process and owns their tasks."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        settings: Settings,
+        provider: ChatProvider,
+        tools: ToolRegistry,
+        prompter: Any,
+        checkpointer: Checkpointer,
+        registry: ReplyRegistry,
+        services: dict[str, Any] | None = None,
+    ) -> None:
+        self.db = db
+        self.settings = settings
+        self.provider = provider
+        self.tools = tools
+        self.prompter = prompter
+        self.checkpointer = checkpointer
+        self.registry = registry
+        self.services = services if services is not None else {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def launch(self, reply: Reply, request: ReplyRequest) -> None:
+        """Run the reply in the background; it outlives the request that started it."""
+        task = asyncio.create_task(self._supervise(reply, request), name=f"reply-{reply.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop every running reply and wait for their endings to be stored."""
+        for reply in self.registry.all():
+            reply.request_stop("shutdown")
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)
+
+    # --- supervision ----------------------------------------------------------------
+
+    async def _supervise(self, reply: Reply, request: ReplyRequest) -> None:
+        generation = asyncio.create_task(self._generate(reply, request), name=f"generate-{reply.id}")
+        stop_wait = asyncio.create_task(reply.stop_requested.wait())
+        try:
+            await asyncio.wait({generation, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_wait.cancel()
+            if not generation.done():
+                generation.cancel()
+            await asyncio.wait({generation})
+        error: dict[str, Any] | None = None
+        if generation.cancelled():
+            if reply.stop_reason in USER_REASONS:
+                status = TurnStatus.INTERRUPTED_BY_USER
+            else:
+                status = TurnStatus.INTERRUPTED_BY_ERROR
+                error = {"code": "server_shutdown", "message": "the server shut down during the reply"}
+        elif (exc := generation.exception()) is not None:
+            produced = bool(reply.content or reply.tool_calls or reply.turn_id != reply.id)
+            status = TurnStatus.INTERRUPTED_BY_ERROR if produced else TurnStatus.FAILED
+            error = {"code": "provider_error", "message": str(exc)[:2000]}
+            if not isinstance(exc, Exception) or type(exc).__name__ != "ProviderError":
+                log.error("reply %s failed", reply.id, exc_info=exc)
+        else:
+            status = TurnStatus.COMPLETED
+        try:
+            await self._finalize(reply, status, error)
+        except Exception:
+            # The turn stays `streaming` with its last checkpoint; the reaper will end it.
+            log.exception("could not store the end of reply %s", reply.id)
+            reply.publish("error", {"code": "storage_error", "message": "the reply's ending could not be stored"})
+            reply.finish({"status": TurnStatus.STREAMING, "turn_id": str(reply.turn_id)})
+            self.registry.remove(reply.id)
+
+    # --- generation -----------------------------------------------------------------
+
+    async def _generate(self, reply: Reply, request: ReplyRequest) -> None:
+        await self.prompter.prepare(reply, request)
+        steps = self.settings.max_tool_steps
+        for step in range(steps + 1):
+            if step:
+                await self._next_step(reply)
+            messages = await self.prompter.messages(reply)
+            tools = self.tools.schemas() if step < steps and len(self.tools) else None
+            stream = self.provider.stream(messages, tools)
+            try:
+                async for delta in stream:
+                    if isinstance(delta, TextDelta):
+                        if delta.text:
+                            reply.add_text(delta.text)
+                    elif isinstance(delta, ToolCallDelta):
+                        reply.add_tool_delta(delta.index, delta.id, delta.name, delta.arguments)
+                    elif isinstance(delta, StreamEnd):
+                        reply.usage = dict(delta.usage)
+                    self.checkpointer.note_progress(reply)
+            finally:
+                # Closing the stream closes the upstream connection: no more tokens are paid for.
+                await stream.aclose()  # type: ignore[attr-defined]
+            if not reply.tool_calls:
+                return
+            await self._run_tools(reply)
+
+    async def _next_step(self, reply: Reply) -> None:
+        """End the step's assistant turn as completed and open the next one, atomically."""
+        next_id = uuid.uuid4()
+        async with self.db.transaction() as session:
+            turn = await finish_turn(
+                session,
+                reply.turn_id,
+                status=TurnStatus.COMPLETED,
+                content=reply.content,
+                tool_calls=reply.tool_calls,
+                last_event_id=len(reply.events),
+                usage=reply.usage or None,
+                prompt_version=getattr(self.prompter, "version", None),
+            )
+            if turn is None:
+                raise RuntimeError("turn was ended by someone else")
+            await record_finished_turn(session, turn)
+            conversation = await get_conversation(session, reply.owner, reply.conversation_id)
+            await add_turn(
+                session,
+                conversation,
+                role="assistant",
+                status=TurnStatus.STREAMING,
+                reply_id=reply.id,
+                turn_id=next_id,
+                model=self.provider.model,
+                owner=self.settings_owner,
+            )
+        reply.begin_step(next_id)
+        reply.publish("step.started", {"reply_id": str(reply.id), "turn_id": str(next_id)})
+
+    @property
+    def settings_owner(self) -> str:
+        return str(self.services.get("process_id", "unknown"))
+
+    async def _run_tools(self, reply: Reply) -> None:
+        """Run each complete tool call once (by idempotency key) and store its result as a tool turn."""
+        for call in reply.tool_calls:
+            call["state"] = ToolCallState.READY
+        for call in reply.tool_calls:
+            result, state = await self._run_one(reply, call)
+            call["state"] = state
+            content = json.dumps(result, ensure_ascii=False, default=str)
+            async with self.db.transaction() as session:
+                conversation = await get_conversation(session, reply.owner, reply.conversation_id)
+                tool_turn = await add_turn(
+                    session,
+                    conversation,
+                    role="tool",
+                    status=TurnStatus.COMPLETED,
+                    content=content,
+                    reply_id=reply.id,
+                    tool_call_id=call["id"],
+                    name=call["name"],
+                )
+            reply.publish(
+                "tool.result",
+                {"turn_id": str(tool_turn.id), "call_id": call["id"], "name": call["name"], "state": state,
+                 "result": content},
+            )
+
+    async def _run_one(self, reply: Reply, call: dict[str, Any]) -> tuple[Any, str]:
+        tool = self.tools.get(call["name"])
+        if tool is None:
+            return {"error": f"unknown tool {call['name']!r}"}, ToolCallState.FAILED
+        try:
+            arguments = json.loads(call["arguments"] or "{}")
+        except json.JSONDecodeError as exc:
+            return {"error": f"arguments are not valid JSON: {exc.msg}"}, ToolCallState.FAILED
+        if not isinstance(arguments, dict):
+            return {"error": "arguments must be a JSON object"}, ToolCallState.FAILED
+        key, known = await begin_invocation(
+            self.db, reply.owner, reply.turn_id, call["index"], call["id"], tool, arguments
+        )
+        if known is not None:
+            return known.result, known.state
+        call["state"] = ToolCallState.RUNNING
+        reply.publish("tool.started", {"turn_id": str(reply.turn_id), "call_id": call["id"], "name": call["name"]})
+        context = ToolContext(
+            owner=reply.owner, conversation_id=reply.conversation_id, turn_id=reply.turn_id, db=self.db,
+            services=self.services,
+        )
+        try:
+            result = await tool.func(arguments, context)
+        except asyncio.CancelledError:
+            call["state"] = ToolCallState.CANCELLED
+            call["side_effect_may_have_happened"] = tool.side_effects
+            # Recorded even though this task is being cancelled: the shield lets the write finish.
+            await asyncio.shield(cancel_invocation(self.db, key, side_effect_may_have_happened=tool.side_effects))
+            raise
+        except Exception as exc:
+            log.warning("tool %s failed: %s", tool.name, exc)
+            result, state = {"error": f"{type(exc).__name__}: {exc}"}, ToolCallState.FAILED
+        else:
+            state = ToolCallState.SUCCEEDED
+        await finish_invocation(self.db, key, state, result)
+        return result, state
+
+    # --- the ending -----------------------------------------------------------------
+
+    async def _finalize(self, reply: Reply, status: str, error: dict[str, Any] | None) -> None:
+        """Store the terminal status, content and events in one transaction, then tell followers."""
+        tool_calls = [dict(call) for call in reply.tool_calls]
+        if status != TurnStatus.COMPLETED:
+            for call in tool_calls:
+                if call["state"] in (ToolCallState.READY, ToolCallState.RUNNING):
+                    call["state"] = ToolCallState.CANCELLED
+        reason = reply.stop_reason if status == TurnStatus.INTERRUPTED_BY_USER else None
+        terminal_id = reply.next_event_id()
+        data: dict[str, Any] = {"reply_id": str(reply.id), "turn_id": str(reply.turn_id), "status": status}
+        if reply.usage:
+            data["usage"] = reply.usage
+        if reason:
+            data["reason"] = reason
+        if error:
+            data["error"] = error
+        terminal = (terminal_id, TERMINAL_EVENT[status], data)
+        claimed = take_unpersisted(reply)
+        pending = reply.events[claimed["_range"][0] :] if claimed else []
+        try:
+            async with self.db.transaction() as session:
+                turn = await finish_turn(
+                    session,
+                    reply.turn_id,
+                    status=status,
+                    content=reply.content,
+                    tool_calls=tool_calls,
+                    last_event_id=terminal_id,
+                    usage=reply.usage or None,
+                    error=error,
+                    interrupt_reason=reason,
+                    prompt_version=getattr(self.prompter, "version", None),
+                )
+                if turn is not None:
+                    if status != TurnStatus.FAILED:
+                        await record_finished_turn(session, turn)
+                    await append_events(session, reply.id, reply.owner, [*pending, terminal])
+                    await release_conversation(session, reply.conversation_id, reply.id)
+                    await session.execute(NOTIFY_DONE, {"reply_id": str(reply.id)})
+        except BaseException:
+            if claimed:
+                give_back(reply, claimed)
+            raise
+        if turn is None:
+            # The reaper (or a stop from a process that found us dead) ended it first; theirs stands.
+            log.warning("reply %s was already ended elsewhere", reply.id)
+            status = TurnStatus.INTERRUPTED_BY_ERROR
+        else:
+            event = reply.publish(terminal[1], terminal[2])
+            assert event[0] == terminal_id
+        reply.persisted = len(reply.events)
+        self.registry.remove(reply.id)
+        reply.finish({"status": status, "turn_id": str(reply.turn_id), "reply_id": str(reply.id)})

@@ -1,0 +1,132 @@
+"""Request and response bodies. Requests forbid unknown fields."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memory.models import Conversation, Turn
+
+MemoryMode = Literal["persistent", "none"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConversationCreate(Strict):
+    title: str = Field("", max_length=500)
+    memory_mode: MemoryMode = "persistent"
+
+
+class ConversationUpdate(Strict):
+    title: str | None = Field(None, max_length=500)
+    memory_mode: MemoryMode | None = None
+
+
+class ConversationOut(BaseModel):
+    id: uuid.UUID
+    title: str
+    memory_mode: str
+    created_at: datetime
+    updated_at: datetime
+    turn_count: int = Field(description="Turns stored so far (the last sequence number).")
+    indexed_seq: int = Field(description="Turns up to this sequence number are in long-term memory.")
+    active_reply_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, c: Conversation) -> ConversationOut:
+        return cls(
+            id=c.id, title=c.title, memory_mode=c.memory_mode, created_at=c.created_at, updated_at=c.updated_at,
+            turn_count=c.next_seq - 1, indexed_seq=c.indexed_seq, active_reply_id=c.active_reply_id,
+        )
+
+
+class ConversationPage(BaseModel):
+    items: list[ConversationOut]
+    next_cursor: str | None
+
+
+class MessageCreate(Strict):
+    content: str = Field(description="The user's message.")
+    stream: bool = Field(True, description="Stream the reply as SSE (true) or return the finished turns.")
+    on_busy: Literal["reject", "interrupt", "enqueue"] | None = Field(
+        None, description="While a reply streams: 409, stop it, or wait for it. Default: ON_BUSY_DEFAULT."
+    )
+    on_disconnect: Literal["continue", "stop"] = Field(
+        "continue", description="When the client goes away: keep generating (default) or stop."
+    )
+    memory_scope: Literal["user", "conversation", "none"] | None = Field(
+        None, description="Where long-term memory is searched. Default: MEMORY_SCOPE."
+    )
+
+
+class TurnOut(BaseModel):
+    id: uuid.UUID
+    conversation_id: uuid.UUID
+    seq: int
+    role: str
+    status: str
+    content: str
+    tool_calls: list[dict[str, Any]]
+    tool_call_id: str | None
+    name: str | None
+    reply_id: uuid.UUID | None
+    model: str | None
+    usage: dict[str, Any] | None
+    error: dict[str, Any] | None
+    interrupt_reason: str | None
+    rewritten_query: str | None
+    prompt_version: str | None
+    external_id: str | None
+    metadata: dict[str, Any] | None
+    created_at: datetime
+    completed_at: datetime | None
+
+    @classmethod
+    def of(cls, t: Turn) -> TurnOut:
+        return cls(
+            id=t.id, conversation_id=t.conversation_id, seq=t.seq, role=t.role, status=t.status, content=t.content,
+            tool_calls=t.tool_calls or [], tool_call_id=t.tool_call_id, name=t.name, reply_id=t.reply_id,
+            model=t.model, usage=t.usage, error=t.error, interrupt_reason=t.interrupt_reason,
+            rewritten_query=t.rewritten_query, prompt_version=t.prompt_version, external_id=t.external_id,
+            metadata=t.meta, created_at=t.created_at, completed_at=t.completed_at,
+        )
+
+
+class TurnList(BaseModel):
+    items: list[TurnOut]
+
+
+class ReplyOut(BaseModel):
+    """A finished reply (non-streaming mode)."""
+
+    status: str
+    user_turn: TurnOut
+    turns: list[TurnOut]
+
+
+class StopOut(BaseModel):
+    status: str = Field(description="The reply's status after the stop (terminal unless still settling).")
+    turn: TurnOut
+
+
+class ContextOut(BaseModel):
+    messages: list[dict[str, Any]]
+    prompt_version: str
+    token_count: int
+    window_turn_ids: list[uuid.UUID]
+    dropped: dict[str, Any]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,43 @@
+"""The long-lived parts of one API process, opened in the lifespan and closed in `finally`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from chat_api.auth import TokenVerifier
+from chat_api.checkpoint import Checkpointer
+from chat_api.prompting import Prompter
+from chat_api.providers.base import ChatProvider
+from chat_api.reaper import Reaper
+from chat_api.replies import ReplyRegistry
+from chat_api.runner import ReplyRunner
+from chat_api.signals import Signals
+from chat_api.tools import ToolRegistry
+from memory.config import Settings
+from memory.db import Database
+
+
+def process_id() -> str:
+    """Names this process in turns it owns (host, pid and a random part)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    verifier: TokenVerifier
+    provider: ChatProvider
+    tools: ToolRegistry
+    registry: ReplyRegistry
+    signals: Signals
+    checkpointer: Checkpointer
+    reaper: Reaper
+    prompter: Prompter
+    runner: ReplyRunner
+    process_id: str
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,114 @@
+"""Cross-process signals over Postgres LISTEN/NOTIFY: no extra infrastructure.
+
+Channels: `chatmem_stop` (payload `reply_id:reason`, acted on by whichever process runs
+the reply), `chatmem_turn_done` (payload `reply_id`, wakes stop requests and resumers
+waiting elsewhere) and `chatmem_checkpoint` (wakes resumers following a reply that
+runs on another process). One dedicated connection per process, reconnected on loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+import asyncpg
+from sqlalchemy import text
+
+from chat_api.replies import ReplyRegistry
+from memory.db import Database, asyncpg_dsn
+
+log = logging.getLogger(__name__)
+
+NOTIFY_STOP = text("SELECT pg_notify('chatmem_stop', :payload)")
+
+
+class Signals:
+    """Listens for stop requests and reply endings; lets coroutines wait for either."""
+
+    def __init__(self, database_url: str, registry: ReplyRegistry) -> None:
+        self.dsn = asyncpg_dsn(database_url)
+        self.registry = registry
+        self._done_waiters: dict[uuid.UUID, list[asyncio.Event]] = {}
+        self._wake = asyncio.Event()
+        self.connected = asyncio.Event()
+
+    # --- sending --------------------------------------------------------------------
+
+    @staticmethod
+    async def send_stop(db: Database, reply_id: uuid.UUID, reason: str) -> None:
+        """Ask whichever process runs the reply to stop it."""
+        async with db.transaction() as session:
+            await session.execute(NOTIFY_STOP, {"payload": f"{reply_id}:{reason}"})
+
+    # --- waiting --------------------------------------------------------------------
+
+    def done_waiter(self, reply_id: uuid.UUID) -> asyncio.Event:
+        """An event set when a `chatmem_turn_done` for this reply arrives."""
+        event = asyncio.Event()
+        self._done_waiters.setdefault(reply_id, []).append(event)
+        return event
+
+    def forget_waiter(self, reply_id: uuid.UUID, event: asyncio.Event) -> None:
+        waiters = self._done_waiters.get(reply_id, [])
+        with contextlib.suppress(ValueError):
+            waiters.remove(event)
+        if not waiters:
+            self._done_waiters.pop(reply_id, None)
+
+    def wake_event(self) -> asyncio.Event:
+        """An event set at the next checkpoint or ending written by any process."""
+        return self._wake
+
+    # --- receiving ------------------------------------------------------------------
+
+    def _on_stop(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        ident, _, reason = payload.partition(":")
+        with contextlib.suppress(ValueError):
+            reply = self.registry.get(uuid.UUID(ident))
+            if reply is not None:
+                reply.request_stop(reason or "user")
+
+    def _on_done(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        with contextlib.suppress(ValueError):
+            for event in self._done_waiters.pop(uuid.UUID(payload), []):
+                event.set()
+        self._on_checkpoint(_conn, _pid, _channel, payload)
+
+    def _on_checkpoint(self, _conn: Any, _pid: int, _channel: str, _payload: str) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep a LISTEN connection open until `stop` is set."""
+        delay = 0.2
+        while not stop.is_set():
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(self.dsn)
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c: lost.set())
+                await conn.add_listener("chatmem_stop", self._on_stop)
+                await conn.add_listener("chatmem_turn_done", self._on_done)
+                await conn.add_listener("chatmem_checkpoint", self._on_checkpoint)
+                self.connected.set()
+                delay = 0.2
+                stop_wait = asyncio.create_task(stop.wait())
+                lost_wait = asyncio.create_task(lost.wait())
+                try:
+                    await asyncio.wait({stop_wait, lost_wait}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop_wait.cancel()
+                    lost_wait.cancel()
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("signal connection failed (%s); retrying in %.1fs", exc, delay)
+            finally:
+                self.connected.clear()
+                if conn is not None and not conn.is_closed():
+                    await conn.close()
+            if not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                delay = min(delay * 2, 5.0)

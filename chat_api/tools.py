@@ -1,0 +1,215 @@
+"""Server-side tools: one registry, and execution that runs a side effect at most once.
+
+Each logical call gets an idempotency key from tenant, turn, call position, tool name and
+canonical arguments; the key is unique in `tool_invocations`. A call whose key exists is
+not run again: a succeeded call returns its stored result, and a side-effecting call
+whose earlier run may have happened (running, cancelled) is reported, not repeated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.sql import func
+
+from memory.conversations import Owner
+from memory.db import Database
+from memory.models import ToolCallState, ToolInvocation
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may know about the call it serves."""
+
+    owner: Owner
+    conversation_id: uuid.UUID
+    turn_id: uuid.UUID
+    db: Database
+    services: dict[str, Any] = field(default_factory=dict)
+
+
+ToolFunc = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    func: ToolFunc
+    side_effects: bool = False
+    requires_approval: bool = False
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+class ToolRegistry:
+    """Tools by name."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} registered twice")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [tool.schema() for tool in self._tools.values()]
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def idempotency_key(owner: Owner, turn_id: uuid.UUID, call_index: int, name: str, arguments: Any) -> str:
+    """The key of one logical call: same tenant, turn, position, tool and arguments → same key."""
+    raw = "\x1f".join([owner.tenant_id, str(turn_id), str(call_index), name, canonical_json(arguments)])
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+@dataclass
+class ToolOutcome:
+    state: str
+    result: Any
+    reused: bool = False
+
+
+async def begin_invocation(
+    db: Database, owner: Owner, turn_id: uuid.UUID, call_index: int, call_id: str, tool: Tool, arguments: Any
+) -> tuple[str, ToolOutcome | None]:
+    """Claim the call's key. Returns (key, None) when this caller must run the tool, else the known outcome."""
+    key = idempotency_key(owner, turn_id, call_index, tool.name, arguments)
+    async with db.transaction() as session:
+        inserted = (
+            await session.execute(
+                insert(ToolInvocation)
+                .values(
+                    tenant_id=owner.tenant_id,
+                    user_id=owner.user_id,
+                    turn_id=turn_id,
+                    call_index=call_index,
+                    call_id=call_id,
+                    tool_name=tool.name,
+                    arguments=arguments,
+                    idempotency_key=key,
+                    state=ToolCallState.RUNNING,
+                    side_effect_may_have_happened=tool.side_effects,
+                    attempts=1,
+                )
+                .on_conflict_do_nothing(index_elements=["idempotency_key"])
+                .returning(ToolInvocation.id)
+            )
+        ).scalar_one_or_none()
+        if inserted is not None:
+            return key, None
+        row = (
+            await session.execute(select(ToolInvocation).where(ToolInvocation.idempotency_key == key).with_for_update())
+        ).scalar_one()
+        if row.state == ToolCallState.SUCCEEDED:
+            return key, ToolOutcome(ToolCallState.SUCCEEDED, row.result, reused=True)
+        if tool.side_effects:
+            note = {"error": f"not run again: an earlier attempt ended {row.state}",
+                    "side_effect_may_have_happened": row.side_effect_may_have_happened}
+            return key, ToolOutcome(ToolCallState.FAILED, note, reused=True)
+        row.attempts += 1
+        row.state = ToolCallState.RUNNING
+        return key, None
+
+
+async def finish_invocation(db: Database, key: str, state: str, result: Any) -> None:
+    """Record how the call ended."""
+    async with db.transaction() as session:
+        await session.execute(
+            update(ToolInvocation)
+            .where(ToolInvocation.idempotency_key == key)
+            .values(state=state, result=result, updated_at=func.now())
+        )
+
+
+async def cancel_invocation(db: Database, key: str, *, side_effect_may_have_happened: bool) -> None:
+    """Record that stop cancelled the call while it ran."""
+    async with db.transaction() as session:
+        await session.execute(
+            update(ToolInvocation)
+            .where(ToolInvocation.idempotency_key == key, ToolInvocation.state == ToolCallState.RUNNING)
+            .values(
+                state=ToolCallState.CANCELLED,
+                side_effect_may_have_happened=side_effect_may_have_happened,
+                updated_at=func.now(),
+            )
+        )
+
+
+# --- built-in tools --------------------------------------------------------------------
+
+
+async def _current_time(args: dict[str, Any], _: ToolContext) -> dict[str, Any]:
+    name = str(args.get("timezone") or "UTC")
+    try:
+        zone: Any = ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return {"error": f"unknown timezone {name!r}"}
+    now = datetime.now(UTC).astimezone(zone)
+    return {"timezone": name, "iso": now.isoformat(timespec="seconds"), "weekday": now.strftime("%A")}
+
+
+async def _recall_memory(args: dict[str, Any], ctx: ToolContext) -> Any:
+    search = ctx.services.get("memory_search")
+    if search is None:
+        return {"items": [], "note": "long-term memory is not available in this process"}
+    return await search(ctx, str(args.get("query") or ""))
+
+
+CURRENT_TIME = Tool(
+    name="current_time",
+    description="The current date and time in a timezone.",
+    parameters={
+        "type": "object",
+        "properties": {"timezone": {"type": "string", "description": "IANA name, e.g. Europe/Paris"}},
+        "additionalProperties": False,
+    },
+    func=_current_time,
+)
+
+RECALL_MEMORY = Tool(
+    name="recall_memory",
+    description="Search what the user said in earlier conversations.",
+    parameters={
+        "type": "object",
+        "properties": {"query": {"type": "string", "description": "What to look for"}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    func=_recall_memory,
+)
+
+
+def default_registry() -> ToolRegistry:
+    """The tools chatmem ships."""
+    registry = ToolRegistry()
+    registry.register(CURRENT_TIME)
+    registry.register(RECALL_MEMORY)
+    return registry

@@ -1,0 +1,46 @@
+"""Domain errors. `chat_api/errors.py` maps each to one HTTP status, in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    """Base: `code` is machine-readable and stable."""
+
+    code = "error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class NotFound(DomainError):
+    """The thing does not exist, was deleted, or belongs to someone else (indistinguishable)."""
+
+    code = "not_found"
+
+
+class InvalidInput(DomainError):
+    """The request is well-formed JSON but its content is not acceptable."""
+
+    code = "invalid_input"
+
+
+class Conflict(DomainError):
+    """The request conflicts with the current state (e.g. a reply is already streaming)."""
+
+    code = "conflict"
+
+
+class ConversationBusy(Conflict):
+    """A reply is already streaming in this conversation."""
+
+    code = "conversation_busy"
+
+
+class NotWaiting(Conflict):
+    """The tool call is not waiting for approval."""
+
+    code = "not_waiting"

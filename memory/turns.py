@@ -1,0 +1,187 @@
+"""Turn repository: reads scoped to the owner, writes that never commit (the caller does)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import and_, func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from memory.conversations import Owner, allocate_seq
+from memory.errors import NotFound
+from memory.models import Conversation, Turn, TurnEventChunk, TurnStatus
+
+Event = tuple[int, str, dict[str, Any]]
+
+
+def _visible(owner: Owner):  # type: ignore[no-untyped-def]
+    return and_(
+        Turn.tenant_id == owner.tenant_id,
+        Turn.user_id == owner.user_id,
+        Turn.conversation_id == Conversation.id,
+        Conversation.deleted_at.is_(None),
+    )
+
+
+async def get_turn(session: AsyncSession, owner: Owner, turn_id: uuid.UUID) -> Turn:
+    """The owner's turn in a live conversation, or NotFound."""
+    turn = (
+        await session.execute(select(Turn).join(Conversation).where(Turn.id == turn_id, _visible(owner)))
+    ).scalar_one_or_none()
+    if turn is None:
+        raise NotFound("turn not found", turn_id=str(turn_id))
+    return turn
+
+
+async def list_turns(session: AsyncSession, conversation_id: uuid.UUID) -> list[Turn]:
+    """Every turn of a conversation in order (the caller checked ownership)."""
+    rows = await session.execute(select(Turn).where(Turn.conversation_id == conversation_id).order_by(Turn.seq))
+    return list(rows.scalars())
+
+
+async def recent_turns(session: AsyncSession, conversation_id: uuid.UUID, limit: int) -> list[Turn]:
+    """The newest `limit` turns, oldest first."""
+    rows = await session.execute(
+        select(Turn).where(Turn.conversation_id == conversation_id).order_by(Turn.seq.desc()).limit(limit)
+    )
+    return list(reversed(list(rows.scalars())))
+
+
+async def reply_turns(session: AsyncSession, reply_id: uuid.UUID) -> list[Turn]:
+    """The assistant and tool turns produced by one reply, in order."""
+    rows = await session.execute(
+        select(Turn).where(Turn.reply_id == reply_id, Turn.role != "user").order_by(Turn.seq)
+    )
+    return list(rows.scalars())
+
+
+async def find_by_idempotency_key(
+    session: AsyncSession, conversation_id: uuid.UUID, key: str
+) -> Turn | None:
+    """The user turn a previous request with this Idempotency-Key created, if any."""
+    return (
+        await session.execute(
+            select(Turn).where(Turn.conversation_id == conversation_id, Turn.idempotency_key == key)
+        )
+    ).scalar_one_or_none()
+
+
+async def add_turn(
+    session: AsyncSession,
+    conversation: Conversation,
+    *,
+    role: str,
+    status: str,
+    content: str = "",
+    reply_id: uuid.UUID | None = None,
+    turn_id: uuid.UUID | None = None,
+    **fields: Any,
+) -> Turn:
+    """Append a turn with the next sequence number."""
+    seq = await allocate_seq(session, conversation.id)
+    turn = Turn(
+        id=turn_id or uuid.uuid4(),
+        conversation_id=conversation.id,
+        tenant_id=conversation.tenant_id,
+        user_id=conversation.user_id,
+        seq=seq,
+        role=role,
+        status=status,
+        content=content,
+        reply_id=reply_id,
+        tool_calls=fields.pop("tool_calls", []),
+        **fields,
+    )
+    if status in TurnStatus.TERMINAL:
+        turn.completed_at = func.now()
+    if status == TurnStatus.STREAMING:
+        turn.heartbeat_at = func.now()
+    session.add(turn)
+    await session.flush()
+    await session.refresh(turn)
+    return turn
+
+
+async def finish_turn(
+    session: AsyncSession,
+    turn_id: uuid.UUID,
+    *,
+    status: str,
+    content: str,
+    tool_calls: list[dict[str, Any]],
+    last_event_id: int,
+    **fields: Any,
+) -> Turn | None:
+    """Move a streaming turn to its terminal status; None if it was no longer streaming."""
+    result = await session.execute(
+        update(Turn)
+        .where(Turn.id == turn_id, Turn.status == TurnStatus.STREAMING)
+        .values(
+            status=status,
+            content=content,
+            tool_calls=tool_calls,
+            last_event_id=last_event_id,
+            completed_at=func.now(),
+            updated_at=func.now(),
+            **fields,
+        )
+        .returning(Turn)
+        .execution_options(synchronize_session=False)
+    )
+    return result.scalar_one_or_none()
+
+
+async def release_conversation(session: AsyncSession, conversation_id: uuid.UUID, reply_id: uuid.UUID) -> None:
+    """Let the conversation accept a new message (only if this reply still held it)."""
+    await session.execute(
+        update(Conversation)
+        .where(Conversation.id == conversation_id, Conversation.active_reply_id == reply_id)
+        .values(active_reply_id=None)
+    )
+
+
+CHECKPOINT_TURN = text(
+    """
+    UPDATE turns SET content = :content, tool_calls = CAST(:tool_calls AS jsonb),
+           last_event_id = :last_event_id, heartbeat_at = now(), updated_at = now()
+    WHERE id = :turn_id AND status = 'streaming'
+    """
+)
+
+HEARTBEAT = text(
+    "UPDATE turns SET heartbeat_at = now() WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'streaming'"
+)
+
+
+async def append_events(
+    session: AsyncSession, reply_id: uuid.UUID, owner: Owner, events: Sequence[Event]
+) -> None:
+    """Persist a contiguous run of a reply's events."""
+    if not events:
+        return
+    session.add(
+        TurnEventChunk(
+            reply_id=reply_id,
+            first_id=events[0][0],
+            last_id=events[-1][0],
+            tenant_id=owner.tenant_id,
+            user_id=owner.user_id,
+            events=[list(e) for e in events],
+        )
+    )
+    await session.flush()
+
+
+async def load_events(session: AsyncSession, reply_id: uuid.UUID, after: int) -> list[Event]:
+    """The persisted events of a reply with id > after, in order."""
+    rows = await session.execute(
+        select(TurnEventChunk.events)
+        .where(TurnEventChunk.reply_id == reply_id, TurnEventChunk.last_id > after)
+        .order_by(TurnEventChunk.first_id)
+    )
+    out: list[Event] = []
+    for chunk in rows.scalars():
+        out.extend((int(e[0]), str(e[1]), e[2]) for e in chunk if int(e[0]) > after)
+    return out
