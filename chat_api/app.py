@@ -55,6 +55,7 @@ def create_app(
     provider: ChatProvider | None = None,
     tools: ToolRegistry | None = None,
     workers: list[Worker] | None = None,
+    ui_token: str | None = None,
 ) -> FastAPI:
     """Build the app. `settings.database_url` must be set (the CLI sets it for the embedded server)."""
     if settings.database_url is None:
@@ -131,6 +132,8 @@ def create_app(
         description="Chat backend for web chat frontends: SSE streaming, stop that works, long-term memory.",
         lifespan=lifespan,
     )
+    # The chat page picks this token up by itself only on the embedded installation.
+    app.state.ui_token = ui_token
     install_error_handlers(app)
     if settings.cors_origins:
         app.add_middleware(

@@ -107,7 +107,9 @@ class Checkpointer:
         try:
             async with self.db.transaction() as session:
                 if chunks:
-                    await session.execute(INSERT_EVENTS, [{k: v for k, v in c.items() if k != "_range"} for c in chunks])
+                    await session.execute(
+                        INSERT_EVENTS, [{k: v for k, v in c.items() if k != "_range"} for c in chunks]
+                    )
                     await session.execute(CHECKPOINT_TURN, turns)
                     await session.execute(NOTIFY_CHECKPOINT)
                 await session.execute(HEARTBEAT, {"ids": [r.turn_id for r in replies]})

@@ -41,7 +41,9 @@ def _check_database(url: str) -> None:
     try:
         asyncio.run(probe())
     except Exception as exc:
-        raise CommandError(f"cannot reach DATABASE_URL: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        raise CommandError(
+            f"cannot reach DATABASE_URL: {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from None
 
 
 def _migrate(url: str) -> None:
@@ -55,11 +57,14 @@ def _migrate(url: str) -> None:
 
 def _embedded_workers(settings: Settings) -> list[Any]:
     """The relay or Postgres consumer and the indexer, run inside the API process."""
-    from indexer.worker import IndexerWorker, OutboxRelay
     from memory.embeddings import SentenceTransformerEmbedder
 
+    from indexer.worker import IndexerWorker, OutboxRelay
+
     async def indexer(services: Any, stop: asyncio.Event) -> None:
-        embedder = SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
+        embedder = SentenceTransformerEmbedder(
+            settings.embedding_model, batch_size=settings.embedding_batch_size
+        )
         await asyncio.to_thread(embedder.load)
         services.extras["embedder"] = embedder
         await IndexerWorker(services.db, settings, embedder).run(stop)
@@ -70,14 +75,18 @@ def _embedded_workers(settings: Settings) -> list[Any]:
     return [indexer, relay] if settings.kafka_bootstrap_servers else [indexer]
 
 
-def _serve(settings: Settings, workers: list[Any], banner: str | None) -> None:
+def _serve(settings: Settings, workers: list[Any], banner: str | None, ui_token: str | None = None) -> None:
     import uvicorn
 
     from chat_api.app import create_app
 
-    app = create_app(settings, workers=workers)
+    app = create_app(settings, workers=workers, ui_token=ui_token)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), lifespan="on",
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        lifespan="on",
         timeout_graceful_shutdown=10,
     )
     server = uvicorn.Server(config)
@@ -103,13 +112,14 @@ def cmd_up(args: argparse.Namespace) -> None:
         )
         token = issue_token(secret, DEFAULT_TENANT, DEFAULT_USER)
         shown_host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0") else settings.host
+        model_note = " (offline demo model, not a real LLM)" if settings.llm_provider == "demo" else ""
         banner = (
             f"chatmem is up: http://{shown_host}:{settings.port}  (API docs: /docs)\n"
-            f"model: {settings.llm_provider}{' (offline demo model, not a real LLM)' if settings.llm_provider == 'demo' else ''}\n"
+            f"model: {settings.llm_provider}{model_note}\n"
             f"access token (tenant {DEFAULT_TENANT!r}, user {DEFAULT_USER!r}):\n{token}\n"
             "Ctrl-C stops everything, including the embedded Postgres."
         )
-        _serve(settings, _embedded_workers(settings), banner)
+        _serve(settings, _embedded_workers(settings), banner, ui_token=token)
     finally:
         postgres.stop()
         print("chatmem: stopped.", flush=True)
@@ -157,7 +167,9 @@ def _worker_main(which: str) -> None:
     if not settings.database_url:
         raise CommandError("DATABASE_URL is not set")
     if which == "relay" and not settings.kafka_bootstrap_servers:
-        raise CommandError("KAFKA_BOOTSTRAP_SERVERS is not set (without Kafka the indexer reads Postgres directly)")
+        raise CommandError(
+            "KAFKA_BOOTSTRAP_SERVERS is not set (without Kafka the indexer reads Postgres directly)"
+        )
     _check_database(settings.database_url)
     asyncio.run(run_relay_main(settings) if which == "relay" else run_indexer_main(settings))
 
@@ -175,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the API against DATABASE_URL")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--with-workers", action="store_true", help="also run the indexer (and relay) in-process")
+    serve.add_argument(
+        "--with-workers", action="store_true", help="also run the indexer (and relay) in-process"
+    )
     serve.set_defaults(func=cmd_serve)
 
     token = sub.add_parser("token", help="print an access token for this installation")
@@ -189,7 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     db_sub = db.add_subparsers(dest="db_command", required=True)
     db_sub.add_parser("upgrade", help="apply migrations to DATABASE_URL").set_defaults(func=cmd_db_upgrade)
 
-    sub.add_parser("relay", help="publish the outbox to Kafka").set_defaults(func=lambda _: _worker_main("relay"))
+    sub.add_parser("relay", help="publish the outbox to Kafka").set_defaults(
+        func=lambda _: _worker_main("relay")
+    )
     sub.add_parser("indexer", help="index finished turns into memory").set_defaults(
         func=lambda _: _worker_main("indexer")
     )
@@ -201,7 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO").upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         args.func(args)
     except CommandError as exc:

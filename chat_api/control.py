@@ -57,21 +57,36 @@ async def accept_message(
                 else:
                     reply_id = uuid.uuid4()
                     user_turn = await add_turn(
-                        session, conversation, role="user", status=TurnStatus.COMPLETED, content=content,
-                        reply_id=reply_id, idempotency_key=idempotency_key,
+                        session,
+                        conversation,
+                        role="user",
+                        status=TurnStatus.COMPLETED,
+                        content=content,
+                        reply_id=reply_id,
+                        idempotency_key=idempotency_key,
                     )
                     await record_finished_turn(session, user_turn)
                     await add_turn(
-                        session, conversation, role="assistant", status=TurnStatus.STREAMING, reply_id=reply_id,
-                        turn_id=reply_id, model=services.provider.model, owner=services.process_id,
+                        session,
+                        conversation,
+                        role="assistant",
+                        status=TurnStatus.STREAMING,
+                        reply_id=reply_id,
+                        turn_id=reply_id,
+                        model=services.provider.model,
+                        owner=services.process_id,
                     )
                     conversation.active_reply_id = reply_id
                     reply = Reply(reply_id, owner, conversation.id, user_turn.id)
                     reply.publish(
                         "turn.started",
-                        {"reply_id": str(reply_id), "user_turn_id": str(user_turn.id),
-                         "assistant_turn_id": str(reply_id), "conversation_id": str(conversation.id),
-                         "model": services.provider.model},
+                        {
+                            "reply_id": str(reply_id),
+                            "user_turn_id": str(user_turn.id),
+                            "assistant_turn_id": str(reply_id),
+                            "conversation_id": str(conversation.id),
+                            "model": services.provider.model,
+                        },
                     )
                     # Registered before commit: a stop sent by another process as soon as the
                     # turn is visible must find it here.

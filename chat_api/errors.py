@@ -59,7 +59,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"loc": [str(p) for p in err.get("loc", ())], "msg": err.get("msg", ""), "type": err.get("type", "")}
+            {
+                "loc": [str(p) for p in err.get("loc", ())],
+                "msg": err.get("msg", ""),
+                "type": err.get("type", ""),
+            }
             for err in exc.errors()
         ]
         malformed = any(err["type"] == "json_invalid" for err in errors)
@@ -73,5 +77,7 @@ def install_error_handlers(app: FastAPI) -> None:
             exc.status_code, "http_error"
         )
         return JSONResponse(
-            error_body(code, str(exc.detail)), status_code=exc.status_code, headers=getattr(exc, "headers", None)
+            error_body(code, str(exc.detail)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
         )

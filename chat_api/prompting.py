@@ -37,13 +37,11 @@ class Prompter:
         """Recall long-term memory once per reply and announce it to the client."""
         if self.recall is None or request.memory_scope == "none":
             return
-        rewritten, items, payload = await self.recall(reply, request.user_text, request.memory_scope)
+        _rewritten, items, payload = await self.recall(reply, request.user_text, request.memory_scope)
         reply.memories = items
         reply.publish("memory.retrieved", payload)
 
-    async def context_for(
-        self, conversation_id: Any, memory: Sequence[MemoryItemView] = ()
-    ) -> BuiltContext:
+    async def context_for(self, conversation_id: Any, memory: Sequence[MemoryItemView] = ()) -> BuiltContext:
         """What the model would be sent for this conversation right now."""
         async with self.db.session() as session:
             rows = await recent_turns(session, conversation_id, self.load_limit)

@@ -65,6 +65,7 @@ async def end_stale_turns(
         terminal_id = turn.last_event_id + 1
         turn.last_event_id = terminal_id
         await session.flush()
+        await session.refresh(turn)  # load the server-side timestamps the payload carries
         await record_finished_turn(session, turn)
         data = {"reply_id": str(turn.reply_id), "turn_id": str(turn.id), "status": status}
         if status == TurnStatus.INTERRUPTED_BY_ERROR:

@@ -64,8 +64,13 @@ class Reply:
     def add_tool_delta(self, index: int, call_id: str | None, name: str | None, arguments: str) -> None:
         call = next((c for c in self.tool_calls if c["index"] == index), None)
         if call is None:
-            call = {"index": index, "id": call_id or f"call_{self.turn_id.hex[:8]}_{index}", "name": name or "",
-                    "arguments": "", "state": ToolCallState.STREAMING}
+            call = {
+                "index": index,
+                "id": call_id or f"call_{self.turn_id.hex[:8]}_{index}",
+                "name": name or "",
+                "arguments": "",
+                "state": ToolCallState.STREAMING,
+            }
             self.tool_calls.append(call)
         if call_id:
             call["id"] = call_id
@@ -75,8 +80,13 @@ class Reply:
         self.chars_since_checkpoint += len(arguments)
         self.publish(
             "tool_call.delta",
-            {"turn_id": str(self.turn_id), "index": index, "id": call["id"], "name": call["name"],
-             "arguments": arguments},
+            {
+                "turn_id": str(self.turn_id),
+                "index": index,
+                "id": call["id"],
+                "name": call["name"],
+                "arguments": arguments,
+            },
         )
 
     # --- events ---------------------------------------------------------------------

@@ -136,7 +136,9 @@ class ReplyRunner:
         except Exception:
             # The turn stays `streaming` with its last checkpoint; the reaper will end it.
             log.exception("could not store the end of reply %s", reply.id)
-            reply.publish("error", {"code": "storage_error", "message": "the reply's ending could not be stored"})
+            reply.publish(
+                "error", {"code": "storage_error", "message": "the reply's ending could not be stored"}
+            )
             reply.finish({"status": TurnStatus.STREAMING, "turn_id": str(reply.turn_id)})
             self.registry.remove(reply.id)
 
@@ -163,7 +165,7 @@ class ReplyRunner:
                     self.checkpointer.note_progress(reply)
             finally:
                 # Closing the stream closes the upstream connection: no more tokens are paid for.
-                await stream.aclose()  # type: ignore[attr-defined]
+                await stream.aclose()
             if not reply.tool_calls:
                 return
             await self._run_tools(reply)
@@ -225,8 +227,13 @@ class ReplyRunner:
                 )
             reply.publish(
                 "tool.result",
-                {"turn_id": str(tool_turn.id), "call_id": call["id"], "name": call["name"], "state": state,
-                 "result": content},
+                {
+                    "turn_id": str(tool_turn.id),
+                    "call_id": call["id"],
+                    "name": call["name"],
+                    "state": state,
+                    "result": content,
+                },
             )
 
     async def _run_one(self, reply: Reply, call: dict[str, Any]) -> tuple[Any, str]:
@@ -245,9 +252,14 @@ class ReplyRunner:
         if known is not None:
             return known.result, known.state
         call["state"] = ToolCallState.RUNNING
-        reply.publish("tool.started", {"turn_id": str(reply.turn_id), "call_id": call["id"], "name": call["name"]})
+        reply.publish(
+            "tool.started", {"turn_id": str(reply.turn_id), "call_id": call["id"], "name": call["name"]}
+        )
         context = ToolContext(
-            owner=reply.owner, conversation_id=reply.conversation_id, turn_id=reply.turn_id, db=self.db,
+            owner=reply.owner,
+            conversation_id=reply.conversation_id,
+            turn_id=reply.turn_id,
+            db=self.db,
             services=self.services,
         )
         try:
@@ -256,7 +268,9 @@ class ReplyRunner:
             call["state"] = ToolCallState.CANCELLED
             call["side_effect_may_have_happened"] = tool.side_effects
             # Recorded even though this task is being cancelled: the shield lets the write finish.
-            await asyncio.shield(cancel_invocation(self.db, key, side_effect_may_have_happened=tool.side_effects))
+            await asyncio.shield(
+                cancel_invocation(self.db, key, side_effect_may_have_happened=tool.side_effects)
+            )
             raise
         except Exception as exc:
             log.warning("tool %s failed: %s", tool.name, exc)

@@ -40,8 +40,14 @@ class ConversationOut(BaseModel):
     @classmethod
     def of(cls, c: Conversation) -> ConversationOut:
         return cls(
-            id=c.id, title=c.title, memory_mode=c.memory_mode, created_at=c.created_at, updated_at=c.updated_at,
-            turn_count=c.next_seq - 1, indexed_seq=c.indexed_seq, active_reply_id=c.active_reply_id,
+            id=c.id,
+            title=c.title,
+            memory_mode=c.memory_mode,
+            created_at=c.created_at,
+            updated_at=c.updated_at,
+            turn_count=c.next_seq - 1,
+            indexed_seq=c.indexed_seq,
+            active_reply_id=c.active_reply_id,
         )
 
 
@@ -89,11 +95,26 @@ class TurnOut(BaseModel):
     @classmethod
     def of(cls, t: Turn) -> TurnOut:
         return cls(
-            id=t.id, conversation_id=t.conversation_id, seq=t.seq, role=t.role, status=t.status, content=t.content,
-            tool_calls=t.tool_calls or [], tool_call_id=t.tool_call_id, name=t.name, reply_id=t.reply_id,
-            model=t.model, usage=t.usage, error=t.error, interrupt_reason=t.interrupt_reason,
-            rewritten_query=t.rewritten_query, prompt_version=t.prompt_version, external_id=t.external_id,
-            metadata=t.meta, created_at=t.created_at, completed_at=t.completed_at,
+            id=t.id,
+            conversation_id=t.conversation_id,
+            seq=t.seq,
+            role=t.role,
+            status=t.status,
+            content=t.content,
+            tool_calls=t.tool_calls or [],
+            tool_call_id=t.tool_call_id,
+            name=t.name,
+            reply_id=t.reply_id,
+            model=t.model,
+            usage=t.usage,
+            error=t.error,
+            interrupt_reason=t.interrupt_reason,
+            rewritten_query=t.rewritten_query,
+            prompt_version=t.prompt_version,
+            external_id=t.external_id,
+            metadata=t.meta,
+            created_at=t.created_at,
+            completed_at=t.completed_at,
         )
 
 

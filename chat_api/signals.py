@@ -89,7 +89,7 @@ class Signals:
             try:
                 conn = await asyncpg.connect(self.dsn)
                 lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c: lost.set())
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener("chatmem_stop", self._on_stop)
                 await conn.add_listener("chatmem_turn_done", self._on_done)
                 await conn.add_listener("chatmem_checkpoint", self._on_checkpoint)

@@ -100,7 +100,7 @@ class ToolOutcome:
 async def begin_invocation(
     db: Database, owner: Owner, turn_id: uuid.UUID, call_index: int, call_id: str, tool: Tool, arguments: Any
 ) -> tuple[str, ToolOutcome | None]:
-    """Claim the call's key. Returns (key, None) when this caller must run the tool, else the known outcome."""
+    """Claim the call's key: (key, None) means run the tool; otherwise the known outcome."""
     key = idempotency_key(owner, turn_id, call_index, tool.name, arguments)
     async with db.transaction() as session:
         inserted = (
@@ -126,13 +126,17 @@ async def begin_invocation(
         if inserted is not None:
             return key, None
         row = (
-            await session.execute(select(ToolInvocation).where(ToolInvocation.idempotency_key == key).with_for_update())
+            await session.execute(
+                select(ToolInvocation).where(ToolInvocation.idempotency_key == key).with_for_update()
+            )
         ).scalar_one()
         if row.state == ToolCallState.SUCCEEDED:
             return key, ToolOutcome(ToolCallState.SUCCEEDED, row.result, reused=True)
         if tool.side_effects:
-            note = {"error": f"not run again: an earlier attempt ended {row.state}",
-                    "side_effect_may_have_happened": row.side_effect_may_have_happened}
+            note = {
+                "error": f"not run again: an earlier attempt ended {row.state}",
+                "side_effect_may_have_happened": row.side_effect_may_have_happened,
+            }
             return key, ToolOutcome(ToolCallState.FAILED, note, reused=True)
         row.attempts += 1
         row.state = ToolCallState.RUNNING

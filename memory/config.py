@@ -61,7 +61,9 @@ class Settings(BaseSettings):
     llm_timeout_seconds: float = Field(60.0, gt=0, description="Timeout of one model request.")
     llm_max_retries: int = Field(3, ge=0, description="Retries on 429/5xx/timeouts before the first token.")
     llm_retry_base_seconds: float = Field(0.5, ge=0, description="First backoff delay; doubles each retry.")
-    rewrite_model: str | None = Field(None, description="Fast model for query rewriting (default: LLM_MODEL).")
+    rewrite_model: str | None = Field(
+        None, description="Fast model for query rewriting (default: LLM_MODEL)."
+    )
     rewrite_timeout_seconds: float = Field(1.5, gt=0, description="Time box of the query rewrite.")
     demo_tokens_per_second: float = Field(
         40.0, gt=0, description="Demo model streaming rate (tokens per second)."
@@ -71,8 +73,12 @@ class Settings(BaseSettings):
     # --- turns ---------------------------------------------------------------------
     checkpoint_interval_ms: int = Field(250, ge=10, description="Longest time between checkpoints.")
     checkpoint_chars: int = Field(400, ge=1, description="Checkpoint early after this many new characters.")
-    heartbeat_timeout_seconds: float = Field(15.0, gt=0, description="A streaming turn silent this long is dead.")
-    reaper_interval_seconds: float = Field(5.0, gt=0, description="How often the reaper looks for dead turns.")
+    heartbeat_timeout_seconds: float = Field(
+        15.0, gt=0, description="A streaming turn silent this long is dead."
+    )
+    reaper_interval_seconds: float = Field(
+        5.0, gt=0, description="How often the reaper looks for dead turns."
+    )
     max_tool_steps: int = Field(5, ge=1, description="Model/tool round trips per reply.")
     on_busy_default: Literal["reject", "interrupt", "enqueue"] = Field(
         "reject", description="What a new message does while a reply streams."
@@ -85,7 +91,9 @@ class Settings(BaseSettings):
     context_max_tokens: int = Field(6000, ge=100, description="Recent window: most tokens in the prompt.")
     reply_reserve_tokens: int = Field(1024, ge=0, description="Tokens kept free for the reply.")
     memory_reserve_tokens: int = Field(800, ge=0, description="Tokens kept for the memory block.")
-    tool_result_max_chars: int = Field(4000, ge=100, description="Tool results longer are shortened in prompts.")
+    tool_result_max_chars: int = Field(
+        4000, ge=100, description="Tool results longer are shortened in prompts."
+    )
     interrupted_policy: Literal["keep_text", "drop_turn"] = Field(
         "keep_text", description="How interrupted turns enter the prompt."
     )
@@ -99,7 +107,9 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(500, ge=1, description="Outbox rows published per relay batch.")
 
     # --- indexer -------------------------------------------------------------------
-    embedding_model: str = Field(default_factory=default_embedding_model, description="sentence-transformers model.")
+    embedding_model: str = Field(
+        default_factory=default_embedding_model, description="sentence-transformers model."
+    )
     embedding_batch_size: int = Field(64, ge=1, description="Texts per encode call.")
     indexer_batch_size: int = Field(256, ge=1, description="Most turns per indexer batch.")
     indexer_batch_wait_ms: int = Field(200, ge=0, description="Longest wait to fill a batch.")
@@ -151,6 +161,7 @@ def get_settings(**overrides: object) -> Settings:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']).upper() or 'settings'}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(p) for p in err['loc']).upper() or 'settings'}: {err['msg']}"
+            for err in exc.errors()
         )
         raise SettingsError(f"invalid settings: {problems}") from None

@@ -36,7 +36,11 @@ async def create_conversation(
 ) -> Conversation:
     """Create a conversation owned by `owner`."""
     conversation = Conversation(
-        id=uuid.uuid4(), tenant_id=owner.tenant_id, user_id=owner.user_id, title=title, memory_mode=memory_mode
+        id=uuid.uuid4(),
+        tenant_id=owner.tenant_id,
+        user_id=owner.user_id,
+        title=title,
+        memory_mode=memory_mode,
     )
     session.add(conversation)
     await session.flush()

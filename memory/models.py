@@ -76,9 +76,7 @@ class Conversation(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
-    __table_args__ = (
-        Index("ix_conversations_owner_created", "tenant_id", "user_id", "created_at", "id"),
-    )
+    __table_args__ = (Index("ix_conversations_owner_created", "tenant_id", "user_id", "created_at", "id"),)
 
 
 class Turn(Base):

@@ -37,7 +37,9 @@ async def get_turn(session: AsyncSession, owner: Owner, turn_id: uuid.UUID) -> T
 
 async def list_turns(session: AsyncSession, conversation_id: uuid.UUID) -> list[Turn]:
     """Every turn of a conversation in order (the caller checked ownership)."""
-    rows = await session.execute(select(Turn).where(Turn.conversation_id == conversation_id).order_by(Turn.seq))
+    rows = await session.execute(
+        select(Turn).where(Turn.conversation_id == conversation_id).order_by(Turn.seq)
+    )
     return list(rows.scalars())
 
 
@@ -57,9 +59,7 @@ async def reply_turns(session: AsyncSession, reply_id: uuid.UUID) -> list[Turn]:
     return list(rows.scalars())
 
 
-async def find_by_idempotency_key(
-    session: AsyncSession, conversation_id: uuid.UUID, key: str
-) -> Turn | None:
+async def find_by_idempotency_key(session: AsyncSession, conversation_id: uuid.UUID, key: str) -> Turn | None:
     """The user turn a previous request with this Idempotency-Key created, if any."""
     return (
         await session.execute(
@@ -133,7 +133,9 @@ async def finish_turn(
     return result.scalar_one_or_none()
 
 
-async def release_conversation(session: AsyncSession, conversation_id: uuid.UUID, reply_id: uuid.UUID) -> None:
+async def release_conversation(
+    session: AsyncSession, conversation_id: uuid.UUID, reply_id: uuid.UUID
+) -> None:
     """Let the conversation accept a new message (only if this reply still held it)."""
     await session.execute(
         update(Conversation)

@@ -143,7 +143,9 @@ async def start_server(db: Any, make_settings: Callable[..., Settings]) -> Async
     """Start live servers: `await start_server(**settings_overrides, provider=..., tools=...)`."""
     servers: list[LiveServer] = []
 
-    async def start(provider: Any = None, tools: Any = None, workers: Any = None, **overrides: Any) -> LiveServer:
+    async def start(
+        provider: Any = None, tools: Any = None, workers: Any = None, **overrides: Any
+    ) -> LiveServer:
         app = create_app(make_settings(**overrides), provider=provider, tools=tools, workers=workers)
         server = LiveServer(app)
         await server.start()
@@ -161,3 +163,6 @@ async def start_server(db: Any, make_settings: Callable[..., Settings]) -> Async
 async def server(start_server: Callable[..., Any]) -> LiveServer:
     """One live API server on demo defaults."""
     return await start_server()  # type: ignore[no-any-return]
+
+
+from tests.fake_openai import fake_openai  # noqa: E402, F401  (fixture: a scripted OpenAI-compatible server)

@@ -17,7 +17,9 @@ async def new_conversation(client: Any, **body: Any) -> str:
 async def test_streamed_reply_is_persisted_with_increasing_event_ids(server: LiveServer) -> None:
     async with server.client() as client:
         cid = await new_conversation(client)
-        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "hello 👋 مرحبا"}) as r:
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json={"content": "hello 👋 مرحبا"}
+        ) as r:
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/event-stream")
             events = await collect(r)
@@ -36,7 +38,9 @@ async def test_streamed_reply_is_persisted_with_increasing_event_ids(server: Liv
 async def test_non_streaming_mode_returns_finished_reply(server: LiveServer) -> None:
     async with server.client() as client:
         cid = await new_conversation(client)
-        r = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi there", "stream": False})
+        r = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "hi there", "stream": False}
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["status"] == "completed"

@@ -8,7 +8,7 @@ reply stops costing tokens.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,12 +58,13 @@ class ChatProvider(Protocol):
 
     def stream(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
-    ) -> AsyncIterator[Delta]:
+    ) -> AsyncGenerator[Delta, None]:
         """Stream the model's reply to ``messages`` as deltas, ending with one StreamEnd."""
         ...
 
-    async def complete(self, messages: Sequence[dict[str, Any]], *, model: str | None = None,
-                       timeout: float | None = None) -> str:
+    async def complete(
+        self, messages: Sequence[dict[str, Any]], *, model: str | None = None, timeout: float | None = None
+    ) -> str:
         """Return a short non-streamed completion (used by the query rewriter)."""
         ...
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from chat_api.providers.base import Delta, ProviderError, StreamEnd, TextDelta, ToolCallDelta
@@ -40,7 +41,9 @@ def _memories(messages: Sequence[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     for message in messages:
         if message.get("role") == "system":
-            lines += [ln[2:].strip() for ln in str(message.get("content") or "").splitlines() if ln.startswith("- ")]
+            lines += [
+                ln[2:].strip() for ln in str(message.get("content") or "").splitlines() if ln.startswith("- ")
+            ]
     return lines
 
 
@@ -54,9 +57,9 @@ class DemoProvider:
         self.interval = 1.0 / tokens_per_second
         self.first_token_delay = first_token_delay
 
-    def _plan(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> tuple[
-        list[str], tuple[str, str] | None
-    ]:
+    def _plan(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+    ) -> tuple[list[str], tuple[str, str] | None]:
         last = messages[-1] if messages else {}
         user = _last(messages, "user")
         user_text = str(user.get("content") or "") if user else ""
@@ -82,7 +85,7 @@ class DemoProvider:
 
     async def stream(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
-    ) -> AsyncIterator[Delta]:
+    ) -> AsyncGenerator[Delta, None]:
         """Stream the demo reply; one word (or argument fragment) per tick."""
         words, call = self._plan(messages, tools)
         user = _last(messages, "user")
@@ -95,7 +98,7 @@ class DemoProvider:
         emitted = 0
         if call is not None:
             name, arguments = call
-            yield ToolCallDelta(index=0, id=f"call_demo_{abs(hash(arguments)) % 10**8}", name=name)
+            yield ToolCallDelta(index=0, id=f"call_{uuid.uuid4().hex[:16]}", name=name)
             for start in range(0, len(arguments), 4):
                 await asyncio.sleep(self.interval)
                 yield ToolCallDelta(index=0, arguments=arguments[start : start + 4])
@@ -111,7 +114,11 @@ class DemoProvider:
         prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in messages)
         yield StreamEnd(
             finish_reason="stop",
-            usage={"prompt_tokens": prompt_tokens, "completion_tokens": emitted, "total_tokens": prompt_tokens + emitted},
+            usage={
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": emitted,
+                "total_tokens": prompt_tokens + emitted,
+            },
         )
 
     async def complete(

@@ -24,7 +24,9 @@ router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 
 
 @router.post("", status_code=201)
-async def create_conversation(body: ConversationCreate, owner: OwnerDep, services: ServicesDep) -> ConversationOut:
+async def create_conversation(
+    body: ConversationCreate, owner: OwnerDep, services: ServicesDep
+) -> ConversationOut:
     check_text(body.title, field="title", allow_empty=True)
     async with services.db.transaction() as session:
         conversation = await repo.create_conversation(
@@ -46,7 +48,9 @@ async def list_conversations(
 
 
 @router.get("/{conversation_id}")
-async def get_conversation(conversation_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> ConversationOut:
+async def get_conversation(
+    conversation_id: uuid.UUID, owner: OwnerDep, services: ServicesDep
+) -> ConversationOut:
     async with services.db.session() as session:
         return ConversationOut.of(await repo.get_conversation(session, owner, conversation_id))
 

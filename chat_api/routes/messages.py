@@ -54,7 +54,9 @@ async def post_message(
     return await finished_reply(services, owner, accepted.reply_id, accepted.user_turn_id)
 
 
-async def finished_reply(services: ServicesDep, owner: Owner, reply_id: uuid.UUID, user_turn_id: uuid.UUID) -> ReplyOut:
+async def finished_reply(
+    services: ServicesDep, owner: Owner, reply_id: uuid.UUID, user_turn_id: uuid.UUID
+) -> ReplyOut:
     async with services.db.session() as session:
         user_turn = await get_turn(session, owner, user_turn_id)
         turns = await reply_turns(session, reply_id)

@@ -1,0 +1,81 @@
+"""Real server processes for tests that need another process or a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from tests.conftest import TEST_SECRET, auth, free_port
+
+
+class ServerProcess:
+    """`chatmem serve` in a subprocess against the test database."""
+
+    def __init__(self, pg_url: str, **env: Any) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": pg_url,
+            "JWT_SECRET": TEST_SECRET,
+            "LLM_PROVIDER": "demo",
+            "CHECKPOINT_INTERVAL_MS": "100",
+            "LOG_LEVEL": "WARNING",
+            **{k.upper(): str(v) for k, v in env.items()},
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chat_api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        async with httpx.AsyncClient(base_url=self.base_url) as client:
+            async with asyncio.timeout(60):
+                while True:
+                    if self.proc.poll() is not None:
+                        err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                        raise RuntimeError(f"server exited early: {err[-2000:]}")
+                    try:
+                        if (await client.get("/readyz")).status_code == 200:
+                            return
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as in a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def client(self, tenant: str = "t1", user: str = "u1") -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base_url, headers=auth(tenant, user), timeout=30)
+
+
+@asynccontextmanager
+async def server_process(pg_url: str, **env: Any) -> AsyncIterator[ServerProcess]:
+    proc = ServerProcess(pg_url, **env)
+    await proc.start()
+    try:
+        yield proc
+    finally:
+        proc.terminate()

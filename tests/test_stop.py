@@ -1,0 +1,435 @@
+"""Stop, disconnect, resume, busy policies and crashes: a turn is never lost or corrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import httpx
+from sqlalchemy import func, select
+
+from chat_api.tools import Tool, ToolRegistry, default_registry
+from memory.db import Database
+from memory.models import OutboxRow, ToolInvocation, Turn
+from tests.conftest import LiveServer
+from tests.procs import server_process
+from tests.sse import SSEEvent, collect, iter_sse
+
+TERMINAL = {"turn.completed", "turn.interrupted", "turn.failed"}
+
+
+async def new_conversation(client: httpx.AsyncClient) -> str:
+    r = await client.post("/v1/conversations", json={"title": "stop tests"})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+async def drain(stream: Any) -> list[SSEEvent]:
+    return [event async for event in stream]
+
+
+def text_of(events: list[SSEEvent]) -> str:
+    return "".join(e.data["text"] for e in events if e.event == "message.delta")
+
+
+async def read_until(stream: Any, predicate: Any, into: list[SSEEvent]) -> None:
+    async for event in stream:
+        into.append(event)
+        if predicate(event):
+            return
+    raise AssertionError("stream ended before the condition")
+
+
+async def wait_status(
+    client: httpx.AsyncClient, turn_id: str, statuses: set[str], timeout: float = 15
+) -> dict:
+    async with asyncio.timeout(timeout):
+        while True:
+            turn = (await client.get(f"/v1/turns/{turn_id}")).json()
+            if turn["status"] in statuses:
+                return turn  # type: ignore[no-any-return]
+            await asyncio.sleep(0.05)
+
+
+async def test_stop_mid_stream_keeps_every_delta_the_client_saw(start_server: Any, db: Database) -> None:
+    server: LiveServer = await start_server(demo_tokens_per_second=50)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        events: list[SSEEvent] = []
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json={"content": "/long go"}
+        ) as r:
+            stream = iter_sse(r)
+            await read_until(
+                stream, lambda e: e.event == "message.delta" and len(text_of(events)) > 40, events
+            )
+            reply_id = events[0].data["reply_id"]
+            stopped = await client.post(f"/v1/turns/{reply_id}/stop")
+            assert stopped.status_code == 200, stopped.text
+            assert stopped.json()["status"] == "interrupted_by_user"
+            events += [e async for e in stream]
+        assert events[-1].event == "turn.interrupted"
+        assert events[-1].data["reason"] == "user"
+        assert sum(e.event in TERMINAL for e in events) == 1
+        stored = (await client.get(f"/v1/turns/{reply_id}")).json()
+        assert stored["status"] == "interrupted_by_user"
+        assert stored["content"] == text_of(events)  # byte for byte, nothing lost, nothing extra
+        assert len(stored["content"]) < 400  # it really stopped early
+
+    async with db.transaction() as session:
+        rows = (
+            (await session.execute(select(OutboxRow).where(OutboxRow.turn_id == stored["id"])))
+            .scalars()
+            .all()
+        )
+    assert len(rows) == 1 and rows[0].payload["status"] == "interrupted_by_user"
+
+
+async def test_stop_is_idempotent_and_final(server: LiveServer) -> None:
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        r = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi", "stream": False})
+        reply_id = r.json()["turns"][-1]["id"]
+        before = (await client.get(f"/v1/turns/{reply_id}")).json()
+        first = await client.post(f"/v1/turns/{reply_id}/stop")
+        second = await client.post(f"/v1/turns/{reply_id}/stop")
+        assert first.status_code == second.status_code == 200
+        assert first.json()["status"] == second.json()["status"] == "completed"
+        assert (await client.get(f"/v1/turns/{reply_id}")).json() == before
+
+
+async def test_stop_before_first_token_stores_an_empty_interrupted_turn(start_server: Any) -> None:
+    server: LiveServer = await start_server(demo_first_token_delay_seconds=5)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "x"}) as r:
+            stream = iter_sse(r)
+            started = await anext(stream)
+            stop = await client.post(f"/v1/turns/{started.data['reply_id']}/stop")
+            rest = [e async for e in stream]
+        assert stop.json()["status"] == "interrupted_by_user"
+        assert [e.event for e in rest] == ["turn.interrupted"]
+        stored = (await client.get(f"/v1/turns/{started.data['reply_id']}")).json()
+        assert stored["status"] == "interrupted_by_user" and stored["content"] == ""
+
+
+async def test_stop_racing_completion_ends_in_exactly_one_state(start_server: Any, db: Database) -> None:
+    """Many randomized timings around the end of the reply: one terminal status, one content."""
+    server: LiveServer = await start_server(demo_tokens_per_second=400)
+    rng = random.Random(1234)
+    outcomes = set()
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        for _ in range(40):
+            events: list[SSEEvent] = []
+            async with client.stream(
+                "POST", f"/v1/conversations/{cid}/messages", json={"content": "race"}
+            ) as r:
+                stream = iter_sse(r)
+                events.append(await anext(stream))
+                reply_id = events[0].data["reply_id"]
+                # The demo reply lasts ~110 ms at this rate; stop lands anywhere in or after it.
+                await asyncio.sleep(rng.uniform(0, 0.2))
+                stopped, rest = await asyncio.gather(client.post(f"/v1/turns/{reply_id}/stop"), drain(stream))
+                events += rest
+            assert stopped.status_code == 200
+            terminals = [e for e in events if e.event in TERMINAL]
+            assert len(terminals) == 1
+            stored = (await client.get(f"/v1/turns/{reply_id}")).json()
+            assert stored["status"] == terminals[0].data["status"] == stopped.json()["status"]
+            assert stored["content"] == text_of(events)
+            outcomes.add(stored["status"])
+    assert outcomes == {"completed", "interrupted_by_user"}, outcomes  # both sides of the race were hit
+    async with db.transaction() as session:
+        assistant_turns = (
+            await session.execute(select(func.count()).select_from(Turn).where(Turn.role == "assistant"))
+        ).scalar_one()
+        outbox_turns = (
+            await session.execute(
+                select(func.count(func.distinct(OutboxRow.turn_id)))
+                .join(Turn, Turn.id == OutboxRow.turn_id)
+                .where(Turn.role == "assistant")
+            )
+        ).scalar_one()
+        outbox_rows = (
+            await session.execute(
+                select(func.count())
+                .select_from(OutboxRow)
+                .join(Turn, Turn.id == OutboxRow.turn_id)
+                .where(Turn.role == "assistant")
+            )
+        ).scalar_one()
+    assert assistant_turns == outbox_turns == outbox_rows == 40
+
+
+async def test_stop_during_tool_arguments_keeps_partial_raw_arguments(start_server: Any) -> None:
+    server: LiveServer = await start_server(demo_tokens_per_second=20)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        events: list[SSEEvent] = []
+        body = {"content": '/tool current_time {"timezone": "Europe/Paris", "padding": "xxxxxxxxxxxxxxxx"}'}
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as r:
+            stream = iter_sse(r)
+            await read_until(
+                stream,
+                lambda e: (
+                    e.event == "tool_call.delta"
+                    and len("".join(x.data["arguments"] for x in events if x.event == "tool_call.delta"))
+                    >= 12
+                ),
+                events,
+            )
+            reply_id = events[0].data["reply_id"]
+            await client.post(f"/v1/turns/{reply_id}/stop")
+            events += [e async for e in stream]
+        stored = (await client.get(f"/v1/turns/{reply_id}")).json()
+        sent = "".join(e.data["arguments"] for e in events if e.event == "tool_call.delta")
+        assert stored["status"] == "interrupted_by_user"
+        [call] = stored["tool_calls"]
+        assert call["arguments"] == sent and call["state"] == "streaming"
+        assert call["name"] == "current_time"
+        # The next prompt never carries the half call.
+        context = (await client.get(f"/v1/conversations/{cid}/context")).json()
+        assert all("tool_calls" not in m for m in context["messages"])
+
+
+async def test_stop_during_a_running_tool_cancels_it_and_records_the_side_effect(
+    start_server: Any, db: Database
+) -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow_send(args: dict[str, Any], _ctx: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return {"sent": True}
+
+    tools = default_registry()
+    tools.register(Tool("send_email", "sends", {"type": "object"}, slow_send, side_effects=True))
+    server: LiveServer = await start_server(tools=tools)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json={"content": '/tool send_email {"to": "a@b.c"}'}
+        ) as r:
+            stream = iter_sse(r)
+            first = await anext(stream)
+            async with asyncio.timeout(10):
+                await started.wait()
+            stop = await client.post(f"/v1/turns/{first.data['reply_id']}/stop")
+            rest = [e async for e in stream]
+        assert stop.json()["status"] == "interrupted_by_user"
+        assert cancelled.is_set()
+        assert rest[-1].event == "turn.interrupted"
+        stored = (await client.get(f"/v1/turns/{first.data['reply_id']}")).json()
+        assert stored["tool_calls"][0]["state"] == "cancelled"
+    async with db.transaction() as session:
+        [inv] = (await session.execute(select(ToolInvocation))).scalars().all()
+    assert inv.state == "cancelled" and inv.side_effect_may_have_happened is True
+
+
+async def test_side_effecting_tool_runs_once_per_logical_call(start_server: Any, db: Database) -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def charge(args: dict[str, Any], _ctx: Any) -> Any:
+        calls.append(args)
+        return {"charged": args["amount"]}
+
+    tools = ToolRegistry()
+    tools.register(Tool("charge", "charges", {"type": "object"}, charge, side_effects=True))
+    server: LiveServer = await start_server(tools=tools)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        r = await client.post(
+            f"/v1/conversations/{cid}/messages",
+            json={"content": '/tool charge {"amount": 5}', "stream": False},
+        )
+        turns = r.json()["turns"]
+        assert [t["role"] for t in turns] == ["assistant", "tool", "assistant"]
+        assert turns[1]["content"] == '{"charged": 5}'
+        assert turns[0]["tool_calls"][0]["state"] == "succeeded"
+    assert len(calls) == 1
+    # The same logical call again (a retry or resume) does not charge twice.
+    from chat_api.tools import begin_invocation
+    from memory.conversations import Owner
+
+    tool = tools.get("charge")
+    assert tool is not None
+    import uuid
+
+    _, known = await begin_invocation(
+        server.services.db, Owner("t1", "u1"), uuid.UUID(turns[0]["id"]), 0, "x", tool, {"amount": 5}
+    )
+    assert known is not None and known.reused and known.result == {"charged": 5}
+    async with db.transaction() as session:
+        assert (await session.execute(select(func.count()).select_from(ToolInvocation))).scalar_one() == 1
+
+
+async def test_stop_sent_to_another_replica(start_server: Any) -> None:
+    a: LiveServer = await start_server(demo_tokens_per_second=30)
+    b: LiveServer = await start_server(demo_tokens_per_second=30)
+    async with a.client() as ca, b.client() as cb:
+        cid = await new_conversation(ca)
+        events: list[SSEEvent] = []
+        async with ca.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
+            stream = iter_sse(r)
+            await read_until(stream, lambda e: e.event == "message.delta", events)
+            stop = await cb.post(f"/v1/turns/{events[0].data['reply_id']}/stop")
+            events += [e async for e in stream]
+        assert stop.status_code == 200 and stop.json()["status"] == "interrupted_by_user"
+        assert events[-1].event == "turn.interrupted"
+        stored = (await cb.get(f"/v1/turns/{events[0].data['reply_id']}")).json()
+        assert stored["content"] == text_of(events)
+
+
+async def test_disconnect_is_not_stop(start_server: Any) -> None:
+    server: LiveServer = await start_server(demo_tokens_per_second=100)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "bye"}) as r:
+            first = await anext(iter_sse(r))
+        turn = await wait_status(client, first.data["reply_id"], {"completed", "interrupted_by_user"})
+        assert turn["status"] == "completed"
+
+        cid2 = await new_conversation(client)
+        body = {"content": "/long bye", "on_disconnect": "stop"}
+        async with client.stream("POST", f"/v1/conversations/{cid2}/messages", json=body) as r:
+            first = await anext(iter_sse(r))
+        turn = await wait_status(client, first.data["reply_id"], {"completed", "interrupted_by_user"})
+        assert turn["status"] == "interrupted_by_user" and turn["interrupt_reason"] == "client_disconnected"
+
+
+async def test_resume_replays_exactly_the_missing_events_on_any_replica(start_server: Any) -> None:
+    a: LiveServer = await start_server(demo_tokens_per_second=60)
+    b: LiveServer = await start_server(demo_tokens_per_second=60)
+    async with a.client() as ca, b.client() as cb:
+        cid = await new_conversation(ca)
+        seen: list[SSEEvent] = []
+        async with ca.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
+            await read_until(iter_sse(r), lambda e: e.id == 10, seen)
+        reply_id = seen[0].data["reply_id"]
+        same, other = await asyncio.gather(
+            _events(ca, reply_id, {"Last-Event-ID": "10"}), _events(cb, reply_id, {}, after=10)
+        )
+        for resumed in (same, other):
+            ids = [e.id for e in seen + resumed]
+            assert ids == list(range(1, len(ids) + 1))  # no gap, no duplicate
+            assert resumed[-1].event == "turn.completed"
+        full = await _events(cb, reply_id, {})  # finished: replays everything and closes
+        assert [e.id for e in full] == [e.id for e in seen + same]
+        stored = (await ca.get(f"/v1/turns/{reply_id}")).json()
+        assert stored["content"] == text_of(seen + other)
+
+
+async def _events(
+    client: httpx.AsyncClient, turn_id: str, headers: dict[str, str], after: int | None = None
+) -> list:
+    params = {"after": after} if after is not None else {}
+    async with client.stream("GET", f"/v1/turns/{turn_id}/events", headers=headers, params=params) as r:
+        assert r.status_code == 200
+        return await collect(r)
+
+
+async def test_busy_policies(start_server: Any) -> None:
+    server: LiveServer = await start_server(demo_tokens_per_second=40)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json={"content": "/long one"}
+        ) as r:
+            stream = iter_sse(r)
+            first = await anext(stream)
+            running = first.data["reply_id"]
+            rejected = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "two"})
+            assert rejected.status_code == 409
+            assert rejected.json()["error"]["code"] == "conversation_busy"
+            assert rejected.json()["error"]["details"]["running_turn_id"] == running
+            interrupting = await client.post(
+                f"/v1/conversations/{cid}/messages",
+                json={"content": "three", "on_busy": "interrupt", "stream": False},
+            )
+            assert interrupting.status_code == 200 and interrupting.json()["status"] == "completed"
+            rest = await drain(stream)
+        assert rest[-1].event == "turn.interrupted" and rest[-1].data["reason"] == "new_message"
+        old = (await client.get(f"/v1/turns/{running}")).json()
+        assert old["status"] == "interrupted_by_user" and old["interrupt_reason"] == "new_message"
+
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "four"}) as r:
+            stream = iter_sse(r)
+            first = await anext(stream)
+            queued = await client.post(
+                f"/v1/conversations/{cid}/messages",
+                json={"content": "five", "on_busy": "enqueue", "stream": False},
+            )
+            assert queued.status_code == 200 and queued.json()["status"] == "completed"
+            rest = await drain(stream)
+        assert rest[-1].event == "turn.completed"  # the enqueued message waited; it did not interrupt
+        history = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
+        # The rejected message was not half-written: it left no turn behind.
+        assert [t["content"] for t in history if t["role"] == "user"] == [
+            "/long one",
+            "three",
+            "four",
+            "five",
+        ]
+
+
+async def test_idempotency_key_reattaches_to_the_same_reply(server: LiveServer) -> None:
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        headers = {"Idempotency-Key": "req-42"}
+        first = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "once"}, headers=headers
+        )
+        again = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "once"}, headers=headers
+        )
+        a = [e for e in await _parse(first)]
+        b = [e for e in await _parse(again)]
+        assert a[0].data["reply_id"] == b[0].data["reply_id"]
+        assert [e.id for e in a] == [e.id for e in b]
+        history = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
+        assert [t["role"] for t in history] == ["user", "assistant"]
+
+
+async def _parse(response: httpx.Response) -> list[SSEEvent]:
+    class _Lines:
+        def __init__(self, text: str) -> None:
+            self._lines = text.splitlines()
+
+        async def aiter_lines(self) -> Any:
+            for line in self._lines:
+                yield line
+            yield ""
+
+    return await collect(_Lines(response.text))  # type: ignore[arg-type]
+
+
+async def test_a_killed_server_leaves_no_turn_streaming_forever(pg_url: str, start_server: Any) -> None:
+    survivor: LiveServer = await start_server(heartbeat_timeout_seconds=1.0, reaper_interval_seconds=0.2)
+    async with server_process(pg_url, demo_tokens_per_second=20, heartbeat_timeout_seconds=1.0) as victim:
+        async with victim.client() as client:
+            cid = await new_conversation(client)
+            seen: list[SSEEvent] = []
+            async with client.stream(
+                "POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}
+            ) as r:
+                await read_until(iter_sse(r), lambda e: e.id == 15, seen)
+                victim.kill()
+    reply_id = seen[0].data["reply_id"]
+    async with survivor.client() as client:
+        turn = await wait_status(client, reply_id, {"interrupted_by_error"}, timeout=20)
+        assert turn["error"]["code"] == "process_died"
+        # At most one checkpoint interval of text is lost: what was stored is a prefix of what was seen.
+        seen_text, stored = text_of(seen), turn["content"]
+        assert stored and (seen_text.startswith(stored) or stored.startswith(seen_text))
+        resumed = await _events(client, reply_id, {}, after=0)
+        assert resumed[-1].event == "turn.interrupted"
+        assert [e.id for e in resumed] == list(range(1, len(resumed) + 1))
+        # The conversation accepts new messages again.
+        r = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "again", "stream": False})
+        assert r.status_code == 200 and r.json()["status"] == "completed"
