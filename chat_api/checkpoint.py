@@ -29,6 +29,9 @@ INSERT_EVENTS = text(
     """
 )
 NOTIFY_CHECKPOINT = text("SELECT pg_notify('chatmem_checkpoint', '')")
+# A checkpoint is lossy by design (one interval); waiting for its WAL flush buys nothing and
+# would queue every tick behind the disk. Turn endings and accepted messages stay synchronous.
+ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
 
 def take_unpersisted(reply: Reply) -> dict[str, Any] | None:
@@ -106,6 +109,7 @@ class Checkpointer:
                 )
         try:
             async with self.db.transaction() as session:
+                await session.execute(ASYNC_COMMIT)
                 if chunks:
                     await session.execute(
                         INSERT_EVENTS, [{k: v for k, v in c.items() if k != "_range"} for c in chunks]

@@ -19,7 +19,7 @@ from memory.conversations import Owner, get_conversation
 from memory.errors import ConversationBusy
 from memory.models import Turn, TurnStatus
 from memory.outbox import record_finished_turn
-from memory.turns import add_turn, find_by_idempotency_key
+from memory.turns import begin_reply, find_by_idempotency_key
 
 POLL_SECONDS = 0.25
 
@@ -56,27 +56,16 @@ async def accept_message(
                     running = conversation.active_reply_id
                 else:
                     reply_id = uuid.uuid4()
-                    user_turn = await add_turn(
+                    user_turn, _ = await begin_reply(
                         session,
                         conversation,
-                        role="user",
-                        status=TurnStatus.COMPLETED,
                         content=content,
                         reply_id=reply_id,
                         idempotency_key=idempotency_key,
+                        model=services.provider.model,
+                        owner_tag=services.process_id,
                     )
                     await record_finished_turn(session, user_turn)
-                    await add_turn(
-                        session,
-                        conversation,
-                        role="assistant",
-                        status=TurnStatus.STREAMING,
-                        reply_id=reply_id,
-                        turn_id=reply_id,
-                        model=services.provider.model,
-                        owner=services.process_id,
-                    )
-                    conversation.active_reply_id = reply_id
                     reply = Reply(reply_id, owner, conversation.id, user_turn.id)
                     reply.publish(
                         "turn.started",

@@ -10,7 +10,7 @@ from memory.config import Settings
 from memory.context import BuiltContext, ContextBudget, MemoryItemView, TurnView, build_context
 from memory.db import Database
 from memory.prompts import PromptSet
-from memory.turns import recent_turns
+from memory.turns import recent_turn_rows
 
 # (reply, user_text, scope) -> (rewritten query, memory items, event payload)
 MemoryRecall = Callable[[Reply, str, str], Awaitable[tuple[str, list[MemoryItemView], dict[str, Any]]]]
@@ -44,7 +44,7 @@ class Prompter:
     async def context_for(self, conversation_id: Any, memory: Sequence[MemoryItemView] = ()) -> BuiltContext:
         """What the model would be sent for this conversation right now."""
         async with self.db.session() as session:
-            rows = await recent_turns(session, conversation_id, self.load_limit)
+            rows = await recent_turn_rows(session, conversation_id, self.load_limit)
         return build_context(
             [TurnView.from_row(row) for row in rows], prompts=self.prompts, budget=self.budget, memory=memory
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, func, select, text, update
@@ -49,6 +50,31 @@ async def recent_turns(session: AsyncSession, conversation_id: uuid.UUID, limit:
         select(Turn).where(Turn.conversation_id == conversation_id).order_by(Turn.seq.desc()).limit(limit)
     )
     return list(reversed(list(rows.scalars())))
+
+
+PROMPT_COLUMNS = (
+    Turn.role,
+    Turn.status,
+    Turn.content,
+    Turn.tool_calls,
+    Turn.tool_call_id,
+    Turn.name,
+    Turn.seq,
+    Turn.id,
+    Turn.created_at,
+    Turn.conversation_id,
+)
+
+
+async def recent_turn_rows(session: AsyncSession, conversation_id: uuid.UUID, limit: int) -> list[Any]:
+    """The newest `limit` turns as light rows (only what a prompt needs), oldest first."""
+    rows = await session.execute(
+        select(*PROMPT_COLUMNS)
+        .where(Turn.conversation_id == conversation_id)
+        .order_by(Turn.seq.desc())
+        .limit(limit)
+    )
+    return list(reversed(rows.all()))
 
 
 async def reply_turns(session: AsyncSession, reply_id: uuid.UUID) -> list[Turn]:
@@ -102,6 +128,64 @@ async def add_turn(
     await session.flush()
     await session.refresh(turn)
     return turn
+
+
+async def begin_reply(
+    session: AsyncSession,
+    conversation: Conversation,
+    *,
+    content: str,
+    reply_id: uuid.UUID,
+    idempotency_key: str | None,
+    model: str,
+    owner_tag: str,
+) -> tuple[Turn, Turn]:
+    """Store the user's turn (completed) and the reply's assistant turn (streaming) in one flush.
+
+    The hot path before the first token: the conversation row is already locked, so the
+    two sequence numbers are taken from it directly, and times are set here rather than
+    read back, which saves four round trips.
+    """
+    now = datetime.now(UTC)
+    seq = conversation.next_seq
+    conversation.next_seq = seq + 2
+    conversation.active_reply_id = reply_id
+    conversation.updated_at = now
+    common = {
+        "conversation_id": conversation.id,
+        "tenant_id": conversation.tenant_id,
+        "user_id": conversation.user_id,
+        "reply_id": reply_id,
+        "tool_calls": [],
+        "last_event_id": 0,
+    }
+    user_turn = Turn(
+        id=uuid.uuid4(),
+        seq=seq,
+        role="user",
+        status=TurnStatus.COMPLETED,
+        content=content,
+        idempotency_key=idempotency_key,
+        created_at=now,
+        updated_at=now,
+        completed_at=now,
+        **common,
+    )
+    assistant = Turn(
+        id=reply_id,
+        seq=seq + 1,
+        role="assistant",
+        status=TurnStatus.STREAMING,
+        content="",
+        model=model,
+        owner=owner_tag,
+        created_at=now,
+        updated_at=now,
+        heartbeat_at=func.now(),
+        **common,
+    )
+    session.add_all([user_turn, assistant])
+    return user_turn, assistant
 
 
 async def finish_turn(

@@ -1,6 +1,7 @@
 """Alembic environment: runs migrations over the async engine."""
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from alembic import context
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -27,4 +28,11 @@ async def _main() -> None:
         await engine.dispose()
 
 
-asyncio.run(_main())
+try:
+    asyncio.get_running_loop()
+except RuntimeError:
+    asyncio.run(_main())
+else:
+    # Called from inside a running event loop: migrate on a helper thread with its own loop.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, _main()).result()

@@ -1,0 +1,128 @@
+"""What the benchmarks share: a private database, server processes, percentiles, output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from chat_api.auth import issue_token  # noqa: E402
+from memory.db import upgrade  # noqa: E402
+from memory.embedded_pg import EmbeddedPostgres  # noqa: E402
+
+SECRET = "bench-secret-0123456789-0123456789-abcdef"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0–100), linear between closest ranks."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary_ms(values_s: Sequence[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(percentile(ms, 50), 2),
+        "p95_ms": round(percentile(ms, 95), 2),
+        "p99_ms": round(percentile(ms, 99), 2),
+        "mean_ms": round(statistics.fmean(ms), 2) if ms else float("nan"),
+    }
+
+
+def print_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    print(f"\n{title}")
+    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2))
+    print(f"\nwrote {path}")
+
+
+@contextmanager
+def database(url: str | None = None) -> Iterator[str]:
+    """A migrated database: the given URL, or a private embedded Postgres deleted afterwards."""
+    if url:
+        upgrade(url)
+        yield url
+        return
+    server = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="chatmem-bench-")), delete_on_stop=True)
+    dsn = server.start()
+    upgrade(dsn)
+    try:
+        yield dsn
+    finally:
+        server.stop()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """`chatmem serve` in its own process, so the load generator does not share its event loop."""
+
+    def __init__(self, database_url: str, **env: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "JWT_SECRET": SECRET,
+            "LOG_LEVEL": "WARNING",
+            "HF_HUB_OFFLINE": "1",
+            **{k.upper(): str(v) for k, v in env.items()},
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def __aenter__(self) -> Server:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chat_api.cli", "serve", "--port", str(self.port)],
+            env=self.env,
+            cwd=ROOT,
+        )
+        async with httpx.AsyncClient(base_url=self.url) as client:
+            async with asyncio.timeout(60):
+                while True:
+                    try:
+                        if (await client.get("/readyz")).status_code == 200:
+                            return self
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.1)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+def headers(tenant: str = "bench", user: str = "u") -> dict[str, str]:
+    return {"Authorization": f"Bearer {issue_token(SECRET, tenant, user)}"}

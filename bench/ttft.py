@@ -1,0 +1,68 @@
+"""Time the backend adds before the first token, at 1 and at N concurrent streams.
+
+The demo model emits its first token immediately, so the time from sending the message
+to receiving the first `message.delta` is what chatmem adds: auth, validation, storing
+the user and assistant turns, building the prompt, starting the stream. Each of the N
+clients sends its next message as soon as its previous reply has ended, so N replies
+are always streaming at once (each ~1.5 s at the default demo rate).
+
+    python bench/ttft.py --concurrency 1 32 --requests 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+
+from common import Server, database, headers, print_table, summary_ms, write_json
+
+
+async def one_client(url: str, user: str, count: int, samples: list[float]) -> None:
+    async with httpx.AsyncClient(base_url=url, headers=headers(user=user), timeout=60) as client:
+        cid = (await client.post("/v1/conversations", json={"title": "ttft", "memory_mode": "none"})).json()["id"]
+        for i in range(count):
+            started = time.perf_counter()
+            first = None
+            async with client.stream(
+                "POST", f"/v1/conversations/{cid}/messages", json={"content": f"message {i}"}
+            ) as response:
+                async for line in response.aiter_lines():
+                    if first is None and line == "event: message.delta":
+                        first = time.perf_counter() - started
+                # read to the end: the next message may only be sent once this reply is over
+            if first is not None and i > 0:  # the first request of a client warms its connection
+                samples.append(first)
+
+
+async def measure(url: str, concurrency: int, requests: int) -> dict:
+    samples: list[float] = []
+    per_client = max(2, requests // concurrency + 1)
+    await asyncio.gather(*(one_client(url, f"user{c}", per_client, samples) for c in range(concurrency)))
+    return {"concurrency": concurrency, **summary_ms(samples)}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--requests", type=int, default=200, help="measured requests per concurrency level")
+    parser.add_argument("--rate", type=float, default=40.0, help="demo tokens per second per stream")
+    parser.add_argument("--database-url")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
+    args = parser.parse_args()
+    with database(args.database_url) as url:
+        async with Server(url, demo_first_token_delay_seconds=0, demo_tokens_per_second=args.rate) as server:
+            rows = [await measure(server.url, c, args.requests) for c in args.concurrency]
+    print_table(
+        "Time added before the first token (demo model, first token immediate)",
+        rows,
+        ["concurrency", "n", "p50_ms", "p95_ms", "p99_ms", "mean_ms"],
+    )
+    write_json(args.out, {"benchmark": "ttft", "targets": {"32": {"p50_ms": 15, "p99_ms": 60}}, "results": rows})
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

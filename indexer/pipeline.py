@@ -1,0 +1,313 @@
+"""The indexing pipeline: finished-turn payloads in, searchable memory rows out.
+
+filter (low information, memory off, deleted, empty) → redact → chunk → embed (one call
+per batch, off the event loop) → upsert keyed by (turn_id, chunk_index) and advance the
+conversations' watermarks, all in one transaction.
+
+A redelivered payload changes nothing: its rows conflict on (turn_id, chunk_index) and
+the update only fires when the stored text differs. The conversations of a batch are
+locked (``FOR NO KEY UPDATE``, in id order) while their rows are written, so a
+conversation deleted or switched to memory mode `none` during the batch never gets rows
+written after the switch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
+
+from indexer.chunking import chunk_text
+from indexer.filters import is_low_information
+from memory.config import Settings
+from memory.db import Database
+from memory.embeddings import Embedder
+from memory.keywords import memory_text, search_terms
+from memory.models import EMBEDDING_DIM
+from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
+from memory.redaction import redact
+
+# Metadata keys holding the caption of a shared photo (LoCoMo's `blip_caption`).
+CAPTION_KEYS = ("image_caption", "blip_caption")
+
+READ_CONVERSATIONS = text(
+    "SELECT id, memory_mode, deleted_at FROM conversations WHERE id = ANY(CAST(:ids AS uuid[]))"
+)
+
+LOCK_CONVERSATIONS = text(
+    """
+    SELECT id, memory_mode, deleted_at FROM conversations
+    WHERE id = ANY(CAST(:ids AS uuid[]))
+    ORDER BY id
+    FOR NO KEY UPDATE
+    """
+)
+
+UPSERT_ITEM = text(
+    """
+    INSERT INTO memory_items (tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq, role, name,
+                              text, search_terms, embedding, turn_created_at, external_id, metadata)
+    VALUES (:tenant_id, :user_id, CAST(:conversation_id AS uuid), CAST(:turn_id AS uuid), :chunk_index,
+            :turn_seq, :role, :name, :text, to_tsvector('simple', :terms), CAST(:embedding AS vector),
+            :turn_created_at, :external_id, :metadata)
+    ON CONFLICT (turn_id, chunk_index) DO UPDATE SET
+        text = EXCLUDED.text, name = EXCLUDED.name, search_terms = EXCLUDED.search_terms,
+        embedding = EXCLUDED.embedding, turn_seq = EXCLUDED.turn_seq,
+        turn_created_at = EXCLUDED.turn_created_at,
+        external_id = EXCLUDED.external_id, metadata = EXCLUDED.metadata, indexed_at = now()
+    WHERE (memory_items.text, memory_items.name, memory_items.metadata)
+          IS DISTINCT FROM (EXCLUDED.text, EXCLUDED.name, EXCLUDED.metadata)
+    """
+).bindparams(bindparam("metadata", type_=JSONB(none_as_null=True)))
+
+# A turn re-chunked into fewer pieces (or now filtered out) must not keep its old tail.
+DELETE_STALE_CHUNKS = text(
+    """
+    DELETE FROM memory_items m
+    USING unnest(CAST(:turn_ids AS uuid[]), CAST(:counts AS int[])) AS t(turn_id, n)
+    WHERE m.turn_id = t.turn_id AND m.chunk_index >= t.n
+    """
+)
+
+ADVANCE_WATERMARKS = text(
+    """
+    UPDATE conversations c SET indexed_seq = GREATEST(c.indexed_seq, t.seq)
+    FROM unnest(CAST(:ids AS uuid[]), CAST(:seqs AS int[])) AS t(id, seq)
+    WHERE c.id = t.id
+    """
+)
+
+
+class PoisonPayload(ValueError):
+    """A payload that can never be indexed (wrong version, missing or mistyped fields)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """A validated outbox payload."""
+
+    tenant_id: str
+    user_id: str
+    conversation_id: uuid.UUID
+    turn_id: uuid.UUID
+    seq: int
+    role: str
+    status: str
+    text: str
+    name: str | None
+    created_at: datetime
+    external_id: str | None
+    metadata: dict[str, Any] | None
+
+
+@dataclass(slots=True)
+class IndexResult:
+    """What one `index` call did."""
+
+    indexed_turns: int = 0
+    chunks: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    watermarks: dict[uuid.UUID, int] = field(default_factory=dict)
+
+
+def _str(payload: dict[str, Any], key: str, *, optional: bool = False) -> str | None:
+    value = payload.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or (not optional and not value and key != "text"):
+        raise PoisonPayload(f"field {key!r} must be a{' non-empty' if not optional else ''} string")
+    return value
+
+
+def parse_payload(payload: object) -> TurnRecord:
+    """Validate an outbox payload; raises PoisonPayload with the reason."""
+    if not isinstance(payload, dict):
+        raise PoisonPayload("payload is not an object")
+    if payload.get("v") != PAYLOAD_VERSION:
+        raise PoisonPayload(f"unsupported payload version {payload.get('v')!r}")
+    try:
+        conversation_id = uuid.UUID(str(payload.get("conversation_id")))
+        turn_id = uuid.UUID(str(payload.get("turn_id")))
+    except ValueError as exc:
+        raise PoisonPayload("conversation_id and turn_id must be UUIDs") from exc
+    seq = payload.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise PoisonPayload("field 'seq' must be a non-negative integer")
+    role, status = payload.get("role"), payload.get("status")
+    if role not in RECORDED_ROLES:
+        raise PoisonPayload(f"role {role!r} is not indexed")
+    if status not in RECORDED_STATUSES:
+        raise PoisonPayload(f"status {status!r} is not a finished status")
+    try:
+        created_at = datetime.fromisoformat(str(_str(payload, "created_at")))
+    except ValueError as exc:
+        raise PoisonPayload("field 'created_at' must be an ISO timestamp") from exc
+    metadata = payload.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise PoisonPayload("field 'metadata' must be an object")
+    return TurnRecord(
+        tenant_id=str(_str(payload, "tenant_id")),
+        user_id=str(_str(payload, "user_id")),
+        conversation_id=conversation_id,
+        turn_id=turn_id,
+        seq=seq,
+        role=str(role),
+        status=str(status),
+        text=str(_str(payload, "text")),
+        name=_str(payload, "name", optional=True),
+        created_at=created_at,
+        external_id=_str(payload, "external_id", optional=True),
+        metadata=metadata,
+    )
+
+
+def _vector_literal(vector: Sequence[float]) -> str:
+    return "[" + ",".join(format(float(x), ".8g") for x in vector) + "]"
+
+
+def _caption(metadata: dict[str, Any] | None) -> str | None:
+    for key in CAPTION_KEYS:
+        value = (metadata or {}).get(key)
+        if isinstance(value, str) and value.strip():
+            return f"photo: {value.strip()}"
+    return None
+
+
+@dataclass(slots=True)
+class _Chunk:
+    record: TurnRecord
+    index: int
+    text: str
+    memory_text: str
+
+
+class IndexPipeline:
+    """Turns finished-turn payloads into memory rows, idempotently."""
+
+    def __init__(self, db: Database, embedder: Embedder, settings: Settings) -> None:
+        if embedder.dim != EMBEDDING_DIM:
+            raise ValueError(f"embedder makes {embedder.dim}-d vectors; memory_items holds {EMBEDDING_DIM}-d")
+        self._db = db
+        self._embedder = embedder
+        self._settings = settings
+
+    @staticmethod
+    def validate(payload: object) -> str | None:
+        """None when the payload can be indexed, else why it is poison."""
+        try:
+            parse_payload(payload)
+        except PoisonPayload as exc:
+            return str(exc)
+        return None
+
+    def _skip_reason(self, record: TurnRecord, conversation: Any) -> str | None:
+        if conversation is None or conversation.deleted_at is not None:
+            return "deleted"
+        if conversation.memory_mode == "none":
+            return "memory_off"
+        if not record.text.strip():
+            return "empty"
+        if is_low_information(record.text, extra_phrases=tuple(self._settings.low_information_extra)):
+            return "low_information"
+        return None
+
+    def _chunks(self, records: list[TurnRecord]) -> list[_Chunk]:
+        # Runs in a worker thread: regexes and string work over a whole batch.
+        out: list[_Chunk] = []
+        for record in records:
+            body = redact(record.text) if self._settings.redact_pii else record.text
+            pieces = chunk_text(
+                body, max_chars=self._settings.chunk_chars, overlap=self._settings.chunk_overlap_chars
+            )
+            extra = _caption(record.metadata)
+            for index, piece in enumerate(p for p in pieces if p.strip()):
+                embedded = memory_text(piece, name=record.name, created_at=record.created_at, extra=extra)
+                out.append(_Chunk(record, index, piece, embedded))
+        return out
+
+    @staticmethod
+    def _rows(chunks: list[_Chunk], vectors: Sequence[Sequence[float]]) -> list[dict[str, Any]]:
+        return [
+            {
+                "tenant_id": c.record.tenant_id,
+                "user_id": c.record.user_id,
+                "conversation_id": str(c.record.conversation_id),
+                "turn_id": str(c.record.turn_id),
+                "chunk_index": c.index,
+                "turn_seq": c.record.seq,
+                "role": c.record.role,
+                "name": c.record.name,
+                "text": c.text,
+                "terms": search_terms(c.memory_text),
+                "embedding": _vector_literal(vector),
+                "turn_created_at": c.record.created_at,
+                "external_id": c.record.external_id,
+                "metadata": c.record.metadata,
+            }
+            for c, vector in zip(chunks, vectors, strict=True)
+        ]
+
+    async def index(self, payloads: Sequence[dict[str, Any]]) -> IndexResult:
+        """Index a batch in one transaction; raises PoisonPayload if any payload is invalid."""
+        result = IndexResult()
+        latest: dict[uuid.UUID, TurnRecord] = {}
+        for payload in payloads:
+            record = parse_payload(payload)
+            latest[record.turn_id] = record  # a redelivery inside one batch counts once
+        if not latest:
+            return result
+        records = list(latest.values())
+        conversation_ids = sorted({str(r.conversation_id) for r in records})
+
+        async with self._db.transaction() as session:
+            seen = {
+                row.id: row for row in await session.execute(READ_CONVERSATIONS, {"ids": conversation_ids})
+            }
+        wanted = [r for r in records if self._skip_reason(r, seen.get(r.conversation_id)) is None]
+        chunks = await asyncio.to_thread(self._chunks, wanted)
+        vectors = await self._embedder.embed([c.memory_text for c in chunks]) if chunks else []
+        rows = await asyncio.to_thread(self._rows, chunks, vectors)
+
+        async with self._db.transaction() as session:
+            locked = {
+                row.id: row for row in await session.execute(LOCK_CONVERSATIONS, {"ids": conversation_ids})
+            }
+            live: dict[uuid.UUID, int] = {}
+            counts: dict[uuid.UUID, int] = {}
+            for record in records:
+                conversation = locked.get(record.conversation_id)
+                reason = self._skip_reason(record, conversation)
+                if conversation is not None and conversation.deleted_at is None:
+                    live[record.conversation_id] = max(live.get(record.conversation_id, 0), record.seq)
+                    counts[record.turn_id] = 0
+                if reason is not None:
+                    result.skipped[reason] += 1
+            for chunk in chunks:
+                if (
+                    chunk.record.turn_id in counts
+                    and self._skip_reason(chunk.record, locked.get(chunk.record.conversation_id)) is None
+                ):
+                    counts[chunk.record.turn_id] += 1
+            keep = [row for row, c in zip(rows, chunks, strict=True) if counts.get(c.record.turn_id, 0) > 0]
+            if keep:
+                await session.execute(UPSERT_ITEM, keep)
+            if counts:
+                await session.execute(
+                    DELETE_STALE_CHUNKS,
+                    {"turn_ids": [str(t) for t in counts], "counts": list(counts.values())},
+                )
+            if live:
+                await session.execute(
+                    ADVANCE_WATERMARKS, {"ids": [str(c) for c in live], "seqs": list(live.values())}
+                )
+        result.indexed_turns = sum(1 for n in counts.values() if n > 0)
+        result.chunks = len(keep)
+        result.watermarks = live
+        return result

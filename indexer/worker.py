@@ -1,0 +1,255 @@
+"""The indexer worker loop, the transport choice, and the `chatmem relay/indexer` entry points.
+
+One batch at a time: poll → index (one database transaction) → commit the transport.
+The transport is committed only after the memory rows are, so a crash anywhere
+redelivers the batch and the idempotent upsert absorbs it.
+
+Failures are sorted three ways:
+- a payload that cannot be decoded or validated is poison forever; it is dead-lettered
+  at once, since retrying a deterministic failure only delays the rest;
+- a database or broker outage (connection lost, deadlock, timeout) is nobody's fault:
+  the batch is given back uncommitted and retried with backoff, and counts against no
+  message, so an outage never dead-letters healthy turns;
+- anything else fails the batch, which is then indexed one message at a time; a message
+  that fails `indexer_max_attempts` times is dead-lettered with its error, the rest go on.
+
+SIGTERM sets the stop event: the batch in hand is finished and committed, then the
+consumer leaves. Cancelling `run` instead abandons the batch (rolled back, redelivered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import asyncpg
+from sqlalchemy import exc as sa_exc
+
+from memory.config import Settings
+from memory.db import Database
+from memory.embeddings import Embedder
+
+from .kafka_transport import KafkaQueueConsumer, is_kafka_error
+from .pg_queue import PgQueueConsumer
+from .pipeline import IndexPipeline
+from .relay import OutboxRelay
+from .transport import Consumer, Message
+
+__all__ = [
+    "IndexerWorker",
+    "OutboxRelay",
+    "is_transient",
+    "make_consumer",
+    "run_indexer_main",
+    "run_relay_main",
+]
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT_ASYNCPG = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.TransactionRollbackError,  # deadlock, serialization failure
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for outages worth retrying the whole batch for (database or broker unavailable)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
+            return True
+        if isinstance(current, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
+            return True
+        if isinstance(current, _TRANSIENT_ASYNCPG) or is_kafka_error(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def make_consumer(db: Database, settings: Settings) -> Consumer:
+    """Kafka when KAFKA_BOOTSTRAP_SERVERS is set, else the Postgres outbox."""
+    if settings.kafka_bootstrap_servers:
+        return KafkaQueueConsumer(settings)
+    return PgQueueConsumer(db, settings)
+
+
+class _BatchUnavailable(Exception):
+    """The batch was given back because the database or broker is away."""
+
+
+def _describe(exc: BaseException) -> str:
+    # SQLAlchemy's text repeats the statement and its parameters (user text); keep the driver's error.
+    if isinstance(exc, sa_exc.DBAPIError):
+        exc = getattr(exc.orig, "__cause__", None) or exc.orig or exc
+    return f"{type(exc).__name__}: {exc}"[:4000]
+
+
+class IndexerWorker:
+    """Consumes finished turns and writes them to the memory index."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        embedder: Embedder,
+        *,
+        consumer: Consumer | None = None,
+        backoff_base_seconds: float = 0.5,
+        backoff_max_seconds: float = 30.0,
+    ) -> None:
+        self.settings = settings
+        self.pipeline = IndexPipeline(db, embedder, settings)
+        self.consumer = consumer if consumer is not None else make_consumer(db, settings)
+        self._backoff_base = backoff_base_seconds
+        self._backoff_max = backoff_max_seconds
+        # indexed_turns, chunks, dead_lettered, batches, retried_batches (for logs, tests and the bench).
+        self.stats: Counter[str] = Counter()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Index until `stop` is set; the batch in hand is finished before returning."""
+        await self.consumer.start()
+        delay = self._backoff_base
+        try:
+            while not stop.is_set():
+                try:
+                    batch = await self.consumer.poll_batch(
+                        self.settings.indexer_batch_size, self.settings.indexer_batch_wait_ms / 1000
+                    )
+                    if batch:
+                        await self.process(batch)
+                    delay = self._backoff_base
+                except Exception as exc:
+                    if not is_transient(exc) and not isinstance(exc, _BatchUnavailable):
+                        raise
+                    log.warning("indexer: database or broker unavailable, retrying in %.1fs: %r", delay, exc)
+                    self.stats["retried_batches"] += 1
+                    try:
+                        await asyncio.wait_for(stop.wait(), delay)
+                    except TimeoutError:
+                        pass
+                    delay = min(delay * 2, self._backoff_max)
+        finally:
+            await self.consumer.stop()
+
+    async def process(self, batch: Sequence[Message]) -> None:
+        """Index one polled batch, dead-letter what must be, then commit the transport."""
+        poison: list[tuple[Message, str]] = []
+        good: list[Message] = []
+        for message in batch:
+            error = message.decode_error or self.pipeline.validate(message.payload)
+            if error is None:
+                good.append(message)
+            else:
+                poison.append((message, f"PoisonPayload: {error}"))
+        try:
+            try:
+                if good:
+                    self._count(await self.pipeline.index([m.payload for m in good]))
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                log.warning("indexer: batch of %d failed (%r); indexing one by one", len(good), exc)
+                await self._one_by_one(good)
+            for message, error in poison:
+                await self.consumer.dead_letter(message, error)
+                self.stats["dead_lettered"] += 1
+            await self.consumer.commit(batch)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            await self._give_back(batch)
+            raise _BatchUnavailable(str(exc)) from exc
+        self.stats["batches"] += 1
+
+    async def _one_by_one(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            failures = 0
+            while True:
+                try:
+                    self._count(await self.pipeline.index([message.payload]))
+                    break
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    failures += 1
+                    message.attempts += 1
+                    if failures >= self.settings.indexer_max_attempts:
+                        log.error("indexer: dead-lettering turn after %d attempts: %r", failures, exc)
+                        await self.consumer.dead_letter(message, _describe(exc))
+                        self.stats["dead_lettered"] += 1
+                        break
+                    await asyncio.sleep(min(self._backoff_base * 2 ** (failures - 1), self._backoff_max))
+
+    async def _give_back(self, batch: Sequence[Message]) -> None:
+        try:
+            await self.consumer.abandon(batch)
+        except Exception:  # the transport is what failed; stop() or the next poll cleans up
+            log.debug("indexer: abandoning the batch failed", exc_info=True)
+
+    def _count(self, result: object) -> None:
+        self.stats["indexed_turns"] += getattr(result, "indexed_turns", 0)
+        self.stats["chunks"] += getattr(result, "chunks", 0)
+
+
+@contextmanager
+def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            pass
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def _database(settings: Settings) -> Database:
+    if not settings.database_url:
+        raise ValueError("DATABASE_URL is not set (the CLI resolves it for the embedded server)")
+    return Database(settings.database_url, pool_size=settings.db_pool_size)
+
+
+async def load_embedder(settings: Settings) -> Embedder:
+    """The sentence-transformers model of the settings, loaded off the event loop."""
+    from memory.embeddings import SentenceTransformerEmbedder
+
+    embedder = SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
+    await asyncio.to_thread(embedder.load)
+    return embedder
+
+
+async def run_relay_main(settings: Settings) -> None:
+    """`chatmem relay`: publish the outbox to Kafka until SIGTERM/SIGINT."""
+    db = _database(settings)
+    stop = asyncio.Event()
+    try:
+        with _stop_on_signals(stop):
+            await OutboxRelay(db, settings).run(stop)
+    finally:
+        await db.dispose()
+
+
+async def run_indexer_main(settings: Settings, *, embedder: Embedder | None = None) -> None:
+    """`chatmem indexer`: index finished turns until SIGTERM/SIGINT."""
+    db = _database(settings)
+    stop = asyncio.Event()
+    try:
+        model = embedder if embedder is not None else await load_embedder(settings)
+        with _stop_on_signals(stop):
+            await IndexerWorker(db, settings, model).run(stop)
+    finally:
+        await db.dispose()

@@ -1,0 +1,199 @@
+"""One contract, two transports: the Postgres outbox queue and Kafka (librdkafka's mock cluster).
+
+On Kafka, "publish" is the real path: outbox rows moved by a running `OutboxRelay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from indexer.kafka_transport import KafkaQueueConsumer
+from indexer.pg_queue import PgQueueConsumer
+from indexer.relay import OutboxRelay
+from indexer.transport import Consumer, Message
+from memory.config import Settings
+from memory.db import Database
+from tests.test_indexer import chat_turns, memorable, scalar, test_settings
+
+# The mock Kafka fixtures (`kafka_bootstrap`); conftest may register them for every module instead.
+
+
+def kafka_test_settings(pg_url: str, bootstrap: str, **overrides: Any) -> Settings:
+    """Settings with a topic, dead-letter topic and group of the test's own."""
+    name = uuid.uuid4().hex[:10]
+    return test_settings(
+        pg_url,
+        kafka_bootstrap_servers=bootstrap,
+        kafka_topic=f"turns-{name}",
+        kafka_dlq_topic=f"turns-{name}.dlq",
+        kafka_group_id=f"indexer-{name}",
+        **overrides,
+    )
+
+
+@dataclass
+class Transport:
+    name: str
+    db: Database
+    settings: Settings
+
+    def consumer(self) -> Consumer:
+        if self.name == "kafka":
+            return KafkaQueueConsumer(self.settings)
+        return PgQueueConsumer(self.db, self.settings)
+
+    async def publish(self, n: int) -> set[str]:
+        _, turns = await chat_turns(self.db, [memorable(i) for i in range(n)])
+        return {str(t.id) for t in turns}
+
+
+@pytest.fixture(params=["postgres", "kafka"])
+async def transport(request: pytest.FixtureRequest, db: Database, pg_url: str) -> AsyncIterator[Transport]:
+    if request.param == "postgres":
+        yield Transport("postgres", db, test_settings(pg_url))
+        return
+    settings = kafka_test_settings(pg_url, request.getfixturevalue("kafka_bootstrap"))
+    stop = asyncio.Event()
+    relay = asyncio.ensure_future(OutboxRelay(db, settings).run(stop))
+    try:
+        yield Transport("kafka", db, settings)
+    finally:
+        stop.set()
+        await asyncio.wait_for(relay, 30)
+
+
+async def poll_until(consumer: Consumer, count: int, timeout: float = 30.0) -> list[Message]:
+    """Poll batches (without committing) until `count` messages arrived."""
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"only {len(got)} of {count} messages arrived"
+        got.extend(await consumer.poll_batch(count - len(got), 0.5))
+    return got
+
+
+def turn_ids(messages: list[Message]) -> list[str]:
+    return [m.payload["turn_id"] for m in messages]
+
+
+async def test_published_turns_are_consumed_and_stay_done_once_committed(transport: Transport) -> None:
+    published = await transport.publish(12)
+    first = transport.consumer()
+    await first.start()
+    try:
+        batch = await poll_until(first, 12)
+        assert sorted(turn_ids(batch)) == sorted(published)
+        assert all(m.payload["v"] == 1 and m.payload["text"] for m in batch)
+        await first.commit(batch)
+    finally:
+        await first.stop()
+    second = transport.consumer()  # same group
+    await second.start()
+    try:
+        assert await second.poll_batch(100, 2.0) == []
+    finally:
+        await second.stop()
+
+
+async def test_uncommitted_batch_is_redelivered_after_the_consumer_dies(transport: Transport) -> None:
+    published = await transport.publish(8)
+    crashed = transport.consumer()
+    await crashed.start()
+    try:
+        assert sorted(turn_ids(await poll_until(crashed, 8))) == sorted(published)
+    finally:
+        await crashed.stop()  # leaves without committing, as a crash would
+    survivor = transport.consumer()
+    await survivor.start()
+    try:
+        again = await poll_until(survivor, 8)
+        assert sorted(turn_ids(again)) == sorted(published)
+        await survivor.commit(again)
+    finally:
+        await survivor.stop()
+
+
+async def test_abandoned_batch_comes_back_to_the_same_consumer(transport: Transport) -> None:
+    published = await transport.publish(5)
+    consumer = transport.consumer()
+    await consumer.start()
+    try:
+        batch = await poll_until(consumer, 5)
+        await consumer.abandon(batch)
+        again = await poll_until(consumer, 5)
+        assert sorted(turn_ids(again)) == sorted(published)
+        await consumer.commit(again)
+        assert await consumer.poll_batch(10, 0.5) == []
+    finally:
+        await consumer.stop()
+
+
+async def test_dead_lettered_message_is_done_and_kept_with_its_error(transport: Transport) -> None:
+    published = await transport.publish(3)
+    consumer = transport.consumer()
+    await consumer.start()
+    try:
+        batch = await poll_until(consumer, 3)
+        poison = batch[0]
+        await consumer.dead_letter(poison, "ValueError: cannot index this")
+        await consumer.commit(batch)
+        assert await consumer.poll_batch(10, 1.0) == []
+    finally:
+        await consumer.stop()
+    assert poison.payload["turn_id"] in published
+    if transport.name == "postgres":
+        assert await scalar(transport.db, "SELECT error FROM dead_letters") == "ValueError: cannot index this"
+        assert await scalar(transport.db, "SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL") == 1
+        assert await scalar(transport.db, "SELECT count(*) FROM outbox WHERE consumed_at IS NOT NULL") == 2
+    else:
+        envelope = await read_one(
+            transport.settings.kafka_bootstrap_servers, transport.settings.kafka_dlq_topic
+        )
+        assert envelope["error"] == "ValueError: cannot index this"
+        assert envelope["payload"]["turn_id"] == poison.payload["turn_id"]
+
+
+async def read_one(bootstrap: str | None, topic: str) -> dict[str, Any]:
+    reader = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await reader.start()
+    try:
+        record = await asyncio.wait_for(reader.getone(), 20)
+        return dict(json.loads(record.value))
+    finally:
+        await reader.stop()
+
+
+async def test_two_consumers_in_one_group_share_the_work_without_overlap(transport: Transport) -> None:
+    if transport.name == "kafka":
+        pytest.skip(
+            "librdkafka's mock cluster answers aiokafka's SyncGroup with INVALID_REQUEST when a second "
+            "member joins, so a two-member group cannot form against the mock; needs a real broker"
+        )
+    published = await transport.publish(40)
+    seen: list[str] = []
+    consumers = [transport.consumer(), transport.consumer()]
+    for consumer in consumers:
+        await consumer.start()
+
+    async def work(consumer: Consumer) -> None:
+        deadline = time.monotonic() + 30
+        while len(seen) < 40 and time.monotonic() < deadline:
+            batch = await consumer.poll_batch(7, 0.3)
+            seen.extend(turn_ids(batch))
+            await consumer.commit(batch)
+
+    try:
+        await asyncio.gather(*(work(c) for c in consumers))
+    finally:
+        for consumer in consumers:
+            await consumer.stop()
+    assert sorted(seen) == sorted(published), "a message was lost or delivered twice"
