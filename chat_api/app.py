@@ -16,23 +16,36 @@ from chat_api.auth import TokenVerifier
 from chat_api.checkpoint import Checkpointer
 from chat_api.errors import install_error_handlers
 from chat_api.limits import BodyLimit
+from chat_api.observability import install_observability
 from chat_api.prompting import Prompter
 from chat_api.providers.base import ChatProvider
 from chat_api.reaper import Reaper
+from chat_api.recall import build_recall
 from chat_api.replies import ReplyRegistry
-from chat_api.routes import conversations, health, messages, turns
+from chat_api.routes import conversations, health, imports, messages, page, turns
+from chat_api.routes import memory as memory_routes
 from chat_api.runner import ReplyRunner
 from chat_api.services import Services, process_id
 from chat_api.signals import Signals
 from chat_api.tools import ToolRegistry, default_registry
 from memory.config import Settings
 from memory.db import Database
+from memory.embeddings import Embedder
 from memory.prompts import load_prompts
 
 log = logging.getLogger(__name__)
 
 # A background part of the process: given the services and a stop event, runs until stopped.
 Worker = Callable[[Services, asyncio.Event], Awaitable[None]]
+
+
+async def load_embedder(settings: Settings) -> Embedder:
+    """The configured sentence-transformers model, loaded off the event loop."""
+    from memory.embeddings import SentenceTransformerEmbedder
+
+    model = SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
+    await asyncio.to_thread(model.load)
+    return model
 
 
 def make_provider(settings: Settings) -> ChatProvider:
@@ -56,8 +69,13 @@ def create_app(
     tools: ToolRegistry | None = None,
     workers: list[Worker] | None = None,
     ui_token: str | None = None,
+    embedder: Embedder | None = None,
 ) -> FastAPI:
-    """Build the app. `settings.database_url` must be set (the CLI sets it for the embedded server)."""
+    """Build the app. `settings.database_url` must be set (the CLI sets it for the embedded server).
+
+    `embedder` defaults to the configured sentence-transformers model, loaded once at start
+    and shared by retrieval and an in-process indexer; tests pass a deterministic one.
+    """
     if settings.database_url is None:
         raise ValueError("create_app needs settings.database_url")
     database_url = settings.database_url
@@ -67,6 +85,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = Database(database_url, pool_size=settings.db_pool_size)
+        model = embedder or await load_embedder(settings)
         chat_provider = provider or make_provider(settings)
         registry = ReplyRegistry()
         checkpointer = Checkpointer(
@@ -74,7 +93,7 @@ def create_app(
         )
         prompter = Prompter(db, settings, prompts)
         pid = process_id()
-        extras: dict[str, Any] = {"process_id": pid}
+        extras: dict[str, Any] = {"process_id": pid, "embedder": model}
         tool_registry = tools or default_registry()
         services = Services(
             settings=settings,
@@ -104,6 +123,7 @@ def create_app(
             process_id=pid,
             extras=extras,
         )
+        prompter.recall = build_recall(services)
         app.state.services = services
         stop = asyncio.Event()
         loops = [
@@ -146,6 +166,15 @@ def create_app(
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
-    for router in (health.router, conversations.router, messages.router, turns.router):
+    install_observability(app, settings)
+    for router in (
+        health.router,
+        conversations.router,
+        messages.router,
+        turns.router,
+        memory_routes.router,
+        imports.router,
+        page.router,
+    ):
         app.include_router(router)
     return app

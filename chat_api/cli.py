@@ -57,17 +57,11 @@ def _migrate(url: str) -> None:
 
 def _embedded_workers(settings: Settings) -> list[Any]:
     """The relay or Postgres consumer and the indexer, run inside the API process."""
-    from memory.embeddings import SentenceTransformerEmbedder
-
     from indexer.worker import IndexerWorker, OutboxRelay
 
     async def indexer(services: Any, stop: asyncio.Event) -> None:
-        embedder = SentenceTransformerEmbedder(
-            settings.embedding_model, batch_size=settings.embedding_batch_size
-        )
-        await asyncio.to_thread(embedder.load)
-        services.extras["embedder"] = embedder
-        await IndexerWorker(services.db, settings, embedder).run(stop)
+        # Shares the API's model: one copy of the weights per process.
+        await IndexerWorker(services.db, settings, services.extras["embedder"]).run(stop)
 
     async def relay(services: Any, stop: asyncio.Event) -> None:
         await OutboxRelay(services.db, settings).run(stop)

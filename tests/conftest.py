@@ -69,6 +69,7 @@ import uvicorn  # noqa: E402
 from chat_api.app import create_app  # noqa: E402
 from chat_api.auth import issue_token  # noqa: E402
 from memory.config import Settings, get_settings  # noqa: E402
+from memory.embeddings import HashEmbedder  # noqa: E402
 
 TEST_SECRET = "test-secret-not-for-production-0123456789"
 
@@ -146,9 +147,16 @@ async def start_server(db: Any, make_settings: Callable[..., Settings]) -> Async
     servers: list[LiveServer] = []
 
     async def start(
-        provider: Any = None, tools: Any = None, workers: Any = None, **overrides: Any
+        provider: Any = None, tools: Any = None, workers: Any = None, embedder: Any = None, **overrides: Any
     ) -> LiveServer:
-        app = create_app(make_settings(**overrides), provider=provider, tools=tools, workers=workers)
+        # The deterministic embedder unless a test asks for the real model (slow to load).
+        app = create_app(
+            make_settings(**overrides),
+            provider=provider,
+            tools=tools,
+            workers=workers,
+            embedder=embedder or HashEmbedder(),
+        )
         server = LiveServer(app)
         await server.start()
         servers.append(server)

@@ -134,7 +134,7 @@ class OpenAIProvider:
         messages: Sequence[dict[str, Any]],
         *,
         model: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - the ChatProvider protocol names it
+        timeout: float | None = None,
     ) -> str:
         """Return the text of one non-streamed completion; `timeout` bounds all attempts together."""
         deadline = None if timeout is None else time.monotonic() + timeout
