@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import uvicorn
+
 from memory.config import Settings, SettingsError, get_settings
 
 DEFAULT_TENANT = "local"
@@ -70,8 +72,6 @@ def _embedded_workers(settings: Settings) -> list[Any]:
 
 
 def _serve(settings: Settings, workers: list[Any], banner: str | None, ui_token: str | None = None) -> None:
-    import uvicorn
-
     from chat_api.app import create_app
 
     app = create_app(settings, workers=workers, ui_token=ui_token)
@@ -83,10 +83,21 @@ def _serve(settings: Settings, workers: list[Any], banner: str | None, ui_token:
         lifespan="on",
         timeout_graceful_shutdown=10,
     )
-    server = uvicorn.Server(config)
-    if banner:
-        print(banner, flush=True)
+    server = AnnouncingServer(config, banner)
     server.run()
+
+
+class AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that prints its banner once it is really listening."""
+
+    def __init__(self, config: uvicorn.Config, banner: str | None) -> None:
+        super().__init__(config)
+        self.banner = banner
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.banner:
+            print(self.banner, flush=True)
 
 
 def cmd_up(args: argparse.Namespace) -> None:

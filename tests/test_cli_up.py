@@ -1,0 +1,70 @@
+"""`chatmem up` as a user runs it: one process, embedded Postgres, real model, Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import free_port
+
+
+async def test_up_serves_indexes_and_shuts_down_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    data_dir = tmp_path / "data"
+    env = {**os.environ, "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    for key in ("DATABASE_URL", "JWT_SECRET", "LLM_PROVIDER"):
+        env.pop(key, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chat_api.cli", "up", "--port", str(port), "--data-dir", str(data_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(120):
+            while not any("Ctrl-C" in line for line in lines):
+                line = await asyncio.to_thread(proc.stdout.readline)  # type: ignore[union-attr]
+                assert line, "chatmem up exited early:\n" + "".join(lines)
+                lines.append(line)
+        output = "".join(lines)
+        assert f"http://localhost:{port}" in output
+        token = re.search(r"^(eyJ[\w-]+\.[\w-]+\.[\w-]+)$", output, re.MULTILINE)
+        assert token, output
+        headers = {"Authorization": f"Bearer {token.group(1)}"}
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30
+        ) as client:
+            async with asyncio.timeout(60):
+                while (await client.get("/readyz")).status_code != 200:
+                    await asyncio.sleep(0.2)
+            cid = (await client.post("/v1/conversations", json={"title": "trip"})).json()["id"]
+            reply = await client.post(
+                f"/v1/conversations/{cid}/messages",
+                json={"content": "My flight to Lisbon leaves on May 3rd", "stream": False},
+            )
+            assert reply.json()["status"] == "completed"
+            # The in-process indexer (real model) makes both turns searchable.
+            async with asyncio.timeout(60):
+                while (await client.get(f"/v1/conversations/{cid}")).json()["indexed_seq"] < 2:
+                    await asyncio.sleep(0.2)
+        assert (data_dir / "jwt_secret").exists()
+        assert (data_dir / "pg" / "postmaster.pid").exists()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rest, _ = await asyncio.to_thread(proc.communicate, timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, rest
+    assert "chatmem: stopped." in rest
+    assert not (data_dir / "pg" / "postmaster.pid").exists()  # the embedded Postgres stopped too
