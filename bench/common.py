@@ -57,6 +57,8 @@ def print_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> N
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write results; a relative path is taken from the repository root."""
+    path = path if path.is_absolute() else ROOT / path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2))
     print(f"\nwrote {path}")

@@ -51,11 +51,15 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=200, help="measured requests per concurrency level")
     parser.add_argument("--rate", type=float, default=40.0, help="demo tokens per second per stream")
     parser.add_argument("--database-url")
+    parser.add_argument("--url", help="measure an already running server (JWT_SECRET as in bench/common.py)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
     args = parser.parse_args()
-    with database(args.database_url) as url:
-        async with Server(url, demo_first_token_delay_seconds=0, demo_tokens_per_second=args.rate) as server:
-            rows = [await measure(server.url, c, args.requests) for c in args.concurrency]
+    if args.url:
+        rows = [await measure(args.url, c, args.requests) for c in args.concurrency]
+    else:
+        with database(args.database_url) as url:
+            async with Server(url, demo_first_token_delay_seconds=0, demo_tokens_per_second=args.rate) as server:
+                rows = [await measure(server.url, c, args.requests) for c in args.concurrency]
     print_table(
         "Time added before the first token (demo model, first token immediate)",
         rows,

@@ -124,7 +124,9 @@ def cmd_up(args: argparse.Namespace) -> None:
             f"access token (tenant {DEFAULT_TENANT!r}, user {DEFAULT_USER!r}):\n{token}\n"
             "Ctrl-C stops everything, including the embedded Postgres."
         )
-        _serve(settings, _embedded_workers(settings), banner, ui_token=token)
+        # The page picks the token up by itself only when nobody else can reach the port.
+        loopback = settings.host in ("127.0.0.1", "localhost", "::1")
+        _serve(settings, _embedded_workers(settings), banner, ui_token=token if loopback else None)
     finally:
         postgres.stop()
         print("chatmem: stopped.", flush=True)

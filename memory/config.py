@@ -38,7 +38,9 @@ class Settings(BaseSettings):
         None, description="Postgres with pgvector (postgresql+asyncpg://...). Unset: the embedded server."
     )
     data_dir: Path = Field(default_factory=default_data_dir, description="Embedded installation directory.")
-    db_pool_size: int = Field(10, ge=1, description="Connections kept per process.")
+    db_pool_size: int = Field(
+        20, ge=1, description="Connections kept open per process (a few more may open under bursts)."
+    )
 
     # --- auth ----------------------------------------------------------------------
     jwt_secret: SecretStr | None = Field(None, description="HS256 secret; the embedded default makes one.")

@@ -37,7 +37,12 @@ class Database:
     def __init__(self, database_url: str, *, pool_size: int = 10) -> None:
         self.url = async_url(database_url)
         self.engine: AsyncEngine = create_async_engine(
-            self.url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False
+            # Overflow connections are closed on return; each new one costs a backend fork and
+            # loses asyncpg's prepared statements, so keep the steady state inside the pool.
+            self.url,
+            pool_size=pool_size,
+            max_overflow=max(2, pool_size // 4),
+            pool_pre_ping=False,
         )
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
 

@@ -1,0 +1,409 @@
+// One assistant reply on screen: its steps (assistant turns), tool calls, status and memories.
+//
+// A reply is drawn either from stored turns (history) or from its SSE events (live, or
+// replayed from event 0 after a reload). Events carry increasing ids; `apply` ignores any id
+// it has already seen, which is what makes resuming after a cut connection safe: the page
+// asks for `?after=<last id seen>` and nothing is drawn twice or skipped.
+
+import { renderMarkdown } from "./markdown.js";
+
+const STATUS_LABELS = {
+  streaming: "Streaming…",
+  completed: "Completed",
+  interrupted_by_user: "Interrupted — stopped",
+  interrupted_by_error: "Interrupted — error",
+  failed: "Failed",
+};
+
+const REASON_LABELS = {
+  user: "Interrupted — stopped by you",
+  new_message: "Interrupted — by your new message",
+  client_disconnected: "Interrupted — the page disconnected",
+};
+
+const CALL_STATE_LABELS = {
+  streaming: "arguments streaming…",
+  ready: "ready",
+  running: "running…",
+  succeeded: "succeeded",
+  failed: "failed",
+  cancelled: "cancelled",
+  cut_off: "cut off — arguments incomplete",
+};
+
+const TERMINAL_EVENTS = new Set(["turn.completed", "turn.interrupted", "turn.failed"]);
+
+let viewCounter = 0;
+
+export class ReplyView {
+  /** `loadMemories()` (optional) fetches the memory.retrieved payload of a finished reply. */
+  constructor(replyId, { loadMemories } = {}) {
+    this.replyId = replyId;
+    this.loadMemories = loadMemories;
+    this.lastEventId = 0;
+    this.finished = false;
+    this.status = "streaming";
+    this.steps = new Map(); // assistant turn id -> step
+    this.calls = new Map(); // tool call id -> call view
+    this.memories = null; // the memory.retrieved payload, once known
+    this.rewrittenQuery = null;
+    this.id = `reply-${++viewCounter}`;
+    this.element = this.build();
+  }
+
+  build() {
+    const article = document.createElement("article");
+    article.className = "reply";
+    article.dataset.replyId = this.replyId;
+    article.dataset.status = this.status;
+    article.setAttribute("aria-label", "Assistant reply");
+
+    const main = div("reply-main");
+    const head = div("reply-head");
+    this.modelLabel = span("model-label", "");
+    this.statusLabel = span("status-label", STATUS_LABELS.streaming);
+    this.memoriesButton = document.createElement("button");
+    this.memoriesButton.type = "button";
+    this.memoriesButton.className = "memories-toggle";
+    this.memoriesButton.textContent = "Memories";
+    this.memoriesButton.setAttribute("aria-expanded", "false");
+    this.memoriesButton.setAttribute("aria-controls", `${this.id}-memories`);
+    this.memoriesButton.addEventListener("click", () => this.toggleMemories());
+    head.append(this.modelLabel, this.statusLabel, this.memoriesButton);
+
+    this.body = div("reply-body");
+    this.errorLine = document.createElement("p");
+    this.errorLine.className = "reply-error";
+    this.errorLine.hidden = true;
+    main.append(head, this.body, this.errorLine);
+
+    this.memoriesPanel = document.createElement("aside");
+    this.memoriesPanel.className = "memories";
+    this.memoriesPanel.id = `${this.id}-memories`;
+    this.memoriesPanel.setAttribute("aria-label", "Memories used for this reply");
+    this.memoriesPanel.hidden = true;
+
+    article.append(main, this.memoriesPanel);
+    return article;
+  }
+
+  // --- live events -----------------------------------------------------------------
+
+  /** Apply one SSE event ({id, event, data}); events already seen are ignored. */
+  apply({ id, event, data }) {
+    if (id !== null && id <= this.lastEventId) return;
+    if (id !== null) this.lastEventId = id;
+    switch (event) {
+      case "turn.started":
+        this.setModel(data.model);
+        this.step(data.assistant_turn_id);
+        break;
+      case "memory.retrieved":
+        this.setMemories(data);
+        break;
+      case "step.started":
+        this.step(data.turn_id);
+        break;
+      case "message.delta":
+        this.step(data.turn_id).appendText(data.text);
+        break;
+      case "tool_call.delta":
+        this.toolDelta(data);
+        break;
+      case "tool.started":
+        this.calls.get(data.call_id)?.setState("running");
+        break;
+      case "tool.result":
+        this.calls.get(data.call_id)?.setResult(data.state, data.result);
+        break;
+      case "error":
+        this.showError(data.message || data.code);
+        break;
+      default:
+        if (TERMINAL_EVENTS.has(event)) this.finish(data.status, data.reason, data.error);
+    }
+  }
+
+  toolDelta({ turn_id, index, id, name, arguments: fragment }) {
+    const step = this.step(turn_id);
+    let call = step.calls.get(index);
+    if (!call) {
+      call = new ToolCallView(name, "streaming");
+      step.calls.set(index, call);
+      step.element.append(call.element);
+    }
+    if (name) call.setName(name);
+    if (id && this.calls.get(id) !== call) this.calls.set(id, call);
+    call.appendArguments(fragment || "");
+  }
+
+  // --- stored history --------------------------------------------------------------
+
+  /** Add a stored assistant or tool turn (GET /turns), in sequence order. */
+  addStoredTurn(turn) {
+    this.lastEventId = Number.MAX_SAFE_INTEGER; // a stored reply takes no live events
+    if (turn.role === "tool") {
+      const call = this.calls.get(turn.tool_call_id);
+      call?.setResult(null, turn.content);
+      return;
+    }
+    this.setModel(turn.model);
+    if (turn.rewritten_query) this.rewrittenQuery = turn.rewritten_query;
+    const step = this.step(turn.id);
+    step.setText(turn.content);
+    for (const stored of turn.tool_calls || []) {
+      const call = new ToolCallView(stored.name, stored.state);
+      call.appendArguments(stored.arguments || "");
+      if (turn.status !== "streaming" && turn.status !== "completed") call.interrupt();
+      step.calls.set(stored.index, call);
+      this.calls.set(stored.id, call);
+      step.element.append(call.element);
+    }
+    this.setStatus(turn.status, turn.interrupt_reason, turn.error);
+    this.finished = turn.status !== "streaming";
+  }
+
+  // --- parts -----------------------------------------------------------------------
+
+  step(turnId) {
+    let step = this.steps.get(turnId);
+    if (!step) {
+      step = new StepView(turnId);
+      this.steps.set(turnId, step);
+      this.body.append(step.element);
+    }
+    return step;
+  }
+
+  /** The whole visible text of the reply, every step joined (what the person read). */
+  text() {
+    return [...this.steps.values()].map((s) => s.text).join("");
+  }
+
+  setModel(model) {
+    if (!model) return;
+    this.modelLabel.textContent = model === "chatmem-demo" ? "[demo model]" : model;
+  }
+
+  finish(status, reason, error) {
+    this.finished = true;
+    // Mirror what the server stores: a call whose arguments were still streaming stays
+    // incomplete (shown as cut off); calls that were ready or running are cancelled.
+    if (status !== "completed") {
+      for (const step of this.steps.values()) for (const call of step.calls.values()) call.interrupt();
+    }
+    this.setStatus(status, reason, error);
+    for (const step of this.steps.values()) step.renderNow();
+  }
+
+  setStatus(status, reason, error) {
+    this.status = status;
+    this.element.dataset.status = status;
+    let label = STATUS_LABELS[status] || status;
+    if (status === "interrupted_by_user" && REASON_LABELS[reason]) label = REASON_LABELS[reason];
+    this.statusLabel.textContent = label;
+    if (error && status !== "completed") this.showError(error.message || error.code || String(error));
+  }
+
+  showError(message) {
+    this.errorLine.hidden = false;
+    this.errorLine.textContent = message;
+  }
+
+  // --- memories --------------------------------------------------------------------
+
+  setMemories(payload) {
+    this.memories = payload || { items: [] };
+    if (payload?.rewritten_query) this.rewrittenQuery = payload.rewritten_query;
+    const count = (payload?.items || []).length;
+    this.memoriesButton.textContent = `Memories (${count})`;
+    this.renderMemories();
+  }
+
+  async toggleMemories() {
+    const open = this.memoriesPanel.hidden;
+    this.memoriesPanel.hidden = !open;
+    this.memoriesButton.setAttribute("aria-expanded", String(open));
+    this.element.classList.toggle("with-memories", open);
+    if (open && this.memories === null && this.finished && this.loadMemories) {
+      this.memoriesPanel.textContent = "Loading…";
+      try {
+        this.setMemories(await this.loadMemories());
+      } catch (error) {
+        this.memoriesPanel.textContent = `Could not load the memories: ${error.message}`;
+        return;
+      }
+    }
+    this.renderMemories();
+  }
+
+  renderMemories() {
+    if (this.memoriesPanel.hidden) return;
+    const panel = this.memoriesPanel;
+    panel.replaceChildren(heading("Memories used"));
+    if (this.rewrittenQuery) {
+      const query = document.createElement("p");
+      query.className = "rewritten-query";
+      query.append(span("field-name", "Rewritten query: "), document.createTextNode(this.rewrittenQuery));
+      panel.append(query);
+    }
+    const items = this.memories?.items || [];
+    if (this.memories === null && !this.finished) {
+      panel.append(paragraph("Not known yet."));
+    } else if (items.length === 0) {
+      panel.append(paragraph("No memories were used for this reply."));
+    } else {
+      const list = document.createElement("ol");
+      list.className = "memory-items";
+      for (const item of items) list.append(memoryItem(item));
+      panel.append(list);
+    }
+  }
+}
+
+/** One assistant turn: its text and its tool calls. */
+class StepView {
+  constructor(turnId) {
+    this.turnId = turnId;
+    this.text = "";
+    this.calls = new Map(); // index -> ToolCallView
+    this.element = div("step");
+    this.element.dataset.turnId = turnId;
+    this.content = div("content markdown");
+    this.element.append(this.content);
+    this.pending = false;
+  }
+
+  appendText(text) {
+    this.text += text;
+    this.renderSoon();
+  }
+
+  setText(text) {
+    this.text = text || "";
+    this.renderNow();
+  }
+
+  // Re-rendering the Markdown at every word is wasteful; once per frame is enough.
+  renderSoon() {
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => this.renderNow());
+  }
+
+  renderNow() {
+    this.pending = false;
+    this.content.replaceChildren(renderMarkdown(this.text));
+    this.content.hidden = this.text === "";
+  }
+}
+
+/** A tool call: collapsed by default, with its arguments (raw, maybe partial) and result. */
+class ToolCallView {
+  constructor(name, state) {
+    this.state = state;
+    this.arguments = "";
+    this.element = document.createElement("details");
+    this.element.className = "tool-call";
+    const summary = document.createElement("summary");
+    this.nameLabel = span("tool-name", "");
+    this.stateLabel = span("tool-state", "");
+    summary.append(span("tool-icon", "Tool call "), this.nameLabel, this.stateLabel);
+    this.argumentsBlock = document.createElement("pre");
+    this.argumentsBlock.className = "tool-arguments";
+    this.resultBlock = document.createElement("pre");
+    this.resultBlock.className = "tool-result";
+    this.resultBlock.hidden = true;
+    this.element.append(summary, small("Arguments"), this.argumentsBlock, this.resultBlock);
+    this.setName(name);
+    this.setState(state);
+  }
+
+  setName(name) {
+    this.nameLabel.textContent = name || "(unnamed)";
+  }
+
+  appendArguments(fragment) {
+    this.arguments += fragment;
+    this.argumentsBlock.textContent = this.arguments;
+  }
+
+  setState(state) {
+    this.state = state;
+    this.element.dataset.state = state;
+    this.stateLabel.textContent = ` — ${CALL_STATE_LABELS[state] || state}`;
+  }
+
+  setResult(state, result) {
+    if (state) this.setState(state);
+    this.resultBlock.hidden = false;
+    this.resultBlock.textContent = `Result: ${prettyJson(result)}`;
+  }
+
+  interrupt() {
+    if (this.state === "streaming") this.setState("cut_off");
+    else if (this.state === "ready" || this.state === "running") this.setState("cancelled");
+  }
+}
+
+// --- small DOM builders ------------------------------------------------------------------
+
+function memoryItem(item) {
+  const li = document.createElement("li");
+  const text = item.text ?? item.content ?? item.chunk ?? "";
+  li.append(paragraph(String(text)));
+  const meta = document.createElement("p");
+  meta.className = "memory-meta";
+  const parts = [];
+  if (item.role) parts.push(item.role);
+  if (item.created_at) parts.push(new Date(item.created_at).toLocaleString());
+  if (typeof item.score === "number") parts.push(`score ${item.score.toFixed(3)}`);
+  meta.textContent = parts.join(" · ");
+  li.append(meta);
+  if (item.conversation_id) {
+    const link = document.createElement("a");
+    link.href = `#/c/${encodeURIComponent(item.conversation_id)}`;
+    link.textContent = "open that conversation";
+    li.append(link);
+  }
+  return li;
+}
+
+function prettyJson(raw) {
+  try {
+    return JSON.stringify(typeof raw === "string" ? JSON.parse(raw) : raw, null, 2);
+  } catch {
+    return String(raw);
+  }
+}
+
+function div(className) {
+  const node = document.createElement("div");
+  node.className = className;
+  return node;
+}
+
+function span(className, text) {
+  const node = document.createElement("span");
+  node.className = className;
+  node.textContent = text;
+  return node;
+}
+
+function small(text) {
+  const node = document.createElement("small");
+  node.textContent = text;
+  return node;
+}
+
+function paragraph(text) {
+  const node = document.createElement("p");
+  node.textContent = text;
+  return node;
+}
+
+function heading(text) {
+  const node = document.createElement("h3");
+  node.textContent = text;
+  return node;
+}
