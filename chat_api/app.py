@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,7 +36,7 @@ from memory.prompts import load_prompts
 log = logging.getLogger(__name__)
 
 # A background part of the process: given the services and a stop event, runs until stopped.
-Worker = Callable[[Services, asyncio.Event], Awaitable[None]]
+Worker = Callable[[Services, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 async def load_embedder(settings: Settings) -> Embedder:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -67,7 +68,7 @@ async def end_stale_turns(
         await session.flush()
         await session.refresh(turn)  # load the server-side timestamps the payload carries
         await record_finished_turn(session, turn)
-        data = {"reply_id": str(turn.reply_id), "turn_id": str(turn.id), "status": status}
+        data: dict[str, Any] = {"reply_id": str(turn.reply_id), "turn_id": str(turn.id), "status": status}
         if status == TurnStatus.INTERRUPTED_BY_ERROR:
             data["error"] = PROCESS_DIED
         else:
