@@ -3,8 +3,13 @@
 The demo model emits its first token immediately, so the time from sending the message
 to receiving the first `message.delta` is what chatmem adds: auth, validation, storing
 the user and assistant turns, building the prompt, starting the stream. Each of the N
-clients sends its next message as soon as its previous reply has ended, so N replies
-are always streaming at once (each ~1.5 s at the default demo rate).
+clients sends its next message shortly after its previous reply has ended, so about N
+replies are always streaming at once (each ~1.5 s at the default demo rate).
+
+The demo's replies all have the same length, so clients that started together would
+stay in lockstep and send in bursts of N at the same instant. The clients' starts are
+spread over one reply's duration and each waits a random 0–100 ms before its next
+message, so arrivals are spread as real users' are.
 
     python bench/ttft.py --concurrency 1 32 --requests 200
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import time
 from pathlib import Path
 
@@ -20,11 +26,18 @@ import httpx
 
 from common import Server, database, headers, print_table, summary_ms, write_json
 
+REPLY_SECONDS = 1.5  # a demo reply at 40 tokens/s
 
-async def one_client(url: str, user: str, count: int, samples: list[float]) -> None:
+
+async def one_client(url: str, user: str, count: int, samples: list[float], start_delay: float) -> None:
+    rng = random.Random(user)
     async with httpx.AsyncClient(base_url=url, headers=headers(user=user), timeout=60) as client:
-        cid = (await client.post("/v1/conversations", json={"title": "ttft", "memory_mode": "none"})).json()["id"]
+        cid = (await client.post("/v1/conversations", json={"title": "ttft", "memory_mode": "none"})).json()[
+            "id"
+        ]
+        await asyncio.sleep(start_delay)
         for i in range(count):
+            await asyncio.sleep(rng.uniform(0, 0.1))
             started = time.perf_counter()
             first = None
             async with client.stream(
@@ -41,12 +54,17 @@ async def one_client(url: str, user: str, count: int, samples: list[float]) -> N
 async def measure(url: str, concurrency: int, requests: int) -> dict:
     samples: list[float] = []
     per_client = max(2, requests // concurrency + 1)
-    await asyncio.gather(*(one_client(url, f"user{c}", per_client, samples) for c in range(concurrency)))
+    spread = REPLY_SECONDS / concurrency
+    await asyncio.gather(
+        *(one_client(url, f"user{c}", per_client, samples, c * spread) for c in range(concurrency))
+    )
     return {"concurrency": concurrency, **summary_ms(samples)}
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--requests", type=int, default=200, help="measured requests per concurrency level")
     parser.add_argument("--rate", type=float, default=40.0, help="demo tokens per second per stream")
@@ -58,14 +76,18 @@ async def main() -> None:
         rows = [await measure(args.url, c, args.requests) for c in args.concurrency]
     else:
         with database(args.database_url) as url:
-            async with Server(url, demo_first_token_delay_seconds=0, demo_tokens_per_second=args.rate) as server:
+            async with Server(
+                url, demo_first_token_delay_seconds=0, demo_tokens_per_second=args.rate
+            ) as server:
                 rows = [await measure(server.url, c, args.requests) for c in args.concurrency]
     print_table(
         "Time added before the first token (demo model, first token immediate)",
         rows,
         ["concurrency", "n", "p50_ms", "p95_ms", "p99_ms", "mean_ms"],
     )
-    write_json(args.out, {"benchmark": "ttft", "targets": {"32": {"p50_ms": 15, "p99_ms": 60}}, "results": rows})
+    write_json(
+        args.out, {"benchmark": "ttft", "targets": {"32": {"p50_ms": 15, "p99_ms": 60}}, "results": rows}
+    )
 
 
 if __name__ == "__main__":
