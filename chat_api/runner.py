@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import text
 
 from chat_api.checkpoint import Checkpointer, give_back, take_unpersisted
-from chat_api.providers.base import ChatProvider, StreamEnd, TextDelta, ToolCallDelta
+from chat_api.providers.base import ChatProvider, ProviderError, StreamEnd, TextDelta, ToolCallDelta
 from chat_api.replies import Reply, ReplyRegistry
 from chat_api.tools import (
     ToolContext,
@@ -127,7 +127,7 @@ class ReplyRunner:
             produced = bool(reply.content or reply.tool_calls or reply.turn_id != reply.id)
             status = TurnStatus.INTERRUPTED_BY_ERROR if produced else TurnStatus.FAILED
             error = {"code": "provider_error", "message": str(exc)[:2000]}
-            if not isinstance(exc, Exception) or type(exc).__name__ != "ProviderError":
+            if not isinstance(exc, ProviderError):  # a provider failing is expected; anything else is a bug
                 log.error("reply %s failed", reply.id, exc_info=exc)
         else:
             status = TurnStatus.COMPLETED
