@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from chat_api.auth import TokenVerifier
@@ -19,6 +19,7 @@ from chat_api.limits import BodyLimit
 from chat_api.observability import install_observability
 from chat_api.prompting import Prompter
 from chat_api.providers.base import ChatProvider
+from chat_api.ratelimit import enforce_request_rate, install_rate_limits
 from chat_api.reaper import Reaper
 from chat_api.recall import build_recall
 from chat_api.replies import ReplyRegistry
@@ -84,15 +85,18 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pid = process_id()
         db = Database(database_url, pool_size=settings.db_pool_size)
+        # Checkpoints are the heartbeat: they get their own connections, so a burst of
+        # requests that drains the main pool cannot make live replies look dead.
+        upkeep_db = Database(database_url, pool_size=2)
         model = embedder or await load_embedder(settings)
         chat_provider = provider or make_provider(settings)
         registry = ReplyRegistry()
         checkpointer = Checkpointer(
-            db, registry, interval_ms=settings.checkpoint_interval_ms, chars=settings.checkpoint_chars
+            upkeep_db, registry, interval_ms=settings.checkpoint_interval_ms, chars=settings.checkpoint_chars
         )
         prompter = Prompter(db, settings, prompts)
-        pid = process_id()
         extras: dict[str, Any] = {"process_id": pid, "embedder": model}
         tool_registry = tools or default_registry()
         services = Services(
@@ -105,9 +109,10 @@ def create_app(
             signals=Signals(database_url, registry),
             checkpointer=checkpointer,
             reaper=Reaper(
-                db,
+                upkeep_db,
                 timeout_seconds=settings.heartbeat_timeout_seconds,
                 interval_seconds=settings.reaper_interval_seconds,
+                process_id=pid,
             ),
             prompter=prompter,
             runner=ReplyRunner(
@@ -145,6 +150,7 @@ def create_app(
                 task.cancel()
             await chat_provider.aclose()
             await db.dispose()
+            await upkeep_db.dispose()
 
     app = FastAPI(
         title="chatmem",
@@ -167,14 +173,10 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     install_observability(app, settings)
-    for router in (
-        health.router,
-        conversations.router,
-        messages.router,
-        turns.router,
-        memory_routes.router,
-        imports.router,
-        page.router,
-    ):
-        app.include_router(router)
+    install_rate_limits(app, settings)
+    for public in (health.router, page.router):
+        app.include_router(public)
+    limited = [Depends(enforce_request_rate)]
+    for router in (conversations.router, messages.router, turns.router, memory_routes.router, imports.router):
+        app.include_router(router, dependencies=limited)
     return app

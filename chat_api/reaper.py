@@ -37,8 +37,13 @@ async def end_stale_turns(
     reply_id: uuid.UUID | None = None,
     reason: str | None = None,
     limit: int = 100,
+    spare_owner: str | None = None,
 ) -> list[Turn]:
-    """End streaming turns whose heartbeat is older than the cutoff; returns the ended turns."""
+    """End streaming turns whose heartbeat is older than the cutoff; returns the ended turns.
+
+    `spare_owner` is the caller's own process id: its turns are alive by definition (a
+    heartbeat can be late when the database is slow; the process is not dead).
+    """
     cutoff = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than_seconds)
     query = (
         select(Turn)
@@ -49,6 +54,8 @@ async def end_stale_turns(
     )
     if reply_id is not None:
         query = query.where(Turn.reply_id == reply_id)
+    if spare_owner is not None:
+        query = query.where(Turn.owner.is_distinct_from(spare_owner))
     turns = list((await session.execute(query)).scalars())
     for turn in turns:
         calls = [dict(call) for call in turn.tool_calls or []]
@@ -84,15 +91,20 @@ async def end_stale_turns(
 class Reaper:
     """The periodic loop."""
 
-    def __init__(self, db: Database, *, timeout_seconds: float, interval_seconds: float) -> None:
+    def __init__(
+        self, db: Database, *, timeout_seconds: float, interval_seconds: float, process_id: str | None = None
+    ) -> None:
         self.db = db
         self.timeout = timeout_seconds
         self.interval = interval_seconds
+        self.process_id = process_id
 
     async def reap_once(self) -> int:
         """End every stale turn now; returns how many."""
         async with self.db.transaction() as session:
-            ended = await end_stale_turns(session, older_than_seconds=self.timeout)
+            ended = await end_stale_turns(
+                session, older_than_seconds=self.timeout, spare_owner=self.process_id
+            )
         if ended:
             log.warning("reaper ended %d turn(s) of dead processes", len(ended))
         return len(ended)

@@ -40,6 +40,7 @@ class Reply:
         self.stop_requested = asyncio.Event()
         self.stop_reason: str | None = None
         self.finished = asyncio.Event()
+        self.started_at = 0.0  # monotonic, set when the runner launches it (for metrics)
         self.final: dict[str, Any] | None = None
         self._wake = asyncio.Event()
 

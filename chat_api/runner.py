@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from typing import Any
 from sqlalchemy import text
 
 from chat_api.checkpoint import Checkpointer, give_back, take_unpersisted
+from chat_api.metrics import observe_first_token, observe_reply_end
+from chat_api.observability import log_context
 from chat_api.providers.base import ChatProvider, ProviderError, StreamEnd, TextDelta, ToolCallDelta
 from chat_api.replies import Reply, ReplyRegistry
 from chat_api.tools import (
@@ -93,6 +96,7 @@ class ReplyRunner:
 
     def launch(self, reply: Reply, request: ReplyRequest) -> None:
         """Run the reply in the background; it outlives the request that started it."""
+        reply.started_at = time.monotonic()
         task = asyncio.create_task(self._supervise(reply, request), name=f"reply-{reply.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -107,6 +111,12 @@ class ReplyRunner:
     # --- supervision ----------------------------------------------------------------
 
     async def _supervise(self, reply: Reply, request: ReplyRequest) -> None:
+        with log_context(
+            tenant_id=reply.owner.tenant_id, conversation_id=reply.conversation_id, reply_id=reply.id
+        ):
+            await self._supervise_in_context(reply, request)
+
+    async def _supervise_in_context(self, reply: Reply, request: ReplyRequest) -> None:
         generation = asyncio.create_task(self._generate(reply, request), name=f"generate-{reply.id}")
         stop_wait = asyncio.create_task(reply.stop_requested.wait())
         try:
@@ -147,6 +157,7 @@ class ReplyRunner:
     async def _generate(self, reply: Reply, request: ReplyRequest) -> None:
         await self.prompter.prepare(reply, request)
         steps = self.settings.max_tool_steps
+        first_token = True
         for step in range(steps + 1):
             if step:
                 await self._next_step(reply)
@@ -155,6 +166,9 @@ class ReplyRunner:
             stream = self.provider.stream(messages, tools)
             try:
                 async for delta in stream:
+                    if first_token and isinstance(delta, TextDelta | ToolCallDelta):
+                        first_token = False
+                        observe_first_token(time.monotonic() - reply.started_at)
                     if isinstance(delta, TextDelta):
                         if delta.text:
                             reply.add_text(delta.text)
@@ -335,3 +349,4 @@ class ReplyRunner:
         reply.persisted = len(reply.events)
         self.registry.remove(reply.id)
         reply.finish({"status": status, "turn_id": str(reply.turn_id), "reply_id": str(reply.id)})
+        observe_reply_end(status, time.monotonic() - reply.started_at, reply.usage)

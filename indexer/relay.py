@@ -26,6 +26,7 @@ from sqlalchemy import text
 from memory.config import Settings
 from memory.db import Database
 
+from . import metrics
 from .pg_queue import OutboxListener
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class OutboxRelay:
             await asyncio.gather(*acks)
             await session.execute(MARK_PUBLISHED, {"ids": [row.id for row in rows]})
         self.published += len(rows)
+        metrics.RELAY_PUBLISHED.inc(len(rows))
         return len(rows)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -127,6 +129,7 @@ class OutboxRelay:
                 except Exception as exc:
                     # Kafka or Postgres away: keep the rows, drop the producer, try again later.
                     log.warning("relay: publish failed, retrying in %.1fs: %r", delay, exc)
+                    metrics.RELAY_FAILURES.inc()
                     if producer is not None:
                         await _close_quietly(producer)
                         producer = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from memory.config import Settings
 from memory.db import Database
 from memory.embeddings import Embedder
 
+from . import metrics
 from .kafka_transport import KafkaQueueConsumer, is_kafka_error
 from .pg_queue import PgQueueConsumer
 from .pipeline import IndexPipeline
@@ -107,7 +109,7 @@ class IndexerWorker:
         backoff_max_seconds: float = 30.0,
     ) -> None:
         self.settings = settings
-        self.pipeline = IndexPipeline(db, embedder, settings)
+        self.pipeline = IndexPipeline(db, metrics.TimedEmbedder(embedder), settings)
         self.consumer = consumer if consumer is not None else make_consumer(db, settings)
         self._backoff_base = backoff_base_seconds
         self._backoff_max = backoff_max_seconds
@@ -132,6 +134,7 @@ class IndexerWorker:
                         raise
                     log.warning("indexer: database or broker unavailable, retrying in %.1fs: %r", delay, exc)
                     self.stats["retried_batches"] += 1
+                    metrics.RETRIED_BATCHES.inc()
                     try:
                         await asyncio.wait_for(stop.wait(), delay)
                     except TimeoutError:
@@ -142,6 +145,7 @@ class IndexerWorker:
 
     async def process(self, batch: Sequence[Message]) -> None:
         """Index one polled batch, dead-letter what must be, then commit the transport."""
+        started = time.perf_counter()
         poison: list[tuple[Message, str]] = []
         good: list[Message] = []
         for message in batch:
@@ -169,6 +173,9 @@ class IndexerWorker:
             await self._give_back(batch)
             raise _BatchUnavailable(str(exc)) from exc
         self.stats["batches"] += 1
+        for _ in poison:
+            metrics.observe_dead_letter("poison")
+        metrics.observe_committed([m.payload for m in batch], time.perf_counter() - started)
 
     async def _one_by_one(self, messages: Sequence[Message]) -> None:
         for message in messages:
@@ -186,6 +193,7 @@ class IndexerWorker:
                         log.error("indexer: dead-lettering turn after %d attempts: %r", failures, exc)
                         await self.consumer.dead_letter(message, _describe(exc))
                         self.stats["dead_lettered"] += 1
+                        metrics.observe_dead_letter("failed")
                         break
                     await asyncio.sleep(min(self._backoff_base * 2 ** (failures - 1), self._backoff_max))
 
@@ -198,6 +206,7 @@ class IndexerWorker:
     def _count(self, result: object) -> None:
         self.stats["indexed_turns"] += getattr(result, "indexed_turns", 0)
         self.stats["chunks"] += getattr(result, "chunks", 0)
+        metrics.observe_indexed(getattr(result, "indexed_turns", 0), getattr(result, "chunks", 0))
 
 
 @contextmanager
@@ -232,8 +241,19 @@ async def load_embedder(settings: Settings) -> Embedder:
     return embedder
 
 
+def serve_metrics(settings: Settings) -> None:
+    """Serve this worker's Prometheus metrics on METRICS_PORT, if set (a daemon thread)."""
+    if settings.metrics_port is None:
+        return
+    from prometheus_client import start_http_server
+
+    start_http_server(settings.metrics_port, addr=settings.host)
+    log.info("metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
+
+
 async def run_relay_main(settings: Settings) -> None:
     """`chatmem relay`: publish the outbox to Kafka until SIGTERM/SIGINT."""
+    serve_metrics(settings)
     db = _database(settings)
     stop = asyncio.Event()
     try:
@@ -245,6 +265,7 @@ async def run_relay_main(settings: Settings) -> None:
 
 async def run_indexer_main(settings: Settings, *, embedder: Embedder | None = None) -> None:
     """`chatmem indexer`: index finished turns until SIGTERM/SIGINT."""
+    serve_metrics(settings)
     db = _database(settings)
     stop = asyncio.Event()
     try:

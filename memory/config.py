@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins.")
     max_message_chars: int = Field(32_000, ge=1, description="Longest user message accepted.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
+    rate_limit_per_minute: int = Field(
+        120, ge=0, description="Requests per minute per user, per API process (0: no limit)."
+    )
+    max_streams_per_user: int = Field(
+        10, ge=0, description="SSE streams one user may have open at once, per API process (0: no limit)."
+    )
 
     # --- models --------------------------------------------------------------------
     llm_provider: Literal["demo", "openai"] = Field("demo", description="Chat model provider.")
@@ -131,6 +137,12 @@ class Settings(BaseSettings):
     # --- observability -------------------------------------------------------------
     log_level: str = Field("INFO", description="Log level.")
     log_message_text: bool = Field(False, description="Allow message text in logs (debugging only).")
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Port of /metrics for `chatmem relay` and `chatmem indexer` (the API serves its own).",
+    )
 
     @field_validator("cors_origins", "low_information_extra", mode="before")
     @classmethod

@@ -100,6 +100,7 @@ def make_settings(pg_url: str) -> Callable[..., Settings]:
             "checkpoint_interval_ms": 100,
             "reaper_interval_seconds": 0.5,
             "llm_provider": "demo",
+            "rate_limit_per_minute": 0,  # tests of the limiter set it themselves
         }
         values.update(overrides)
         return get_settings(**values)

@@ -10,6 +10,7 @@ from sse_starlette import EventSourceResponse
 
 from chat_api.control import accept_message, wait_reply_done
 from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.ratelimit import RateLimitsDep, held_while_streaming
 from chat_api.schemas import MessageCreate, ReplyOut, TurnOut
 from chat_api.streaming import sse_stream
 from chat_api.text_checks import check_text
@@ -31,25 +32,30 @@ async def post_message(
     body: MessageCreate,
     owner: OwnerDep,
     services: ServicesDep,
+    limits: RateLimitsDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> EventSourceResponse | ReplyOut:
     """Store the message and stream the reply (`turn.started` … `turn.completed|interrupted|failed`)."""
     check_text(body.content, field="content", max_chars=services.settings.max_message_chars)
-    accepted = await accept_message(
-        services,
-        owner,
-        conversation_id,
-        body.content,
-        on_busy=body.on_busy or services.settings.on_busy_default,
-        idempotency_key=idempotency_key,
-        memory_scope=body.memory_scope or services.settings.memory_scope,
-    )
-    if body.stream:
-        return EventSourceResponse(
-            sse_stream(services, accepted.reply_id, 0, stop_on_disconnect=body.on_disconnect == "stop"),
-            headers=SSE_HEADERS,
-            ping=15,
+    # Taken before anything is stored, so a 429 leaves nothing behind.
+    slot = limits.streams.acquire(owner) if body.stream else None
+    try:
+        accepted = await accept_message(
+            services,
+            owner,
+            conversation_id,
+            body.content,
+            on_busy=body.on_busy or services.settings.on_busy_default,
+            idempotency_key=idempotency_key,
+            memory_scope=body.memory_scope or services.settings.memory_scope,
         )
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    if slot is not None:
+        stream = sse_stream(services, accepted.reply_id, 0, stop_on_disconnect=body.on_disconnect == "stop")
+        return EventSourceResponse(held_while_streaming(slot, stream), headers=SSE_HEADERS, ping=15)
     await wait_reply_done(services, accepted.reply_id, timeout=None)
     return await finished_reply(services, owner, accepted.reply_id, accepted.user_turn_id)
 

@@ -11,6 +11,7 @@ from sse_starlette import EventSourceResponse
 
 from chat_api.control import stop_reply
 from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.ratelimit import RateLimitsDep, held_while_streaming
 from chat_api.routes.messages import SSE_HEADERS
 from chat_api.schemas import StopOut, TurnOut
 from chat_api.streaming import sse_stream
@@ -52,6 +53,7 @@ async def events(
     turn_id: uuid.UUID,
     owner: OwnerDep,
     services: ServicesDep,
+    limits: RateLimitsDep,
     after: Annotated[int | None, Query(ge=0)] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> EventSourceResponse:
@@ -63,8 +65,6 @@ async def events(
         position = int(last_event_id.strip())
     async with services.db.session() as session:
         turn = await get_turn(session, owner, turn_id)
-    return EventSourceResponse(
-        sse_stream(services, turn.reply_id or turn.id, position, stop_on_disconnect=False),
-        headers=SSE_HEADERS,
-        ping=15,
-    )
+    slot = limits.streams.acquire(owner)
+    stream = sse_stream(services, turn.reply_id or turn.id, position, stop_on_disconnect=False)
+    return EventSourceResponse(held_while_streaming(slot, stream), headers=SSE_HEADERS, ping=15)

@@ -1,0 +1,123 @@
+"""The API's Prometheus metrics, each defined once, and the functions that observe them.
+
+Metric objects live in prometheus_client's default registry, as the library intends:
+a collector registered twice raises, so they are created here, once per process, and
+every other module calls the `observe_*` functions instead of touching them. Labels are
+small closed sets (statuses, outcomes, route templates), never ids or user text, so the
+series count stays bounded.
+
+The outbox gauges are read from the database when /metrics is scraped (see
+`chat_api/observability.py`); the indexer's own metrics are in `indexer/metrics.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Seconds; from a fast in-process demo reply to a slow model with tools.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+TIME_TO_FIRST_TOKEN = Histogram(
+    "chatmem_time_to_first_token_seconds",
+    "From the message being accepted to the first text or tool-call delta of the reply.",
+    buckets=LATENCY_BUCKETS,
+)
+STREAM_DURATION = Histogram(
+    "chatmem_reply_duration_seconds",
+    "From the message being accepted to the reply's terminal state being stored.",
+    ["status"],
+    buckets=DURATION_BUCKETS,
+)
+STOP_LATENCY = Histogram(
+    "chatmem_stop_latency_seconds",
+    "From a stop request arriving to the reply's terminal state being stored (any process).",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS,
+)
+TURNS = Counter("chatmem_turns_total", "Replies ended, by terminal status.", ["status"])
+TOKENS = Counter("chatmem_tokens_total", "Model tokens, as reported by the provider's usage.", ["kind"])
+RETRIEVAL_LATENCY = Histogram(
+    "chatmem_retrieval_seconds",
+    "Memory search before a reply (embedding the query and the hybrid search).",
+    buckets=LATENCY_BUCKETS,
+)
+REWRITE_LATENCY = Histogram(
+    "chatmem_rewrite_seconds",
+    "Query rewriting before retrieval, by outcome (model, fallback, timeout, skipped).",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS,
+)
+OPEN_STREAMS = Gauge("chatmem_open_streams", "SSE responses open in this process.")
+RATE_LIMITED = Counter("chatmem_rate_limited_total", "Requests answered 429, by limit.", ["limit"])
+HTTP_REQUESTS = Counter(
+    "chatmem_http_requests_total",
+    "HTTP requests answered, by route template and status.",
+    ["route", "status"],
+)
+HTTP_LATENCY = Histogram(
+    "chatmem_http_request_seconds",
+    "Time to the end of the response body (for SSE: the whole stream).",
+    ["route"],
+    buckets=LATENCY_BUCKETS,
+)
+OUTBOX_BACKLOG = Gauge(
+    "chatmem_outbox_backlog", "Finished turns not yet handed on (unpublished to Kafka, or unconsumed)."
+)
+OUTBOX_OLDEST_AGE = Gauge(
+    "chatmem_outbox_oldest_age_seconds", "Age of the oldest outbox row not yet handed on (0 when empty)."
+)
+DEAD_LETTERS_STORED = Gauge("chatmem_dead_letters", "Rows in the dead_letters table.")
+
+# Token kinds copied from the provider's usage; anything else a provider reports is ignored.
+USAGE_KINDS = ("prompt_tokens", "completion_tokens")
+
+
+def observe_first_token(seconds: float) -> None:
+    """Record the time to the first delta of a reply."""
+    TIME_TO_FIRST_TOKEN.observe(max(seconds, 0.0))
+
+
+def observe_reply_end(status: str, seconds: float, usage: Mapping[str, int] | None = None) -> None:
+    """Record one ended reply: its terminal status, how long it ran, and its token usage."""
+    TURNS.labels(status=status).inc()
+    STREAM_DURATION.labels(status=status).observe(max(seconds, 0.0))
+    for kind in USAGE_KINDS:
+        value = (usage or {}).get(kind)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            TOKENS.labels(kind=kind.removesuffix("_tokens")).inc(value)
+
+
+def observe_stop(seconds: float, *, ended: bool) -> None:
+    """Record how long a stop request took to see the reply ended (or to give up waiting)."""
+    STOP_LATENCY.labels(outcome="ended" if ended else "pending").observe(max(seconds, 0.0))
+
+
+def observe_retrieval(seconds: float) -> None:
+    """Record one memory search."""
+    RETRIEVAL_LATENCY.observe(max(seconds, 0.0))
+
+
+def observe_rewrite(seconds: float, outcome: str) -> None:
+    """Record one query rewrite; `outcome` is model, fallback, timeout or skipped."""
+    REWRITE_LATENCY.labels(outcome=outcome).observe(max(seconds, 0.0))
+
+
+def observe_rate_limited(limit: str) -> None:
+    """Count one 429; `limit` is requests_per_minute or concurrent_streams."""
+    RATE_LIMITED.labels(limit=limit).inc()
+
+
+def observe_request(route: str, status: int, seconds: float) -> None:
+    """Record one answered HTTP request under its route template."""
+    HTTP_REQUESTS.labels(route=route, status=str(status)).inc()
+    HTTP_LATENCY.labels(route=route).observe(max(seconds, 0.0))
+
+
+def set_outbox_state(backlog: int, oldest_age_seconds: float, dead_letters: int) -> None:
+    """Publish the outbox backlog, its oldest row's age and the dead-letter count read at scrape time."""
+    OUTBOX_BACKLOG.set(backlog)
+    OUTBOX_OLDEST_AGE.set(max(oldest_age_seconds, 0.0))
+    DEAD_LETTERS_STORED.set(dead_letters)

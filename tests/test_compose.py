@@ -1,0 +1,168 @@
+"""docker-compose.yml, read as the Docker engine would: no engine runs here, so a test keeps it honest."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chat_api.cli import build_parser
+from memory.config import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+CHATMEM_IMAGE = "chatmem:latest"
+
+# Variables that are not chatmem settings but are read by something in the image.
+INFRA_VARS = {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONUNBUFFERED"}
+CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())  # type: ignore[no-any-return]
+
+
+def services_of(compose: dict[str, Any], image: str) -> dict[str, dict[str, Any]]:
+    return {name: svc for name, svc in compose["services"].items() if svc.get("image") == image}
+
+
+def command_of(service: dict[str, Any]) -> list[str]:
+    command = service.get("command", ["serve"])
+    return shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+
+
+def env_of(service: dict[str, Any]) -> dict[str, Any]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
+    return dict(env)
+
+
+def test_every_chatmem_variable_is_a_setting_the_code_reads(compose: dict[str, Any]) -> None:
+    settings = {name.upper() for name in Settings.model_fields}
+    for name, service in services_of(compose, CHATMEM_IMAGE).items():
+        unknown = set(env_of(service)) - settings - INFRA_VARS
+        assert not unknown, f"{name}: {sorted(unknown)} are not fields of memory.config.Settings"
+
+
+def test_fixed_values_are_valid_settings(compose: dict[str, Any]) -> None:
+    """Each service's literal values build a valid Settings (interpolated ones get their defaults)."""
+    for name, service in services_of(compose, CHATMEM_IMAGE).items():
+        values: dict[str, Any] = {}
+        for key, value in env_of(service).items():
+            if key in INFRA_VARS or value is None:
+                continue
+            text = str(value)
+            default = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", text)
+            if default:
+                text = default.group(1)
+            elif "${" in text:
+                text = "x" * 40  # a required secret from the shell
+            values[key.lower()] = text
+        Settings(_env_file=None, **values)  # type: ignore[call-arg]
+        assert values.get("database_url", "").startswith("postgresql+asyncpg://"), name
+        assert "@postgres:5432/" in values["database_url"], name
+
+
+def test_commands_are_chatmem_commands(compose: dict[str, Any]) -> None:
+    chatmem = services_of(compose, CHATMEM_IMAGE)
+    parser = build_parser()
+    commands = {}
+    for name, service in chatmem.items():
+        argv = command_of(service)
+        parser.parse_args(argv)  # exits (fails the test) on an unknown command or option
+        commands[name] = argv[0] if argv[0] != "db" else " ".join(argv[:2])
+    assert sorted(commands.values()).count("serve") == 2, "two API replicas"
+    assert "relay" in commands.values()
+    assert "indexer" in commands.values()
+    assert "db upgrade" in commands.values()
+
+
+def test_api_replicas_listen_on_distinct_ports_and_on_all_interfaces(compose: dict[str, Any]) -> None:
+    apis = {n: s for n, s in services_of(compose, CHATMEM_IMAGE).items() if command_of(s)[0] == "serve"}
+    host_ports = []
+    for name, service in apis.items():
+        argv = command_of(service)
+        host = argv[argv.index("--host") + 1] if "--host" in argv else env_of(service).get("HOST")
+        assert host == "0.0.0.0", f"{name} must listen beyond the container's loopback"
+        port = argv[argv.index("--port") + 1] if "--port" in argv else env_of(service).get("PORT", "8000")
+        published = [str(p) for p in service.get("ports", [])]
+        assert len(published) == 1 and published[0].endswith(f":{port}"), name
+        host_ports.append(published[0].split(":")[0])
+        assert str(port) in " ".join(service["healthcheck"]["test"]), f"{name} checks another port"
+    assert len(set(host_ports)) == len(apis) == 2
+
+
+def test_every_long_running_service_has_a_healthcheck(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        one_shot = service.get("restart") == "no"
+        if not one_shot:
+            check = service.get("healthcheck")
+            assert check and check.get("test"), f"{name} has no healthcheck"
+
+
+def test_dependencies_wait_for_the_right_condition(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in services.items():
+        depends = service.get("depends_on") or {}
+        assert isinstance(depends, dict), f"{name}: depends_on needs conditions, not a bare list"
+        for dependency, rule in depends.items():
+            assert dependency in services, f"{name} depends on unknown {dependency}"
+            condition = rule.get("condition")
+            assert condition in CONDITIONS, f"{name} → {dependency}: {condition}"
+            target = services[dependency]
+            if condition == "service_healthy":
+                assert "healthcheck" in target, f"{name} waits for {dependency} health, which has no check"
+            if condition == "service_completed_successfully":
+                assert target.get("restart") == "no", f"{dependency} must be one-shot"
+    for name, service in services_of(compose, CHATMEM_IMAGE).items():
+        if command_of(service)[:2] == ["db", "upgrade"]:
+            assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+            continue
+        assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
+        if command_of(service)[0] in ("relay", "indexer"):
+            assert any(dep.startswith("kafka") for dep in service["depends_on"]), name
+
+
+def test_postgres_has_pgvector_and_kafka_runs_in_kraft_mode(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert services["postgres"]["image"] == "pgvector/pgvector:pg17"
+    kafka = services["kafka"]
+    assert kafka["image"].startswith("apache/kafka:")
+    env = env_of(kafka)
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    assert "zookeeper" not in yaml.safe_dump(compose).lower()
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"].startswith(f"{env['KAFKA_NODE_ID']}@kafka:")
+    advertised = env["KAFKA_ADVERTISED_LISTENERS"]
+    for name, service in services_of(compose, CHATMEM_IMAGE).items():
+        bootstrap = env_of(service).get("KAFKA_BOOTSTRAP_SERVERS")
+        assert bootstrap and bootstrap in advertised, f"{name} bootstraps from {bootstrap}, not {advertised}"
+    # The topics the code uses are the ones created, with room for several indexer consumers.
+    init = " ".join(command_of(services["kafka-init"]))
+    api_env = env_of(services["api-1"])
+    for topic in (api_env["KAFKA_TOPIC"], api_env["KAFKA_DLQ_TOPIC"]):
+        assert topic in init
+    partitions = re.search(r"--partitions (\d+)", init)
+    assert partitions is not None and int(partitions[1]) >= 2
+
+
+def test_scalable_workers_pin_no_host_port_or_name(compose: dict[str, Any]) -> None:
+    for name in ("indexer", "relay"):
+        service = compose["services"][name]
+        assert "ports" not in service and "container_name" not in service, f"{name} could not be scaled"
+
+
+def test_dockerfile_is_slim_non_root_and_runs_chatmem() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.MULTILINE)
+    users = re.findall(r"^USER (\S+)", dockerfile, re.MULTILINE)
+    assert users and users[-1] not in ("root", "0")
+    assert 'ENTRYPOINT ["chatmem"]' in dockerfile
+    assert "download.pytorch.org/whl/cpu" in dockerfile, "torch must come from the CPU index"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored

@@ -1,0 +1,179 @@
+"""Metrics, JSON logs and per-user limits."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import io
+import json
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from chat_api.errors import RateLimited
+from chat_api.observability import JsonFormatter, bind_log_context, log_context, loggable_text
+from chat_api.ratelimit import RequestRate, StreamLimit, held_while_streaming
+from memory.conversations import Owner
+
+ALICE = Owner("t1", "alice")
+BOB = Owner("t1", "bob")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_request_rate_allows_a_burst_then_answers_with_the_wait() -> None:
+    clock = Clock()
+    rate = RequestRate(3, clock=clock)
+    for _ in range(3):
+        rate.check(ALICE)
+    with pytest.raises(RateLimited) as refused:
+        rate.check(ALICE)
+    assert refused.value.retry_after == 20  # one request every 20 s at 3 per minute
+    rate.check(BOB)  # another user's allowance is untouched
+    clock.now += 19.0
+    with pytest.raises(RateLimited) as again:
+        rate.check(ALICE)
+    assert again.value.retry_after == 1
+    clock.now += 1.0
+    rate.check(ALICE)
+
+
+def test_request_rate_zero_means_no_limit() -> None:
+    rate = RequestRate(0)
+    for _ in range(1000):
+        rate.check(ALICE)
+
+
+async def _items(n: int) -> AsyncIterator[int]:
+    for i in range(n):
+        yield i
+
+
+async def test_stream_limit_counts_open_streams_per_user() -> None:
+    limit = StreamLimit(2)
+    first = limit.acquire(ALICE)
+    limit.acquire(ALICE)
+    with pytest.raises(RateLimited) as refused:
+        limit.acquire(ALICE)
+    assert refused.value.retry_after > 0
+    limit.acquire(BOB)
+    first.release()
+    first.release()  # twice is once
+    assert limit.open_count(ALICE) == 1
+    third = limit.acquire(ALICE)
+    # A stream that runs to its end gives its slot back.
+    assert [i async for i in held_while_streaming(third, _items(3))] == [0, 1, 2]
+    assert limit.open_count(ALICE) == 1
+
+
+async def test_stream_slot_is_released_when_the_response_never_started() -> None:
+    limit = StreamLimit(1)
+    stream = held_while_streaming(limit.acquire(ALICE), _items(3))
+    assert limit.open_count(ALICE) == 1
+    del stream
+    gc.collect()
+    assert limit.open_count(ALICE) == 0
+
+
+async def test_stream_slot_is_released_when_the_stream_is_cancelled() -> None:
+    limit = StreamLimit(1)
+    started = asyncio.Event()
+
+    async def endless() -> AsyncIterator[int]:
+        while True:
+            started.set()
+            yield 1
+            await asyncio.sleep(3600)
+
+    async def consume() -> None:
+        async for _ in held_while_streaming(limit.acquire(ALICE), endless()):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert limit.open_count(ALICE) == 0
+
+
+def test_json_log_line_carries_the_bound_ids() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("test.observability")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with log_context(request_id="r1"):
+            bind_log_context(tenant_id="t1", conversation_id="c1")
+            with log_context(turn_id="u1"):
+                logger.warning("turn %s", "done", extra={"status": "completed"})
+            logger.warning("after")
+        logger.warning("outside")
+    finally:
+        logger.removeHandler(handler)
+    first, second, third = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert first["event"] == "turn done" and first["level"] == "warning" and first["status"] == "completed"
+    assert (first["request_id"], first["tenant_id"], first["conversation_id"], first["turn_id"]) == (
+        "r1",
+        "t1",
+        "c1",
+        "u1",
+    )
+    assert "turn_id" not in second and second["tenant_id"] == "t1"
+    assert "request_id" not in third
+
+
+def test_message_text_stays_out_of_logs_by_default() -> None:
+    assert loggable_text("my secret plans") == "<15 chars>"
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in Prometheus text format."""
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        match = re.fullmatch(rf"{re.escape(name)}(?:\{{(.*)\}})? (\S+)", line)
+        if match is None:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match[1] or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(match[2])
+    return None
+
+
+async def test_metrics_and_request_ids_on_a_live_server(server: Any) -> None:
+    async with server.client() as client:
+        response = await client.get("/healthz", headers={"X-Request-ID": "req-123"})
+        assert response.headers["x-request-id"] == "req-123"
+        made_up = await client.get("/healthz", headers={"X-Request-ID": "bad id\twith tab"})
+        assert re.fullmatch(r"[0-9a-f]{32}", made_up.headers["x-request-id"])
+
+        conversation = (await client.post("/v1/conversations", json={"title": "m"})).json()["id"]
+        reply = await client.post(
+            f"/v1/conversations/{conversation}/messages", json={"content": "hello there", "stream": False}
+        )
+        assert reply.status_code == 200
+
+        scrape = await client.get("/metrics")
+    assert scrape.status_code == 200
+    assert scrape.headers["content-type"].startswith("text/plain")
+    text = scrape.text
+    assert (sample(text, "chatmem_http_requests_total", route="/healthz", status="200") or 0) >= 2
+    created = sample(text, "chatmem_http_requests_total", route="/v1/conversations", status="201")
+    assert created is not None and created >= 1
+    # No indexer runs in this app: the user and assistant turns wait in the outbox.
+    backlog = sample(text, "chatmem_outbox_backlog")
+    assert backlog is not None and backlog >= 2
+    assert (sample(text, "chatmem_outbox_oldest_age_seconds") or 0) >= 0
+    assert sample(text, "chatmem_dead_letters") == 0
