@@ -67,7 +67,9 @@ def raise_open_files_limit(needed: int) -> int:
 # --- the load generator (runs in child processes) ----------------------------------
 
 
-async def _one_stream(port: int, conversation_id: str, token: str, start: asyncio.Event) -> dict[str, Any]:
+async def _one_stream(
+    port: int, conversation_id: str, token: str, delay: float, start: asyncio.Event
+) -> dict[str, Any]:
     body = json.dumps({"content": PROMPT, "stream": True}).encode()
     request = (
         f"POST /v1/conversations/{conversation_id}/messages HTTP/1.1\r\n"
@@ -76,6 +78,7 @@ async def _one_stream(port: int, conversation_id: str, token: str, start: asynci
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode() + body
     await start.wait()
+    await asyncio.sleep(delay)
     arrivals: list[float] = []
     sent = time.monotonic()
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
@@ -104,7 +107,9 @@ async def _one_stream(port: int, conversation_id: str, token: str, start: asynci
     return {"status": status, "ended": ended, "sent": sent, "arrivals": arrivals}
 
 
-async def _client_main(port: int, work: list[tuple[str, str]], ready: Any, go: Any) -> list[dict[str, Any]]:
+async def _client_main(
+    port: int, work: list[tuple[str, str, float]], ready: Any, go: Any
+) -> list[dict[str, Any]]:
     try:
         import uvloop
 
@@ -112,14 +117,14 @@ async def _client_main(port: int, work: list[tuple[str, str]], ready: Any, go: A
     except ImportError:
         pass
     start = asyncio.Event()
-    tasks = [asyncio.create_task(_one_stream(port, conv, token, start)) for conv, token in work]
+    tasks = [asyncio.create_task(_one_stream(port, conv, token, delay, start)) for conv, token, delay in work]
     ready.set()
     await asyncio.to_thread(go.wait)
     start.set()
     return await asyncio.gather(*tasks)
 
 
-def client_process(port: int, work: list[tuple[str, str]], ready: Any, go: Any, out: Any) -> None:
+def client_process(port: int, work: list[tuple[str, str, float]], ready: Any, go: Any, out: Any) -> None:
     """Entry point of one load-generator process: run its streams, send back arrival times."""
     raise_open_files_limit(len(work) + 100)
     out.put(asyncio.run(_client_main(port, work, ready, go)))
@@ -164,10 +169,14 @@ async def create_conversations(url: str, n: int, run: int) -> list[tuple[str, st
     return work
 
 
-async def measure(server: Server, n: int, run: int) -> dict[str, Any]:
+async def measure(server: Server, n: int, run: int, ramp_per_100: float) -> dict[str, Any]:
     assert server.proc is not None
     proc = psutil.Process(server.proc.pid)
-    work = await create_conversations(server.url, n, run)
+    # Streams open spread over a ramp (as users arrive), not in one instant: a burst of N
+    # simultaneous first messages measures the burst, not N concurrent streams.
+    ramp = ramp_per_100 * n / 100
+    conversations = await create_conversations(server.url, n, run)
+    work = [(conv, token, i * ramp / n) for i, (conv, token) in enumerate(conversations)]
     await asyncio.sleep(1.0)  # let the creation burst's garbage settle before the baseline
     rss_before = proc.memory_info().rss
     ctx = multiprocessing.get_context("spawn")
@@ -215,6 +224,7 @@ async def measure(server: Server, n: int, run: int) -> dict[str, Any]:
     ok = sum(1 for r in results if r["status"] == 200 and r["ended"])
     return {
         "streams": n,
+        "ramp_s": round(ramp, 1),
         "completed": ok,
         "tokens": sum(len(r["arrivals"]) for r in results),
         "wall_s": round(wall, 1),
@@ -240,6 +250,12 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[100, 500, 1000])
     parser.add_argument("--database-url", help="an external Postgres with pgvector (default: embedded)")
     parser.add_argument("--baseline", action="store_true", help="also run N=1 first (the demo model's floor)")
+    parser.add_argument(
+        "--ramp-per-100",
+        type=float,
+        default=1.0,
+        help="seconds over which each 100 streams open (0: all at once)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "load_streams.json")
     args = parser.parse_args()
     limit = raise_open_files_limit(max(args.streams) * 2 + 200)
@@ -250,7 +266,7 @@ async def main() -> None:
         env = {"demo_tokens_per_second": RATE, "rate_limit_per_minute": 0, "max_streams_per_user": 0}
         async with Server(url, **env) as server:
             for run, n in enumerate(counts):
-                row = await measure(server, n, run)
+                row = await measure(server, n, run, args.ramp_per_100)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     columns = [
