@@ -170,7 +170,9 @@ def create_app(
             expose_headers=["Retry-After"],
         )
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, import_max_bytes=settings.import_max_body_bytes
+    )
 
     install_observability(app, settings)
     install_rate_limits(app, settings)

@@ -160,6 +160,12 @@ def cmd_token(args: argparse.Namespace) -> None:
     print(issue_token(secret, args.tenant, args.user, ttl_seconds=args.ttl))
 
 
+def cmd_import(args: argparse.Namespace) -> None:
+    from chat_api.import_cli import run_import_command
+
+    run_import_command(args)
+
+
 def cmd_db_upgrade(_: argparse.Namespace) -> None:
     settings = _settings()
     if not settings.database_url:
@@ -211,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="database commands")
     db_sub = db.add_subparsers(dest="db_command", required=True)
     db_sub.add_parser("upgrade", help="apply migrations to DATABASE_URL").set_defaults(func=cmd_db_upgrade)
+
+    from chat_api.import_cli import add_import_arguments  # here: import_cli imports this module
+
+    importer = sub.add_parser("import", help="import a ChatGPT export or a JSON Lines file of turns")
+    add_import_arguments(importer)
+    importer.set_defaults(func=cmd_import)
 
     sub.add_parser("relay", help="publish the outbox to Kafka").set_defaults(
         func=lambda _: _worker_main("relay")

@@ -11,25 +11,31 @@ from chat_api.errors import error_body
 
 
 class BodyLimit:
-    """Answer 413 to bodies over `max_bytes`, by Content-Length or as they arrive."""
+    """Answer 413 to bodies over the limit, by Content-Length or as they arrive.
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    Imports carry thousands of turns, so paths ending in `/import` get their own limit.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, import_max_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.import_max_bytes = import_max_bytes or max_bytes
 
-    def _too_large(self) -> JSONResponse:
+    @staticmethod
+    def _too_large(limit: int) -> JSONResponse:
         return JSONResponse(
-            error_body("payload_too_large", f"request body over {self.max_bytes} bytes"), status_code=413
+            error_body("payload_too_large", f"request body over {limit} bytes"), status_code=413
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.import_max_bytes if scope.get("path", "").endswith("/import") else self.max_bytes
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await self._too_large()(scope, receive, send)
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            await self._too_large(limit)(scope, receive, send)
             return
         seen = 0
 
@@ -38,14 +44,14 @@ class BodyLimit:
             message: Any = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     raise BodyTooLarge
             return message  # type: ignore[no-any-return]
 
         try:
             await self.app(scope, limited_receive, send)
         except BodyTooLarge:
-            await self._too_large()(scope, receive, send)
+            await self._too_large(limit)(scope, receive, send)
 
 
 class BodyTooLarge(Exception):

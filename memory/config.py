@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins.")
     max_message_chars: int = Field(32_000, ge=1, description="Longest user message accepted.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
+    import_max_turns: int = Field(5000, ge=1, description="Most turns in one import request.")
+    import_max_body_bytes: int = Field(
+        25_000_000, ge=1024, description="Largest body accepted by the import endpoint."
+    )
     rate_limit_per_minute: int = Field(
         120, ge=0, description="Requests per minute per user, per API process (0: no limit)."
     )

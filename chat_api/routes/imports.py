@@ -1,7 +1,123 @@
-"""Importing past turns into a conversation."""
+"""Importing past turns into a conversation: `POST /v1/conversations/{id}/import`.
+
+The body is read raw and parsed and validated in a worker thread: a batch of thousands
+of turns is megabytes of JSON, too much CPU for the event loop. Validation is the
+domain's (``memory.imports``), so every error names the offending item's ``index``; the
+OpenAPI schema below documents the same shape.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+import json
+import uuid
+from typing import Any
 
-router = APIRouter(tags=["import"])
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field
+
+from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.schemas import ErrorOut
+from memory.errors import InvalidInput
+from memory.imports import DEFAULT_MAX_TURNS, ImportResult, ImportTurn, import_turns, parse_import
+
+router = APIRouter(prefix="/v1/conversations", tags=["import"])
+
+REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["turns"],
+    "additionalProperties": False,
+    "properties": {
+        "turns": {
+            "type": "array",
+            "minItems": 1,
+            "description": f"Past turns (at most {DEFAULT_MAX_TURNS} a request by default).",
+            "items": ImportTurn.model_json_schema(),
+        }
+    },
+}
+
+
+class ImportedItemOut(BaseModel):
+    index: int = Field(description="Position of the item in the request.")
+    turn_id: uuid.UUID
+    seq: int
+    external_id: str | None
+    status: str = Field(description="created, or skipped (its external_id was already imported).")
+
+
+class ImportOut(BaseModel):
+    conversation_id: uuid.UUID
+    created: int
+    skipped: int
+    last_seq: int = Field(
+        description="The batch is searchable once GET /v1/conversations/{id} shows indexed_seq >= last_seq."
+    )
+    turn_count: int
+    indexed_seq: int
+    items: list[ImportedItemOut]
+
+    @classmethod
+    def of(cls, result: ImportResult) -> ImportOut:
+        return cls(
+            conversation_id=result.conversation_id,
+            created=result.created,
+            skipped=result.skipped,
+            last_seq=result.last_seq,
+            turn_count=result.turn_count,
+            indexed_seq=result.indexed_seq,
+            items=[
+                ImportedItemOut(
+                    index=i.index,
+                    turn_id=i.turn_id,
+                    seq=i.seq,
+                    external_id=i.external_id,
+                    status="created" if i.created else "skipped",
+                )
+                for i in result.items
+            ],
+        )
+
+
+def _parse_body(body: bytes, max_turns: int, max_chars: int) -> list[ImportTurn]:
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}"}]
+        ) from None
+    if not isinstance(document, dict):
+        raise InvalidInput("the body must be an object with `turns`", field="body")
+    unknown = sorted(set(document) - {"turns"})
+    if unknown:
+        raise InvalidInput(f"unknown fields: {', '.join(unknown)}", field=unknown[0])
+    if "turns" not in document:
+        raise InvalidInput("turns is required", field="turns")
+    return parse_import(document["turns"], max_turns=max_turns, max_chars=max_chars)
+
+
+@router.post(
+    "/{conversation_id}/import",
+    status_code=201,
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": REQUEST_SCHEMA}}}
+    },
+    responses={
+        404: {"model": ErrorOut, "description": "No such conversation (or not the caller's)."},
+        409: {"model": ErrorOut, "description": "A reply is streaming in this conversation."},
+        413: {"model": ErrorOut, "description": "The body is over the size limit."},
+        422: {"model": ErrorOut, "description": "A bad item; details.index names it. Nothing was stored."},
+    },
+)
+async def import_conversation_turns(
+    conversation_id: uuid.UUID, request: Request, owner: OwnerDep, services: ServicesDep
+) -> ImportOut:
+    """Append past turns atomically; items whose external_id is already there are skipped."""
+    settings = services.settings
+    max_turns = settings.import_max_turns
+    body = await request.body()
+    items = await asyncio.to_thread(_parse_body, body, max_turns, settings.max_message_chars)
+    async with services.db.transaction() as session:
+        result = await import_turns(session, owner, conversation_id, items)
+    return ImportOut.of(result)
