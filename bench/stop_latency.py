@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from common import Server, database, headers, print_table, summary_ms, write_json
 
 

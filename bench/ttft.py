@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from common import Server, database, headers, print_table, summary_ms, write_json
 
 REPLY_SECONDS = 1.5  # a demo reply at 40 tokens/s

@@ -1,13 +1,271 @@
 """Long-term memory for each reply: rewrite the question, search the user's memory.
 
-(Being filled in: see `build_recall`.)
+Before the first token of every reply the prompter calls the function ``build_recall``
+returns. It reads the conversation's prompt window once (for the rewriter's history and
+for the turns retrieval must not return again), rewrites the message into a standalone
+query inside the rewrite time box, then searches in one transaction that also stores
+the query on the reply's first assistant turn, so every retrieval can be audited later.
+
+The same ``MemoryRecaller`` serves the ``recall_memory`` tool and ``/v1/memory/search``.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from sqlalchemy import text
 
-def build_recall(services: Any) -> Any:
+from chat_api.prompting import MemoryRecall
+from chat_api.replies import Reply
+from chat_api.services import Services
+from chat_api.tools import ToolContext
+from indexer.filters import is_low_information
+from memory.context import MemoryItemView
+from memory.conversations import Owner
+from memory.embeddings import Embedder
+from memory.recall_search import RecalledMemory, embed_for_recall, find_unindexed, rank_memories
+from memory.redaction import redact
+from memory.rewrite import HistoryLine, Rewrite, rewrite_query
+
+log = logging.getLogger(__name__)
+
+STORE_REWRITTEN_QUERY = text("UPDATE turns SET rewritten_query = :query WHERE id = :turn_id")
+
+TOOL_RESULT_ITEMS = 8
+
+
+def memory_item_json(memory: RecalledMemory, *, chunk_index: bool = False) -> dict[str, Any]:
+    """One recalled memory as the `memory.retrieved` event and the memory API show it."""
+    hit = memory.hit
+    item: dict[str, Any] = {
+        "turn_id": str(hit.turn_id),
+        "conversation_id": str(hit.conversation_id),
+        "conversation_title": memory.conversation_title,
+        "role": hit.role,
+        "name": hit.name,
+        "text": hit.text,
+        "created_at": hit.turn_created_at.isoformat(),
+        "score": round(hit.score, 4),
+        "external_id": hit.external_id,
+        "metadata": hit.metadata,
+    }
+    if chunk_index:
+        item["chunk_index"] = hit.chunk_index
+    return item
+
+
+def history_lines(messages: Sequence[dict[str, Any]]) -> list[HistoryLine]:
+    """The user and assistant texts of a prompt window, without the message being answered."""
+    lines = [
+        HistoryLine(m["role"], str(m["content"]))
+        for m in messages
+        if m.get("role") in ("user", "assistant")
+        and isinstance(m.get("content"), str)
+        and m["content"].strip()
+    ]
+    if messages and messages[-1].get("role") == "user" and lines:
+        lines.pop()
+    return lines
+
+
+@dataclass
+class RecallResult:
+    """What one search found, and how the query was made."""
+
+    query: str
+    rewrite: Rewrite
+    memories: list[RecalledMemory]
+    latency_ms: dict[str, float]
+
+
+class MemoryRecaller:
+    """Rewrites queries and searches one user's memory, as every caller in this process does."""
+
+    def __init__(self, services: Services, embedder: Embedder) -> None:
+        self.services = services
+        self.settings = services.settings
+        self.embedder = embedder
+
+    def _prepare_text(self, body: str) -> str | None:
+        # A turn the indexer would skip is not recalled before indexing either.
+        if is_low_information(body, extra_phrases=tuple(self.settings.low_information_extra)):
+            return None
+        return redact(body) if self.settings.redact_pii else body
+
+    async def _rewrite(self, message: str, history: Sequence[HistoryLine]) -> Rewrite:
+        provider = self.services.provider
+        complete = partial(
+            provider.complete,
+            model=self.settings.rewrite_model,
+            timeout=self.settings.rewrite_timeout_seconds,
+        )
+        return await rewrite_query(
+            message,
+            history,
+            prompts=self.services.prompter.prompts,
+            complete=complete,
+            timeout=self.settings.rewrite_timeout_seconds,
+        )
+
+    async def search(
+        self,
+        owner: Owner,
+        message: str,
+        *,
+        k: int,
+        scope_conversation: uuid.UUID | None = None,
+        history_conversation: uuid.UUID | None = None,
+        exclude_window: bool = False,
+        extra_exclude: Sequence[uuid.UUID] = (),
+        rewrite: bool = True,
+        store_query_on: uuid.UUID | None = None,
+    ) -> RecallResult:
+        """Rewrite (with the history of ``history_conversation``) and search the owner's memory."""
+        started = time.perf_counter()
+        latency: dict[str, float] = {}
+        history: list[HistoryLine] = []
+        exclude: set[uuid.UUID] = set(extra_exclude)
+        if history_conversation is not None:
+            built = await self.services.prompter.context_for(history_conversation)
+            history = history_lines(built.messages)
+            if exclude_window:
+                exclude.update(built.window_turn_ids)
+        latency["context"] = _ms_since(started)
+        mark = time.perf_counter()
+        if rewrite:
+            result = await self._rewrite(message, history)
+        else:
+            result = Rewrite(message.strip(), "skipped")
+        latency["rewrite"] = _ms_since(mark)
+        mark = time.perf_counter()
+        scope = {
+            "tenant_id": owner.tenant_id,
+            "user_id": owner.user_id,
+            "conversation_id": scope_conversation,
+        }
+        # Three steps so that no pooled connection waits on the (CPU-bound, one-at-a-time)
+        # encoder: under load, replies queue there, and would otherwise drain the pool.
+        async with self.services.db.session() as session:
+            unindexed = await find_unindexed(
+                session, exclude_turn_ids=exclude, prepare_text=self._prepare_text, **scope
+            )
+        query_vector, turn_vectors = await embed_for_recall(self.embedder, result.query, unindexed)
+        async with self.services.db.transaction() as session:
+            memories = await rank_memories(
+                session,
+                query_text=result.query,
+                query_vector=query_vector,
+                unindexed=unindexed,
+                turn_vectors=turn_vectors,
+                k=k,
+                exclude_turn_ids=exclude,
+                min_score=self.settings.memory_min_score,
+                **scope,
+            )
+            if store_query_on is not None:
+                await session.execute(
+                    STORE_REWRITTEN_QUERY, {"query": result.query, "turn_id": store_query_on}
+                )
+        latency["search"] = _ms_since(mark)
+        latency["total"] = _ms_since(started)
+        return RecallResult(result.query, result, memories, latency)
+
+    async def recall_for_reply(
+        self, reply: Reply, user_text: str, scope: str
+    ) -> tuple[str, list[MemoryItemView], dict[str, Any]]:
+        """The prompter's recall: memories for the reply's prompt and the `memory.retrieved` payload."""
+        try:
+            found = await self.search(
+                reply.owner,
+                user_text,
+                k=self.settings.memory_top_k,
+                scope_conversation=reply.conversation_id if scope == "conversation" else None,
+                history_conversation=reply.conversation_id,
+                exclude_window=True,
+                extra_exclude=[reply.user_turn_id],
+                store_query_on=reply.id,
+            )
+        except Exception as exc:
+            # Memory is an aid: the reply goes on without it, and the client is told why.
+            log.exception("memory recall failed for reply %s", reply.id)
+            return (
+                user_text,
+                [],
+                {
+                    "query": user_text,
+                    "rewritten_query": user_text,
+                    "rewrite": "skipped",
+                    "scope": scope,
+                    "items": [],
+                    "error": {"code": "memory_unavailable", "message": type(exc).__name__},
+                },
+            )
+        items = [
+            MemoryItemView(
+                text=m.hit.text,
+                created_at=m.hit.turn_created_at,
+                conversation_id=m.hit.conversation_id,
+                conversation_title=m.conversation_title,
+                role=m.hit.role,
+                score=m.hit.score,
+            )
+            for m in found.memories
+        ]
+        payload = {
+            "query": user_text,
+            "rewritten_query": found.query,
+            "rewrite": found.rewrite.method,
+            "scope": scope,
+            "items": [memory_item_json(m) for m in found.memories],
+            "latency_ms": found.latency_ms,
+        }
+        if found.rewrite.fallback_reason and found.rewrite.method == "heuristic":
+            payload["rewrite_fallback"] = found.rewrite.fallback_reason
+        return found.query, items, payload
+
+    async def tool_search(self, ctx: ToolContext, query: str) -> dict[str, Any]:
+        """The `recall_memory` tool: the model's own query, the user's whole memory, minus the window."""
+        if not query.strip():
+            return {"query": query, "items": [], "note": "empty query"}
+        found = await self.search(
+            ctx.owner,
+            query,
+            k=TOOL_RESULT_ITEMS,
+            history_conversation=ctx.conversation_id,
+            exclude_window=True,
+            rewrite=False,
+        )
+        return {
+            "query": query,
+            "items": [
+                {
+                    "text": m.hit.text,
+                    "date": m.hit.turn_created_at.date().isoformat(),
+                    "conversation_title": m.conversation_title,
+                    "role": m.hit.role,
+                    "score": round(m.hit.score, 4),
+                }
+                for m in found.memories
+            ],
+        }
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 2)
+
+
+def build_recall(services: Services) -> MemoryRecall | None:
     """The recall function the prompter calls before each reply, or None when memory is off."""
-    return None
+    embedder = services.extras.get("embedder")
+    if embedder is None:
+        return None
+    recaller = MemoryRecaller(services, embedder)
+    services.extras["memory_recaller"] = recaller
+    services.extras["memory_search"] = recaller.tool_search
+    return recaller.recall_for_reply

@@ -1,8 +1,10 @@
 """The indexing pipeline: finished-turn payloads in, searchable memory rows out.
 
-filter (low information, memory off, deleted, empty) → redact → chunk → embed (one call
-per batch, off the event loop) → upsert keyed by (turn_id, chunk_index) and advance the
-conversations' watermarks, all in one transaction.
+filter (low information, memory off, deleted, forgotten, empty) → redact → chunk → embed
+(one call per batch, off the event loop) → upsert keyed by (turn_id, chunk_index) and
+advance the conversations' watermarks, all in one transaction. A turn's keyword terms
+also carry the words of the message before it (``memory_search_terms``), read for the
+whole batch in one statement.
 
 A redelivered payload changes nothing: its rows conflict on (turn_id, chunk_index) and
 the update only fires when the stored text differs. The conversations of a batch are
@@ -29,7 +31,7 @@ from indexer.filters import is_low_information
 from memory.config import Settings
 from memory.db import Database
 from memory.embeddings import Embedder
-from memory.keywords import memory_text, search_terms
+from memory.keywords import memory_search_terms, memory_text
 from memory.models import EMBEDDING_DIM
 from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.redaction import redact
@@ -38,15 +40,33 @@ from memory.redaction import redact
 CAPTION_KEYS = ("image_caption", "blip_caption")
 
 READ_CONVERSATIONS = text(
-    "SELECT id, memory_mode, deleted_at FROM conversations WHERE id = ANY(CAST(:ids AS uuid[]))"
+    "SELECT id, memory_mode, deleted_at, memory_forgotten_seq FROM conversations"
+    " WHERE id = ANY(CAST(:ids AS uuid[]))"
 )
 
 LOCK_CONVERSATIONS = text(
     """
-    SELECT id, memory_mode, deleted_at FROM conversations
+    SELECT id, memory_mode, deleted_at, memory_forgotten_seq FROM conversations
     WHERE id = ANY(CAST(:ids AS uuid[]))
     ORDER BY id
     FOR NO KEY UPDATE
+    """
+)
+
+# The message each turn follows (tool turns and empty texts skipped): a reply's keywords get its
+# question's words (see memory_search_terms). One statement for the whole batch.
+PREVIOUS_MESSAGES = text(
+    """
+    SELECT r.turn_id, p.name, p.content
+    FROM unnest(CAST(:turn_ids AS uuid[]), CAST(:conversation_ids AS uuid[]), CAST(:seqs AS int[]))
+         AS r(turn_id, conversation_id, seq)
+    CROSS JOIN LATERAL (
+        SELECT t.name, t.content FROM turns t
+        WHERE t.conversation_id = r.conversation_id AND t.seq < r.seq
+          AND t.role IN ('user', 'assistant') AND t.content <> ''
+        ORDER BY t.seq DESC
+        LIMIT 1
+    ) p
     """
 )
 
@@ -186,6 +206,7 @@ class _Chunk:
     index: int
     text: str
     memory_text: str
+    previous: str | None
 
 
 class IndexPipeline:
@@ -212,24 +233,34 @@ class IndexPipeline:
             return "deleted"
         if conversation.memory_mode == "none":
             return "memory_off"
+        if record.seq <= conversation.memory_forgotten_seq:
+            return "forgotten"
         if not record.text.strip():
             return "empty"
         if is_low_information(record.text, extra_phrases=tuple(self._settings.low_information_extra)):
             return "low_information"
         return None
 
-    def _chunks(self, records: list[TurnRecord]) -> list[_Chunk]:
+    def _redact(self, text: str) -> str:
+        return redact(text) if self._settings.redact_pii else text
+
+    def _chunks(self, records: list[TurnRecord], previous: dict[uuid.UUID, Any]) -> list[_Chunk]:
         # Runs in a worker thread: regexes and string work over a whole batch.
         out: list[_Chunk] = []
         for record in records:
-            body = redact(record.text) if self._settings.redact_pii else record.text
+            body = self._redact(record.text)
+            before = previous.get(record.turn_id)
+            before_text = None
+            if before is not None:
+                said = f"{before.name}: {before.content}" if before.name else before.content
+                before_text = self._redact(said)
             pieces = chunk_text(
                 body, max_chars=self._settings.chunk_chars, overlap=self._settings.chunk_overlap_chars
             )
             extra = _caption(record.metadata)
             for index, piece in enumerate(p for p in pieces if p.strip()):
                 embedded = memory_text(piece, name=record.name, created_at=record.created_at, extra=extra)
-                out.append(_Chunk(record, index, piece, embedded))
+                out.append(_Chunk(record, index, piece, embedded, before_text))
         return out
 
     @staticmethod
@@ -245,7 +276,7 @@ class IndexPipeline:
                 "role": c.record.role,
                 "name": c.record.name,
                 "text": c.text,
-                "terms": search_terms(c.memory_text),
+                "terms": memory_search_terms(c.memory_text, previous=c.previous),
                 "embedding": _vector_literal(vector),
                 "turn_created_at": c.record.created_at,
                 "external_id": c.record.external_id,
@@ -270,8 +301,19 @@ class IndexPipeline:
             seen = {
                 row.id: row for row in await session.execute(READ_CONVERSATIONS, {"ids": conversation_ids})
             }
-        wanted = [r for r in records if self._skip_reason(r, seen.get(r.conversation_id)) is None]
-        chunks = await asyncio.to_thread(self._chunks, wanted)
+            wanted = [r for r in records if self._skip_reason(r, seen.get(r.conversation_id)) is None]
+            previous: dict[uuid.UUID, Any] = {}
+            if wanted:
+                rows_before = await session.execute(
+                    PREVIOUS_MESSAGES,
+                    {
+                        "turn_ids": [str(r.turn_id) for r in wanted],
+                        "conversation_ids": [str(r.conversation_id) for r in wanted],
+                        "seqs": [r.seq for r in wanted],
+                    },
+                )
+                previous = {row.turn_id: row for row in rows_before}
+        chunks = await asyncio.to_thread(self._chunks, wanted, previous)
         vectors = await self._embedder.embed([c.memory_text for c in chunks]) if chunks else []
         rows = await asyncio.to_thread(self._rows, chunks, vectors)
 

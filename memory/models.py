@@ -71,6 +71,8 @@ class Conversation(Base):
     next_seq: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # Newest turn seq whose memory rows are written (the indexer's watermark).
     indexed_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Turns up to this seq were forgotten (DELETE /v1/memory): never indexed, never recalled.
+    memory_forgotten_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     active_reply_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())

@@ -246,4 +246,3 @@ async def test_serve_refuses_bad_settings_in_one_line(tmp_path: Any) -> None:
     )
     assert unreachable.returncode == 2 and "cannot reach DATABASE_URL" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
-

@@ -526,10 +526,6 @@ def test_phone_width_and_keyboard_only(browser: Browser, server: ChatmemUp) -> N
         tab.context.close()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="retrieval is being wired into the prompter by others; until it is, no memory.retrieved event",
-)
 def test_memories_used_for_a_question_about_an_earlier_conversation(
     page: tuple[Page, PageWatch], server: ChatmemUp, api: httpx.Client
 ) -> None:

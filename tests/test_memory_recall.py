@@ -1,0 +1,316 @@
+"""Long-term memory in every reply: rewrite, hybrid recall across conversations, isolation, forgetting.
+
+Live server, real Postgres, the deterministic HashEmbedder. No indexer runs in the test
+server, so every recall below that does not call `index_outbox` goes through the
+read-your-writes path (finished turns above the watermark); the tests that do call it
+index through the real `IndexPipeline`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import httpx
+from sqlalchemy import select, update
+
+from indexer.pipeline import IndexPipeline
+from memory.config import Settings
+from memory.db import Database
+from memory.embeddings import HashEmbedder
+from memory.models import Conversation, MemoryItem, OutboxRow, Turn
+from memory.rewrite import HistoryLine, clean_model_query, heuristic_rewrite
+from tests.conftest import LiveServer
+from tests.fake_openai import FakeOpenAI, Reply
+from tests.sse import SSEEvent, collect
+
+FACT = "My sister Ingrid moved to Reykjavik last spring and keeps honeybees there."
+QUESTION = "Where does my sister Ingrid live now?"
+
+
+async def new_conversation(client: httpx.AsyncClient, title: str = "", **fields: Any) -> str:
+    r = await client.post("/v1/conversations", json={"title": title, **fields})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+async def say(client: httpx.AsyncClient, cid: str, content: str, **fields: Any) -> list[SSEEvent]:
+    """Send a message and read the whole SSE stream."""
+    async with client.stream(
+        "POST", f"/v1/conversations/{cid}/messages", json={"content": content, **fields}
+    ) as r:
+        assert r.status_code == 200, await r.aread()
+        events = await collect(r)
+    assert events[-1].event == "turn.completed", events[-1]
+    return events
+
+
+def retrieved(events: list[SSEEvent]) -> dict[str, Any]:
+    found = [e.data for e in events if e.event == "memory.retrieved"]
+    assert len(found) == 1, [e.event for e in events]
+    return found[0]  # type: ignore[no-any-return]
+
+
+def reply_text(events: list[SSEEvent]) -> str:
+    return "".join(e.data["text"] for e in events if e.event == "message.delta")
+
+
+async def index_outbox(db: Database, settings: Settings) -> Any:
+    """Index every pending outbox row through the real pipeline, as the worker would."""
+    async with db.transaction() as session:
+        payloads = list((await session.execute(select(OutboxRow.payload).order_by(OutboxRow.id))).scalars())
+    return await IndexPipeline(db, HashEmbedder(), settings).index(payloads)
+
+
+async def test_fact_from_another_conversation_is_recalled_before_indexing(server: LiveServer) -> None:
+    async with server.client() as client:
+        a = await new_conversation(client, "Family")
+        await say(client, a, FACT)
+        b = await new_conversation(client, "Travel plans")
+        events = await say(client, b, QUESTION)
+    memory = retrieved(events)
+    assert memory["query"] == QUESTION
+    assert memory["rewrite"] == "skipped"  # no history in conversation b
+    assert memory["scope"] == "user"
+    texts = [item["text"] for item in memory["items"]]
+    assert FACT in texts
+    item = memory["items"][texts.index(FACT)]
+    assert item["conversation_id"] == a and item["conversation_title"] == "Family"
+    assert item["role"] == "user" and item["score"] > 0
+    assert set(memory["latency_ms"]) >= {"rewrite", "search", "total"}
+    # The demo model quotes the memory block lines it was given.
+    assert "Reykjavik" in reply_text(events)
+
+
+async def test_indexed_fact_is_recalled_once_and_keywords_include_the_question(
+    server: LiveServer, db: Database, make_settings: Any
+) -> None:
+    async with server.client() as client:
+        a = await new_conversation(client, "Family")
+        await say(client, a, "Which city did Ingrid choose?")
+        await say(client, a, "Reykjavik, in the end.")
+        result = await index_outbox(db, make_settings())
+        assert result.indexed_turns >= 3
+        async with db.transaction() as session:
+            indexed_seq = (
+                await session.execute(select(Conversation.indexed_seq).where(Conversation.id == a))
+            ).scalar_one()
+        assert indexed_seq == 4
+        b = await new_conversation(client)
+        events = await say(client, b, "What city did Ingrid choose?")
+    items = retrieved(events)["items"]
+    texts = [item["text"] for item in items]
+    assert "Reykjavik, in the end." in texts  # found through the previous turn's words
+    assert len(set(i["turn_id"] for i in items)) == len(items)
+
+
+async def test_other_users_and_tenants_never_appear(start_server: Any) -> None:
+    server: LiveServer = await start_server()
+    secrets = {
+        ("t1", "u2"): "Ingrid Reykjavik honeybees secret of user two",
+        ("t2", "u1"): "Ingrid Reykjavik honeybees secret of tenant two",
+    }
+    for (tenant, user), secret in secrets.items():
+        async with server.client(tenant, user) as other:
+            await say(other, await new_conversation(other), secret)
+    async with server.client() as client:
+        events = await say(client, await new_conversation(client), QUESTION)
+        assert retrieved(events)["items"] == []
+        found = await client.post("/v1/memory/search", json={"query": "Ingrid Reykjavik honeybees secret"})
+    assert found.status_code == 200, found.text
+    # Only the caller's own question and the reply to it can match; nothing of the others.
+    assert found.json()["items"]
+    assert all("secret" not in item["text"] for item in found.json()["items"])
+    assert "secret" not in reply_text(events)
+
+
+async def test_scope_conversation_narrows_and_none_skips(start_server: Any) -> None:
+    server: LiveServer = await start_server(context_max_turns=1)  # the window: the question only
+    async with server.client() as client:
+        a = await new_conversation(client, "A")
+        await say(client, a, FACT)
+        b = await new_conversation(client, "B")
+        await say(client, b, "Ingrid also likes sailing on the fjords.")
+        narrowed = await say(client, b, QUESTION, memory_scope="conversation")
+        wide = await say(client, b, QUESTION)
+        off = await say(client, b, QUESTION, memory_scope="none")
+    narrowed_items = retrieved(narrowed)["items"]
+    assert retrieved(narrowed)["scope"] == "conversation"
+    assert "Ingrid also likes sailing on the fjords." in [item["text"] for item in narrowed_items]
+    assert all(item["conversation_id"] == b for item in narrowed_items)
+    assert FACT in [item["text"] for item in retrieved(wide)["items"]]
+    assert not [e for e in off if e.event == "memory.retrieved"]
+
+
+async def test_turns_in_the_prompt_window_are_not_recalled_again(start_server: Any) -> None:
+    server: LiveServer = await start_server(context_max_turns=3)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        await say(client, cid, FACT)  # turns 1-2: soon outside a three-unit window
+        await say(client, cid, "Ingrid sends her regards from the harbour.")  # turns 3-4
+        events = await say(client, cid, QUESTION)
+        context = (await client.get(f"/v1/conversations/{cid}/context")).json()
+    items = retrieved(events)["items"]
+    window = set(context["window_turn_ids"])
+    assert FACT in [item["text"] for item in items]  # outside the window: recalled
+    assert all(item["turn_id"] not in window for item in items)
+    assert "Ingrid sends her regards from the harbour." not in [item["text"] for item in items]
+
+
+async def test_forget_all_memory_is_immediate_and_survives_the_indexer(
+    server: LiveServer, db: Database, make_settings: Any
+) -> None:
+    async with server.client() as client:
+        a = await new_conversation(client)
+        await say(client, a, FACT)
+        await index_outbox(db, make_settings())  # indexed ...
+        await say(client, a, "Ingrid's honeybees produced forty jars of Reykjavik honey.")  # ... and not yet
+        assert (await client.delete("/v1/memory")).status_code == 204
+        found = await client.post("/v1/memory/search", json={"query": "Ingrid Reykjavik honeybees honey"})
+        assert found.json()["items"] == []
+        # The queued turns reach the indexer after the delete: they stay forgotten.
+        result = await index_outbox(db, make_settings())
+        assert result.skipped["forgotten"] >= 2
+        async with db.transaction() as session:
+            rows = (await session.execute(select(MemoryItem.id))).all()
+        assert rows == []
+        events = await say(client, await new_conversation(client), QUESTION)
+        assert retrieved(events)["items"] == []
+        # The history stays visible, and what is said afterwards is remembered again.
+        turns = (await client.get(f"/v1/conversations/{a}/turns")).json()["items"]
+        assert FACT in [t["content"] for t in turns]
+        await say(client, a, "Ingrid now keeps goats as well.")
+        later = await client.post("/v1/memory/search", json={"query": "Ingrid goats"})
+    assert "Ingrid now keeps goats as well." in [i["text"] for i in later.json()["items"]]
+
+
+async def test_deleting_a_conversation_forgets_its_memory_now(
+    server: LiveServer, db: Database, make_settings: Any
+) -> None:
+    async with server.client() as client:
+        a = await new_conversation(client)
+        await say(client, a, FACT)
+        await index_outbox(db, make_settings())
+        await say(client, a, "Ingrid's Reykjavik apartment overlooks the harbour.")  # unindexed
+        b = await new_conversation(client)
+        await say(client, b, "Ingrid visits Reykjavik museums on Sundays.")
+        assert (await client.delete(f"/v1/conversations/{a}")).status_code == 204
+        found = await client.post("/v1/memory/search", json={"query": "Ingrid Reykjavik"})
+    conversations = {item["conversation_id"] for item in found.json()["items"]}
+    assert conversations == {b}
+
+
+async def test_rewritten_query_is_stored_and_announced(server: LiveServer, db: Database) -> None:
+    async with server.client() as client:
+        a = await new_conversation(client)
+        await say(client, a, FACT)
+        b = await new_conversation(client)
+        await say(client, b, "Tell me about Ingrid and her honeybees.")
+        events = await say(client, b, "Where is that?")
+    memory = retrieved(events)
+    assert memory["rewrite"] == "heuristic"  # the demo model cannot rewrite
+    assert memory["rewritten_query"].startswith("Where is that?")
+    assert "Ingrid" in memory["rewritten_query"]  # the pronoun got its context
+    assert FACT in [item["text"] for item in memory["items"]]
+    reply_id = events[0].data["reply_id"]
+    async with db.transaction() as session:
+        stored = (
+            await session.execute(select(Turn.rewritten_query).where(Turn.id == uuid.UUID(reply_id)))
+        ).scalar_one()
+    assert stored == memory["rewritten_query"]
+
+
+async def test_slow_rewrite_model_falls_back_to_the_heuristic_in_time(
+    start_server: Any, fake_openai: FakeOpenAI
+) -> None:
+    server: LiveServer = await start_server(
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        llm_model="fake-model",
+        rewrite_model="fake-rewriter",
+        rewrite_timeout_seconds=0.3,
+    )
+    fake_openai.script(
+        Reply(text="Noted."),  # the first reply (no history: no rewrite)
+        Reply(text="Ingrid city of residence", chunk_delay=3.0),  # the rewrite, too slow
+        Reply(text="She lives in Reykjavik."),
+        Reply(text="Ingrid honeybees Reykjavik"),  # a rewrite in time
+        Reply(text="Yes."),
+    )
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        await say(client, cid, FACT)
+        started = asyncio.get_running_loop().time()
+        slow = retrieved(await say(client, cid, "And where is that?"))
+        elapsed = asyncio.get_running_loop().time() - started
+        fast = retrieved(await say(client, cid, "Does she still keep them?"))
+    assert slow["rewrite"] == "heuristic" and slow["rewrite_fallback"]
+    assert elapsed < 2.5  # the time box held; the slow rewrite was not awaited
+    assert fast["rewrite"] == "model" and fast["rewritten_query"] == "Ingrid honeybees Reykjavik"
+    rewrites = [r for r in fake_openai.requests if not r.stream]
+    assert [r.model for r in rewrites] == ["fake-rewriter", "fake-rewriter"]
+    assert "And where is that?" in rewrites[0].messages[0]["content"]
+
+
+async def test_recall_memory_tool_returns_items(server: LiveServer) -> None:
+    async with server.client() as client:
+        await say(client, await new_conversation(client, "Family"), FACT)
+        events = await say(client, await new_conversation(client), "/remember Ingrid Reykjavik honeybees")
+    results = [e.data for e in events if e.event == "tool.result"]
+    assert len(results) == 1 and results[0]["name"] == "recall_memory"
+    assert results[0]["state"] == "succeeded"
+    assert "Reykjavik last spring" in results[0]["result"]
+    assert '"conversation_title": "Family"' in results[0]["result"]
+
+
+async def test_conversations_with_memory_off_are_never_recalled(
+    server: LiveServer, db: Database, make_settings: Any
+) -> None:
+    async with server.client() as client:
+        private = await new_conversation(client, memory_mode="none")
+        await say(client, private, FACT)
+        events = await say(client, await new_conversation(client), QUESTION)
+        assert retrieved(events)["items"] == []
+        # Rows indexed before the switch to `none` are not recalled either.
+        kept = await new_conversation(client)
+        await say(client, kept, FACT)
+        result = await index_outbox(db, make_settings())
+        assert result.indexed_turns == 4 and result.skipped["memory_off"] == 2
+        async with db.transaction() as session:
+            await session.execute(
+                update(Conversation).where(Conversation.id == kept).values(memory_mode="none")
+            )
+        found = await client.post("/v1/memory/search", json={"query": FACT})
+    assert found.json()["items"]  # the question asked in between is found ...
+    assert {item["conversation_id"] for item in found.json()["items"]}.isdisjoint({private, kept})
+
+
+async def test_chinese_fact_is_recalled_by_keyword(server: LiveServer) -> None:
+    async with server.client() as client:
+        await say(client, await new_conversation(client), "我妹妹去年搬到了雷克雅未克，还养了很多蜜蜂。")
+        await say(client, await new_conversation(client), "周末我们去看了一场电影。")
+        r = await client.post("/v1/memory/search", json={"query": "我妹妹现在住在雷克雅未克吗？", "k": 1})
+    assert [item["text"] for item in r.json()["items"]] == ["我妹妹去年搬到了雷克雅未克，还养了很多蜜蜂。"]
+
+
+def test_heuristic_rewrite_resolves_references_and_keeps_standalone_questions() -> None:
+    history = [
+        HistoryLine("user", "I am planning a trip to Kyoto in April."),
+        HistoryLine("assistant", "Kyoto in April has the cherry blossoms."),
+    ]
+    assert heuristic_rewrite("Is it expensive there?", history).startswith("Is it expensive there? Kyoto")
+    standalone = "Which hotel in Osaka did Maria recommend last summer?"
+    assert heuristic_rewrite(standalone, history) == standalone
+    assert heuristic_rewrite("Is it expensive?", []) == "Is it expensive?"
+    assert len(heuristic_rewrite("And that?", history * 10).split()) <= 2 + 8
+
+
+def test_model_answers_are_cleaned_or_refused() -> None:
+    assert (
+        clean_model_query('Query: "Kyoto hotel prices in April"\nBecause...') == "Kyoto hotel prices in April"
+    )
+    assert clean_model_query("  \n“京都四月的酒店价格”") == "京都四月的酒店价格"
+    assert clean_model_query("") is None
+    assert clean_model_query("x" * 501) is None
