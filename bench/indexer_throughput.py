@@ -92,7 +92,7 @@ async def bench(turns: int, lag_seconds: float) -> None:
         started = time.perf_counter()
         task = asyncio.ensure_future(worker.run(stop))
         # Polling the reader's view is the measurement: "searchable" is what a reader sees.
-        while len(await searchable(db, ids)) < turns:  # noqa: ASYNC110
+        while len(await searchable(db, ids)) < turns:
             await asyncio.sleep(0.05)
         end_to_end = turns / (time.perf_counter() - started)
 
