@@ -91,7 +91,8 @@ def free_port() -> int:
 class Server:
     """`chatmem serve` in its own process, so the load generator does not share its event loop."""
 
-    def __init__(self, database_url: str, **env: Any) -> None:
+    def __init__(self, database_url: str, *, with_workers: bool = False, **env: Any) -> None:
+        self.with_workers = with_workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -100,13 +101,17 @@ class Server:
             "JWT_SECRET": SECRET,
             "LOG_LEVEL": "WARNING",
             "HF_HUB_OFFLINE": "1",
+            # Benchmarks measure the system, not the per-user limits a deployment sets.
+            "RATE_LIMIT_PER_MINUTE": "0",
+            "MAX_STREAMS_PER_USER": "0",
             **{k.upper(): str(v) for k, v in env.items()},
         }
         self.proc: subprocess.Popen[bytes] | None = None
 
     async def __aenter__(self) -> Server:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chat_api.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "chat_api.cli", "serve", "--port", str(self.port)]
+            + (["--with-workers"] if self.with_workers else []),
             env=self.env,
             cwd=ROOT,
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import tempfile
@@ -67,7 +68,7 @@ async def searchable(db: Database, ids: list[uuid.UUID]) -> set[uuid.UUID]:
         return set(rows.scalars())
 
 
-async def bench(turns: int, lag_seconds: float) -> None:
+async def bench(turns: int, lag_seconds: float, out: Path) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     server = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="chatmem-bench-")), delete_on_stop=True)
     url = server.start()
@@ -133,6 +134,23 @@ async def bench(turns: int, lag_seconds: float) -> None:
             f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms"
         )
         print(f"(target p95 < 2000 ms); indexer batches: {worker.stats['batches']}")
+        result = {
+            "benchmark": "indexer_throughput",
+            "model": settings.embedding_model,
+            "turns": turns,
+            "raw_encode_turns_per_s": round(raw, 1),
+            "end_to_end_turns_per_s": round(end_to_end, 1),
+            "ratio": round(end_to_end / raw, 3),
+            "lag_rate_turns_per_s": round(rate, 1),
+            "lag_n": len(lags),
+            "lag_p50_ms": round(p50 * 1000, 1),
+            "lag_p95_ms": round(p95 * 1000, 1),
+            "targets": {"ratio": 0.8, "lag_p95_ms": 2000},
+        }
+        out = out if out.is_absolute() else Path(__file__).resolve().parent.parent / out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
     finally:
         await db.dispose()
         server.stop()
@@ -142,8 +160,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=1024)
     parser.add_argument("--lag-seconds", type=float, default=20.0)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/indexer_throughput.json"))
     args = parser.parse_args()
-    asyncio.run(bench(args.turns, args.lag_seconds))
+    asyncio.run(bench(args.turns, args.lag_seconds, args.out))
 
 
 if __name__ == "__main__":

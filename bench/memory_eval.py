@@ -1,10 +1,10 @@
 """Retrieval quality on the LoCoMo slice through the real pipeline: recall@1/5/10 beside the baselines.
 
 Each LoCoMo conversation is one user (tenant ``locomo``, user = sample id) and each of
-its sessions one chat conversation. Turns go in as stored turns plus outbox rows and
-reach memory through the Postgres transport and ``IndexPipeline`` (``ingest_sample``,
-the one place that ingests); questions go through ``recall_memories``, the retrieval the
-chat uses before every reply.
+its sessions one chat conversation. Turns go in through the HTTP import API of a real
+`chatmem serve --with-workers` process, with their session dates and speaker names, and
+reach memory through its outbox, Postgres transport and indexer (``ingest_sample``);
+questions go through ``recall_memories``, the retrieval the chat uses before every reply.
 
     .venv/bin/python bench/memory_eval.py [--data ../shared/bench/locomo_dev.json]
 """
@@ -15,27 +15,32 @@ import argparse
 import asyncio
 import json
 import re
+import sys
 import tempfile
 import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from indexer.pg_queue import PgQueueConsumer
-from indexer.pipeline import IndexPipeline
-from memory.config import Settings, get_settings
-from memory.conversations import Owner, create_conversation
+import httpx
+
+from chat_api.auth import issue_token
+from memory.config import get_settings
 from memory.db import Database, upgrade
 from memory.embedded_pg import EmbeddedPostgres
 from memory.embeddings import SentenceTransformerEmbedder
-from memory.models import Turn, TurnStatus
-from memory.outbox import record_finished_turns
 from memory.recall_search import recall_memories
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+from common import SECRET, Server  # noqa: E402
+from locomo_import import import_locomo, wait_until_searchable  # noqa: E402
+
 TENANT = "locomo"
 KS = (1, 5, 10)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
@@ -113,69 +118,37 @@ def load_locomo(path: Path) -> list[LocomoSample]:
     return samples
 
 
-async def ingest_sample(
-    db: Database, pipeline: IndexPipeline, sample: LocomoSample, settings: Settings
-) -> dict[uuid.UUID, str]:
-    """Store one sample as user ``sample_id``'s conversations and index them; returns turn id -> dia id.
+async def ingest_sample(server_url: str, sample: LocomoSample, data_path: Path) -> dict[uuid.UUID, str]:
+    """Import one sample through the HTTP import API and wait until the indexer made it searchable.
 
-    The turns and their outbox rows are written the way a finished chat turn (or an
-    import) writes them, and the real Postgres transport and ``IndexPipeline`` take them
-    from the outbox into memory. This is the one place to swap for the import API.
+    The path a customer's history takes: `POST /v1/conversations/{id}/import` (validation,
+    atomic insert, outbox rows), then the server's own indexer (Postgres transport,
+    `IndexPipeline`, the real model) until every conversation's `indexed_seq` reached its
+    last turn. Returns chatmem turn id -> LoCoMo dia id.
     """
-    owner = Owner(TENANT, sample.sample_id)
-    turn_ids: dict[uuid.UUID, str] = {}
-    async with db.transaction() as session:
-        by_session: dict[int, list[LocomoTurn]] = defaultdict(list)
-        for turn in sample.turns:
-            by_session[turn.session].append(turn)
-        turns: list[Turn] = []
-        for number, session_turns in sorted(by_session.items()):
-            conversation = await create_conversation(
-                session, owner, title=f"{sample.sample_id} session {number}"
-            )
-            conversation.next_seq = len(session_turns) + 1
-            conversation.created_at = session_turns[0].created_at
-            for seq, turn in enumerate(session_turns, start=1):
-                row = Turn(
-                    id=uuid.uuid4(),
-                    conversation_id=conversation.id,
-                    tenant_id=TENANT,
-                    user_id=sample.sample_id,
-                    seq=seq,
-                    role="user" if turn.speaker == sample.speaker_a else "assistant",
-                    status=TurnStatus.COMPLETED,
-                    content=turn.text,
-                    name=turn.speaker,
-                    external_id=turn.dia_id,
-                    meta={"blip_caption": turn.caption} if turn.caption else None,
-                    created_at=turn.created_at,
-                    completed_at=turn.created_at,
-                )
-                turns.append(row)
-                turn_ids[row.id] = turn.dia_id
-        session.add_all(turns)
-        await session.flush()
-        await record_finished_turns(session, turns)
-    consumer = PgQueueConsumer(db, settings)
-    await consumer.start()
-    try:
-        while batch := await consumer.poll_batch(settings.indexer_batch_size, timeout=0):
-            await pipeline.index([message.payload for message in batch])
-            await consumer.commit(batch)
-    finally:
-        await consumer.stop()
-    return turn_ids
+    token_for = partial(issue_token, SECRET)
+    async with httpx.AsyncClient(base_url=server_url, timeout=300) as client:
+        [imported] = await import_locomo(
+            client, data_path, token_for=token_for, tenant=TENANT, sample_ids=[sample.sample_id]
+        )
+        if not await wait_until_searchable(client, [imported], token_for=token_for, timeout=1800):
+            raise TimeoutError(f"{sample.sample_id} was not indexed within 30 minutes")
+    return {uuid.UUID(turn_id): dia_id for turn_id, dia_id in imported.dia_ids.items()}
 
 
-async def evaluate(db: Database, embedder: SentenceTransformerEmbedder, samples: list[LocomoSample]) -> dict:
+async def evaluate(
+    db: Database,
+    embedder: SentenceTransformerEmbedder,
+    samples: list[LocomoSample],
+    server_url: str,
+    data_path: Path,
+) -> dict:
     """Recall@k per category, overall (categories 1-4) and adversarial, plus latency."""
     recalls: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     latencies: list[float] = []
-    settings = get_settings()
-    pipeline = IndexPipeline(db, embedder, settings)
     for sample in samples:
         started = time.perf_counter()
-        turn_ids = await ingest_sample(db, pipeline, sample, settings)
+        turn_ids = await ingest_sample(server_url, sample, data_path)
         print(f"{sample.sample_id}: {len(turn_ids)} turns indexed in {time.perf_counter() - started:.1f}s")
         for qa in sample.questions:
             started = time.perf_counter()
@@ -242,7 +215,9 @@ async def run(args: argparse.Namespace, database_url: str) -> dict:
         samples = samples[: args.limit_conversations]
     db = Database(database_url, pool_size=2)
     try:
-        result = await evaluate(db, embedder, samples)
+        # A real API process with its in-process indexer, as `chatmem serve --with-workers` runs it.
+        async with Server(database_url, with_workers=True, rate_limit_per_minute=0) as server:
+            result = await evaluate(db, embedder, samples, server.url, args.data)
     finally:
         await db.dispose()
     result["conversations"] = [s.sample_id for s in samples]

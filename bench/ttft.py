@@ -28,7 +28,9 @@ from common import Server, database, headers, print_table, summary_ms, write_jso
 REPLY_SECONDS = 1.5  # a demo reply at 40 tokens/s
 
 
-async def one_client(url: str, user: str, count: int, samples: list[float], start_delay: float) -> None:
+async def one_client(
+    url: str, user: str, count: int, samples: list[float], start_delay: float, scope: str
+) -> None:
     rng = random.Random(user)
     async with httpx.AsyncClient(base_url=url, headers=headers(user=user), timeout=60) as client:
         cid = (await client.post("/v1/conversations", json={"title": "ttft", "memory_mode": "none"})).json()[
@@ -40,7 +42,9 @@ async def one_client(url: str, user: str, count: int, samples: list[float], star
             started = time.perf_counter()
             first = None
             async with client.stream(
-                "POST", f"/v1/conversations/{cid}/messages", json={"content": f"message {i}"}
+                "POST",
+                f"/v1/conversations/{cid}/messages",
+                json={"content": f"message {i} about my trip", "memory_scope": scope},
             ) as response:
                 async for line in response.aiter_lines():
                     if first is None and line == "event: message.delta":
@@ -50,14 +54,17 @@ async def one_client(url: str, user: str, count: int, samples: list[float], star
                 samples.append(first)
 
 
-async def measure(url: str, concurrency: int, requests: int) -> dict:
+async def measure(url: str, concurrency: int, requests: int, scope: str) -> dict:
     samples: list[float] = []
     per_client = max(2, requests // concurrency + 1)
     spread = REPLY_SECONDS / concurrency
     await asyncio.gather(
-        *(one_client(url, f"user{c}", per_client, samples, c * spread) for c in range(concurrency))
+        *(
+            one_client(url, f"{scope}-user{c}", per_client, samples, c * spread, scope)
+            for c in range(concurrency)
+        )
     )
-    return {"concurrency": concurrency, **summary_ms(samples)}
+    return {"memory": scope, "concurrency": concurrency, **summary_ms(samples)}
 
 
 async def main() -> None:
@@ -66,23 +73,34 @@ async def main() -> None:
     )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--requests", type=int, default=200, help="measured requests per concurrency level")
+    parser.add_argument(
+        "--memory",
+        nargs="+",
+        default=["none", "user"],
+        choices=["none", "user"],
+        help="memory_scope of the messages: none skips recall; user embeds the query and searches",
+    )
     parser.add_argument("--rate", type=float, default=40.0, help="demo tokens per second per stream")
     parser.add_argument("--database-url")
     parser.add_argument("--url", help="measure an already running server (JWT_SECRET as in bench/common.py)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
     args = parser.parse_args()
     if args.url:
-        rows = [await measure(args.url, c, args.requests) for c in args.concurrency]
+        rows = [await measure(args.url, c, args.requests, m) for m in args.memory for c in args.concurrency]
     else:
         with database(args.database_url) as url:
             async with Server(
                 url, demo_first_token_delay_seconds=0, demo_tokens_per_second=args.rate
             ) as server:
-                rows = [await measure(server.url, c, args.requests) for c in args.concurrency]
+                rows = [
+                    await measure(server.url, c, args.requests, m)
+                    for m in args.memory
+                    for c in args.concurrency
+                ]
     print_table(
         "Time added before the first token (demo model, first token immediate)",
         rows,
-        ["concurrency", "n", "p50_ms", "p95_ms", "p99_ms", "mean_ms"],
+        ["memory", "concurrency", "n", "p50_ms", "p95_ms", "p99_ms", "mean_ms"],
     )
     write_json(
         args.out, {"benchmark": "ttft", "targets": {"32": {"p50_ms": 15, "p99_ms": 60}}, "results": rows}

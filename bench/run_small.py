@@ -1,0 +1,68 @@
+"""Run every benchmark small, to prove each one works end to end (not to measure).
+
+    python bench/run_small.py [--out-dir DIR]
+
+Each benchmark runs in its own process with tiny parameters and must exit 0 and write
+its JSON. Figures from these runs mean nothing; full runs are the commands in each
+script's docstring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCOMO = ROOT.parent / "shared" / "bench" / "locomo_dev.json"
+
+SMALL_RUNS: dict[str, list[str]] = {
+    "context_build": ["--turns", "200", "--iterations", "20"],
+    "ttft": ["--concurrency", "1", "2", "--requests", "6"],
+    "stop_latency": ["--stops", "4"],
+    "retrieval_latency": ["--rows", "3000", "--queries", "10"],
+    "indexer_throughput": ["--turns", "32", "--lag-seconds", "2"],
+    "load_streams": ["--streams", "4"],
+    "memory_eval": ["--limit-conversations", "1", "--data", str(LOCOMO)],
+}
+
+
+def run_small(out_dir: Path, only: list[str] | None = None) -> dict[str, float]:
+    """Run each benchmark small; returns seconds per benchmark; raises on the first failure."""
+    timings: dict[str, float] = {}
+    for name, args in SMALL_RUNS.items():
+        if only and name not in only:
+            continue
+        if name == "memory_eval" and not LOCOMO.exists():
+            print(f"skip {name}: {LOCOMO} not found")
+            continue
+        out = out_dir / f"{name}.json"
+        started = time.monotonic()
+        subprocess.run(
+            [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args, "--out", str(out)],
+            cwd=ROOT,
+            check=True,
+            timeout=900,
+        )
+        if not out.exists():
+            raise RuntimeError(f"{name} wrote no results to {out}")
+        timings[name] = round(time.monotonic() - started, 1)
+        print(f"ok {name} ({timings[name]} s)", flush=True)
+    return timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out-dir", type=Path, default=Path(tempfile.mkdtemp(prefix="chatmem-bench-small-")))
+    parser.add_argument("--only", nargs="*")
+    args = parser.parse_args()
+    run_small(args.out_dir, args.only)
+
+
+if __name__ == "__main__":
+    main()
