@@ -187,6 +187,22 @@ def _tool_content(text: str, prompts: PromptSet, max_chars: int) -> str:
     return f"{text[:max_chars]}\n{note}"
 
 
+def _unique_id(call_id: str, seq: int, emitted: set[str], dropped: Counter[str]) -> str:
+    """`call_id`, or a new id if a newer call in the window has it already.
+
+    Some servers (Ollama, llama.cpp) number calls afresh in every step, so ids repeat
+    within a conversation; the API refuses a prompt in which two calls share an id.
+    """
+    unique = call_id
+    if unique in emitted:
+        dropped["tool_call_id_renamed"] += 1
+        unique = f"{call_id}_{seq}"
+        while unique in emitted:
+            unique += "_"
+    emitted.add(unique)
+    return unique
+
+
 def _assistant_unit(
     turn: TurnView,
     pending: dict[str, TurnView],
@@ -214,15 +230,17 @@ def _assistant_unit(
             if arguments is None or state == ToolCallState.STREAMING:
                 dropped["tool_call_incomplete"] += 1
                 continue
-            # A result answers one call only, and results whose id is already in the window are
-            # refused on the way back, so no two calls in the prompt can share an id.
+            # A result answers the nearest call before it with its id, and only that one.
             result = pending.pop(call_id, None)
             if result is None:
                 dropped["tool_call_unanswered"] += 1
                 continue
-            emitted.add(call_id)
             calls.append(
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+                {
+                    "id": _unique_id(call_id, turn.seq, emitted, dropped),
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }
             )
             results.append(result)
     has_text = bool(text.strip())
@@ -274,8 +292,8 @@ def _select_window(
         if turn.role == "tool":
             if status != TurnStatus.COMPLETED or not turn.tool_call_id:
                 dropped["tool_result_unusable"] += 1
-            elif turn.tool_call_id in pending or turn.tool_call_id in emitted:
-                # The API refuses a prompt in which two calls share an id: the newest call keeps it.
+            elif turn.tool_call_id in pending:
+                # Two results for one call: the newer one answers it.
                 dropped["tool_result_duplicate"] += 1
             else:
                 pending[turn.tool_call_id] = turn

@@ -71,3 +71,8 @@ def count_tokens(text: str) -> int:
     if len(text) > CACHE_TEXT_LIMIT:
         return _count(text)
     return _cached_count(text)
+
+
+def clear_count_cache() -> None:
+    """Forget cached counts (benchmarks measure the uncached cost with it)."""
+    _cached_count.cache_clear()
