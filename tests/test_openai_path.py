@@ -8,6 +8,9 @@ from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply, ToolCall
 from tests.sse import SSEEvent, iter_sse
 
+# These tests script the chat model's replies; the query rewrite would take one of them.
+NO_RECALL = {"memory_scope": "none"}
+
 
 async def test_stop_mid_tool_arguments_then_next_prompt_is_accepted(
     start_server: Any, fake_openai: FakeOpenAI
@@ -27,7 +30,9 @@ async def test_stop_mid_tool_arguments_then_next_prompt_is_accepted(
     async with server.client() as client:
         cid = (await client.post("/v1/conversations", json={})).json()["id"]
         events: list[SSEEvent] = []
-        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "time?"}) as r:
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json={"content": "time?", **NO_RECALL}
+        ) as r:
             stream = iter_sse(r)
             async for event in stream:
                 events.append(event)
@@ -46,7 +51,7 @@ async def test_stop_mid_tool_arguments_then_next_prompt_is_accepted(
         assert stored["content"] == "Let me check. "
 
         r = await client.post(
-            f"/v1/conversations/{cid}/messages", json={"content": "never mind", "stream": False}
+            f"/v1/conversations/{cid}/messages", json={"content": "never mind", "stream": False, **NO_RECALL}
         )
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "completed"
@@ -70,7 +75,9 @@ async def test_provider_error_mid_stream_keeps_what_was_streamed(
     fake_openai.script(Reply(text="partial answer that breaks", drop_after_chunks=3))
     async with server.client() as client:
         cid = (await client.post("/v1/conversations", json={})).json()["id"]
-        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "go"}) as r:
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json={"content": "go", **NO_RECALL}
+        ) as r:
             events = [e async for e in iter_sse(r)]
         assert events[-1].event == "turn.interrupted"
         assert events[-1].data["status"] == "interrupted_by_error"
@@ -80,6 +87,8 @@ async def test_provider_error_mid_stream_keeps_what_was_streamed(
         assert len(fake_openai.requests) == 1  # never retried after the first token
 
         fake_openai.script(Reply(fail_status=500), Reply(fail_status=500), Reply(fail_status=500))
-        r = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "again", "stream": False})
+        r = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "again", "stream": False, **NO_RECALL}
+        )
         assert r.json()["status"] == "failed"
         assert r.json()["turns"][-1]["error"]["code"] == "provider_error"
