@@ -144,16 +144,16 @@ class MemoryRecaller:
             result = Rewrite(message.strip(), "skipped")
         latency["rewrite"] = _ms_since(mark)
         mark = time.perf_counter()
-        scope = {
-            "tenant_id": owner.tenant_id,
-            "user_id": owner.user_id,
-            "conversation_id": scope_conversation,
-        }
         # Three steps so that no pooled connection waits on the (CPU-bound, one-at-a-time)
         # encoder: under load, replies queue there, and would otherwise drain the pool.
         async with self.services.db.session() as session:
             unindexed = await find_unindexed(
-                session, exclude_turn_ids=exclude, prepare_text=self._prepare_text, **scope
+                session,
+                tenant_id=owner.tenant_id,
+                user_id=owner.user_id,
+                conversation_id=scope_conversation,
+                exclude_turn_ids=exclude,
+                prepare_text=self._prepare_text,
             )
         query_vector, turn_vectors = await embed_for_recall(self.embedder, result.query, unindexed)
         async with self.services.db.transaction() as session:
@@ -165,8 +165,10 @@ class MemoryRecaller:
                 turn_vectors=turn_vectors,
                 k=k,
                 exclude_turn_ids=exclude,
+                tenant_id=owner.tenant_id,
+                user_id=owner.user_id,
+                conversation_id=scope_conversation,
                 min_score=self.settings.memory_min_score,
-                **scope,
             )
             if store_query_on is not None:
                 await session.execute(

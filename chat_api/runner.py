@@ -210,14 +210,10 @@ class ReplyRunner:
                 reply_id=reply.id,
                 turn_id=next_id,
                 model=self.provider.model,
-                owner=self.settings_owner,
+                owner=str(self.services.get("process_id", "unknown")),
             )
         reply.begin_step(next_id)
         reply.publish("step.started", {"reply_id": str(reply.id), "turn_id": str(next_id)})
-
-    @property
-    def settings_owner(self) -> str:
-        return str(self.services.get("process_id", "unknown"))
 
     async def _run_tools(self, reply: Reply) -> None:
         """Run each complete tool call once (by idempotency key) and store its result as a tool turn."""

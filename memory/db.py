@@ -6,7 +6,6 @@ routes, the runner and the consumers open ``async with db.transaction() as sessi
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -76,8 +75,3 @@ def upgrade(database_url: str, revision: str = "head") -> None:
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", async_url(database_url).replace("%", "%%"))
     command.upgrade(cfg, revision)
-
-
-async def upgrade_async(database_url: str) -> None:
-    """Apply migrations from inside a running event loop."""
-    await asyncio.to_thread(upgrade, database_url)

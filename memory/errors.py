@@ -38,9 +38,3 @@ class ConversationBusy(Conflict):
     """A reply is already streaming in this conversation."""
 
     code = "conversation_busy"
-
-
-class NotWaiting(Conflict):
-    """The tool call is not waiting for approval."""
-
-    code = "not_waiting"

@@ -44,14 +44,6 @@ async def list_turns(session: AsyncSession, conversation_id: uuid.UUID) -> list[
     return list(rows.scalars())
 
 
-async def recent_turns(session: AsyncSession, conversation_id: uuid.UUID, limit: int) -> list[Turn]:
-    """The newest `limit` turns, oldest first."""
-    rows = await session.execute(
-        select(Turn).where(Turn.conversation_id == conversation_id).order_by(Turn.seq.desc()).limit(limit)
-    )
-    return list(reversed(list(rows.scalars())))
-
-
 PROMPT_COLUMNS = (
     Turn.role,
     Turn.status,
