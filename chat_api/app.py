@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from chat_api.approvals import ApprovalTimeouts
 from chat_api.auth import TokenVerifier
 from chat_api.checkpoint import Checkpointer
 from chat_api.errors import install_error_handlers
@@ -28,7 +29,7 @@ from chat_api.routes import memory as memory_routes
 from chat_api.runner import ReplyRunner
 from chat_api.services import Services, process_id
 from chat_api.signals import Signals
-from chat_api.tools import ToolRegistry, default_registry
+from chat_api.tools import ToolRegistry, configured_registry
 from memory.config import Settings
 from memory.db import Database
 from memory.embeddings import Embedder
@@ -82,6 +83,8 @@ def create_app(
     database_url = settings.database_url
     prompts = load_prompts(settings.prompt_language)
     verifier = TokenVerifier(settings)
+    # Built before serving, so a bad TOOL_MODULES or approval setting stops the start.
+    tool_registry = tools or configured_registry(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -98,7 +101,6 @@ def create_app(
         )
         prompter = Prompter(db, settings, prompts)
         extras: dict[str, Any] = {"process_id": pid, "embedder": model}
-        tool_registry = tools or default_registry()
         services = Services(
             settings=settings,
             db=db,
@@ -135,6 +137,10 @@ def create_app(
             asyncio.create_task(services.checkpointer.run(stop), name="checkpointer"),
             asyncio.create_task(services.signals.run(stop), name="signals"),
             asyncio.create_task(services.reaper.run(stop), name="reaper"),
+            asyncio.create_task(
+                ApprovalTimeouts(services, interval_seconds=settings.approval_sweep_seconds).run(stop),
+                name="approval-timeouts",
+            ),
         ]
         loops += [asyncio.create_task(worker(services, stop)) for worker in workers or []]
         try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
+from chat_api.approvals import end_parked_reply
 from chat_api.metrics import observe_stop
 from chat_api.reaper import end_stale_turns
 from chat_api.replies import Reply
@@ -96,6 +97,13 @@ async def accept_message(
         if on_busy == "interrupt":
             await stop_reply(services, running, reason="new_message")
         else:  # enqueue
+            if await reply_parked(services, running):
+                # Waiting for a person can take hours; holding this request open would not help.
+                raise ConversationBusy(
+                    "the reply in this conversation waits for a tool approval",
+                    running_turn_id=str(running),
+                    awaiting_approval=True,
+                )
             await wait_reply_done(services, running, timeout=None)
 
 
@@ -103,6 +111,17 @@ async def reply_streaming(services: Services, reply_id: uuid.UUID) -> bool:
     async with services.db.session() as session:
         row = await session.execute(
             select(Turn.id).where(Turn.reply_id == reply_id, Turn.status == TurnStatus.STREAMING).limit(1)
+        )
+        return row.first() is not None
+
+
+async def reply_parked(services: Services, reply_id: uuid.UUID) -> bool:
+    """True while the reply waits for a tool approval."""
+    async with services.db.session() as session:
+        row = await session.execute(
+            select(Turn.id)
+            .where(Turn.reply_id == reply_id, Turn.status == TurnStatus.AWAITING_APPROVAL)
+            .limit(1)
         )
         return row.first() is not None
 
@@ -142,6 +161,8 @@ async def _stop_reply(services: Services, reply_id: uuid.UUID, reason: str) -> b
     local = services.registry.get(reply_id)
     if local is not None:
         local.request_stop(reason)
+    elif await end_parked_reply(services, reply_id, reason):
+        return True  # it waited for an approval: no process runs it, the ending is written here
     elif await reply_streaming(services, reply_id):
         await Signals.send_stop(services.db, reply_id, reason)
     else:

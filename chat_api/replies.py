@@ -42,7 +42,20 @@ class Reply:
         self.finished = asyncio.Event()
         self.started_at = 0.0  # monotonic, set when the runner launches it (for metrics)
         self.final: dict[str, Any] | None = None
+        self.request: Any = None  # the runner's ReplyRequest, kept for parking and resuming
         self._wake = asyncio.Event()
+
+    def restore(
+        self, events: list[Event], turn_id: uuid.UUID, content: str, tool_calls: list[dict[str, Any]]
+    ) -> None:
+        """Continue a parked reply: its stored events (ids go on from them) and its last turn."""
+        if [event[0] for event in events] != list(range(1, len(events) + 1)):
+            raise ValueError(f"reply {self.id} has a gap in its stored events")
+        self.events = list(events)
+        self.persisted = len(events)
+        self.turn_id = turn_id
+        self.content_parts = [content] if content else []
+        self.tool_calls = [dict(call) for call in tool_calls]
 
     # --- what the model produced -----------------------------------------------------
 

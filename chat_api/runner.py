@@ -7,7 +7,10 @@ the one terminal status in one place:
 - the generation returned          → completed (even if a stop arrived a moment later);
 - the generation raised            → interrupted_by_error if anything was produced, else failed;
 - stop came first                  → the generation is cancelled (closing the provider
-                                     stream, cancelling a running tool) → interrupted_by_user.
+                                     stream, cancelling a running tool) → interrupted_by_user;
+- the generation parked the turn   → awaiting_approval: a tool that needs a person was
+                                     called; nothing ran, the stream ends, and the reply is
+                                     resumed later by `chat_api/approvals.py` (any process).
 
 Only then is the terminal state written, with a conditional UPDATE (`WHERE status =
 'streaming'`) so that the reaper and this runner can never both end a turn. The
@@ -23,6 +26,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -39,6 +43,7 @@ from chat_api.tools import (
     cancel_invocation,
     finish_invocation,
 )
+from memory.approvals import earliest_expiry, park_turn
 from memory.config import Settings
 from memory.conversations import get_conversation
 from memory.db import Database
@@ -55,7 +60,12 @@ TERMINAL_EVENT = {
     TurnStatus.INTERRUPTED_BY_USER: "turn.interrupted",
     TurnStatus.INTERRUPTED_BY_ERROR: "turn.interrupted",
     TurnStatus.FAILED: "turn.failed",
+    TurnStatus.AWAITING_APPROVAL: "turn.awaiting_approval",
 }
+
+# What a generation returns: it ran to the end, or it parked the turn for a person.
+FINISHED = "finished"
+PARKED = "parked"
 
 # Stop reasons that count as the user's decision; any other (shutdown) is an error ending.
 USER_REASONS = frozenset({"user", "new_message", "client_disconnected"})
@@ -94,10 +104,15 @@ class ReplyRunner:
         self.services = services if services is not None else {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def launch(self, reply: Reply, request: ReplyRequest) -> None:
-        """Run the reply in the background; it outlives the request that started it."""
+    def launch(self, reply: Reply, request: ReplyRequest, *, resumed: bool = False) -> None:
+        """Run the reply in the background; it outlives the request that started it.
+
+        `resumed`: the reply was parked for approval and every call is now decided; it
+        continues by running (or refusing) those calls, then the next model step.
+        """
         reply.started_at = time.monotonic()
-        task = asyncio.create_task(self._supervise(reply, request), name=f"reply-{reply.id}")
+        reply.request = request
+        task = asyncio.create_task(self._supervise(reply, request, resumed), name=f"reply-{reply.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -110,14 +125,14 @@ class ReplyRunner:
 
     # --- supervision ----------------------------------------------------------------
 
-    async def _supervise(self, reply: Reply, request: ReplyRequest) -> None:
+    async def _supervise(self, reply: Reply, request: ReplyRequest, resumed: bool) -> None:
         with log_context(
             tenant_id=reply.owner.tenant_id, conversation_id=reply.conversation_id, reply_id=reply.id
         ):
-            await self._supervise_in_context(reply, request)
+            await self._supervise_in_context(reply, request, resumed)
 
-    async def _supervise_in_context(self, reply: Reply, request: ReplyRequest) -> None:
-        generation = asyncio.create_task(self._generate(reply, request), name=f"generate-{reply.id}")
+    async def _supervise_in_context(self, reply: Reply, request: ReplyRequest, resumed: bool) -> None:
+        generation = asyncio.create_task(self._generate(reply, request, resumed), name=f"generate-{reply.id}")
         stop_wait = asyncio.create_task(reply.stop_requested.wait())
         try:
             await asyncio.wait({generation, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -139,6 +154,8 @@ class ReplyRunner:
             error = {"code": "provider_error", "message": str(exc)[:2000]}
             if not isinstance(exc, ProviderError):  # a provider failing is expected; anything else is a bug
                 log.error("reply %s failed", reply.id, exc_info=exc)
+        elif generation.result() == PARKED:
+            status = TurnStatus.AWAITING_APPROVAL
         else:
             status = TurnStatus.COMPLETED
         try:
@@ -154,11 +171,13 @@ class ReplyRunner:
 
     # --- generation -----------------------------------------------------------------
 
-    async def _generate(self, reply: Reply, request: ReplyRequest) -> None:
+    async def _generate(self, reply: Reply, request: ReplyRequest, resumed: bool) -> str:
         await self.prompter.prepare(reply, request)
         steps = self.settings.max_tool_steps
         first_token = True
-        for step in range(steps + 1):
+        if resumed:
+            await self._run_tools(reply)
+        for step in range(int(resumed), steps + 1):
             if step:
                 await self._next_step(reply)
             messages = await self.prompter.messages(reply)
@@ -181,8 +200,47 @@ class ReplyRunner:
                 # Closing the stream closes the upstream connection: no more tokens are paid for.
                 await stream.aclose()
             if not reply.tool_calls:
-                return
+                return FINISHED
+            if self._park_for_approval(reply):
+                return PARKED
             await self._run_tools(reply)
+        return FINISHED
+
+    def _park_for_approval(self, reply: Reply) -> bool:
+        """If a call needs a person, mark the step's calls as waiting and announce them; nothing runs.
+
+        Every call of the step waits (the others run with the decided ones), so the results
+        reach the model together, in the order it asked. A call whose arguments are not a
+        JSON object is not put before a person: running it reports the error to the model.
+        """
+        needing = []
+        for call in reply.tool_calls:
+            tool = self.tools.get(call["name"])
+            if tool is not None and tool.requires_approval and _json_object(call["arguments"]):
+                needing.append((call, tool))
+        if not needing:
+            return False
+        now = datetime.now(UTC)
+        for call in reply.tool_calls:
+            call["state"] = ToolCallState.READY
+        for call, tool in needing:
+            timeout = tool.approval_timeout_seconds
+            expires = (now + timedelta(seconds=timeout)).isoformat() if timeout else None
+            call["state"] = ToolCallState.AWAITING_APPROVAL
+            call["approval"] = {"required": True, "expires_at": expires}
+            reply.publish(
+                "tool_call.approval_required",
+                {
+                    "reply_id": str(reply.id),
+                    "turn_id": str(reply.turn_id),
+                    "call_id": call["id"],
+                    "index": call["index"],
+                    "name": call["name"],
+                    "arguments": call["arguments"],
+                    "expires_at": expires,
+                },
+            )
+        return True
 
     async def _next_step(self, reply: Reply) -> None:
         """End the step's assistant turn as completed and open the next one, atomically."""
@@ -218,7 +276,8 @@ class ReplyRunner:
     async def _run_tools(self, reply: Reply) -> None:
         """Run each complete tool call once (by idempotency key) and store its result as a tool turn."""
         for call in reply.tool_calls:
-            call["state"] = ToolCallState.READY
+            if call["state"] == ToolCallState.STREAMING:
+                call["state"] = ToolCallState.READY
         for call in reply.tool_calls:
             result, state = await self._run_one(reply, call)
             call["state"] = state
@@ -247,9 +306,22 @@ class ReplyRunner:
             )
 
     async def _run_one(self, reply: Reply, call: dict[str, Any]) -> tuple[Any, str]:
+        approval = call.get("approval") or {}
+        if call["state"] == ToolCallState.REJECTED:
+            timed_out = approval.get("by") == "timeout"
+            refusal = {
+                "error": "nobody approved this tool call in time"
+                if timed_out
+                else "the user did not approve this tool call",
+                "reason": approval.get("reason", ""),
+            }
+            return refusal, ToolCallState.REJECTED
         tool = self.tools.get(call["name"])
         if tool is None:
             return {"error": f"unknown tool {call['name']!r}"}, ToolCallState.FAILED
+        if tool.requires_approval and approval.get("decision") != "approved":
+            # Defence in depth: only a recorded approval lets such a tool run.
+            return {"error": "this tool needs an approval that was not given"}, ToolCallState.FAILED
         try:
             arguments = json.loads(call["arguments"] or "{}")
         except json.JSONDecodeError as exc:
@@ -295,13 +367,15 @@ class ReplyRunner:
     async def _finalize(self, reply: Reply, status: str, error: dict[str, Any] | None) -> None:
         """Store the terminal status, content and events in one transaction, then tell followers."""
         tool_calls = [dict(call) for call in reply.tool_calls]
-        if status != TurnStatus.COMPLETED:
+        if status not in (TurnStatus.COMPLETED, TurnStatus.AWAITING_APPROVAL):
             for call in tool_calls:
                 if call["state"] in (ToolCallState.READY, ToolCallState.RUNNING):
                     call["state"] = ToolCallState.CANCELLED
         reason = reply.stop_reason if status == TurnStatus.INTERRUPTED_BY_USER else None
         terminal_id = reply.next_event_id()
         data: dict[str, Any] = {"reply_id": str(reply.id), "turn_id": str(reply.turn_id), "status": status}
+        if status == TurnStatus.AWAITING_APPROVAL:
+            data["call_ids"] = [c["id"] for c in tool_calls if c["state"] == ToolCallState.AWAITING_APPROVAL]
         if reply.usage:
             data["usage"] = reply.usage
         if reason:
@@ -313,29 +387,36 @@ class ReplyRunner:
         pending = reply.events[claimed["_range"][0] :] if claimed else []
         try:
             async with self.db.transaction() as session:
-                turn = await finish_turn(
-                    session,
-                    reply.turn_id,
-                    status=status,
-                    content=reply.content,
-                    tool_calls=tool_calls,
-                    last_event_id=terminal_id,
-                    usage=reply.usage or None,
-                    error=error,
-                    interrupt_reason=reason,
-                    prompt_version=getattr(self.prompter, "version", None),
-                )
-                if turn is not None:
-                    if status != TurnStatus.FAILED:
+                turn = None
+                if status == TurnStatus.AWAITING_APPROVAL:
+                    ended = await self._park(session, reply, tool_calls, terminal_id)
+                else:
+                    turn = await finish_turn(
+                        session,
+                        reply.turn_id,
+                        status=status,
+                        content=reply.content,
+                        tool_calls=tool_calls,
+                        last_event_id=terminal_id,
+                        usage=reply.usage or None,
+                        error=error,
+                        interrupt_reason=reason,
+                        prompt_version=getattr(self.prompter, "version", None),
+                    )
+                    ended = turn is not None
+                if ended:
+                    if turn is not None and status != TurnStatus.FAILED:
                         await record_finished_turn(session, turn)
                     await append_events(session, reply.id, reply.owner, [*pending, terminal])
-                    await release_conversation(session, reply.conversation_id, reply.id)
+                    if status != TurnStatus.AWAITING_APPROVAL:
+                        # A parked reply keeps the conversation: nothing goes in behind it.
+                        await release_conversation(session, reply.conversation_id, reply.id)
                     await session.execute(NOTIFY_DONE, {"reply_id": str(reply.id)})
         except BaseException:
             if claimed:
                 give_back(reply, claimed)
             raise
-        if turn is None:
+        if not ended:
             # The reaper (or a stop from a process that found us dead) ended it first; theirs stands.
             log.warning("reply %s was already ended elsewhere", reply.id)
             status = TurnStatus.INTERRUPTED_BY_ERROR
@@ -346,3 +427,28 @@ class ReplyRunner:
         self.registry.remove(reply.id)
         reply.finish({"status": status, "turn_id": str(reply.turn_id), "reply_id": str(reply.id)})
         observe_reply_end(status, time.monotonic() - reply.started_at, reply.usage)
+
+    async def _park(
+        self, session: Any, reply: Reply, tool_calls: list[dict[str, Any]], terminal_id: int
+    ) -> bool:
+        """Store the parked turn with what the resume needs; False if it was ended elsewhere."""
+        request = reply.request
+        parked = await park_turn(
+            session,
+            reply.turn_id,
+            content=reply.content,
+            tool_calls_json=json.dumps(tool_calls, ensure_ascii=False),
+            last_event_id=terminal_id,
+            usage_json=json.dumps(reply.usage or None),
+            prompt_version=getattr(self.prompter, "version", None),
+            meta_json=json.dumps({"memory_scope": getattr(request, "memory_scope", "user")}),
+            expires_at=earliest_expiry(tool_calls),
+        )
+        return parked
+
+
+def _json_object(raw: str) -> bool:
+    try:
+        return isinstance(json.loads(raw or "{}"), dict)
+    except json.JSONDecodeError:
+        return False

@@ -135,6 +135,26 @@ class StopOut(BaseModel):
     turn: TurnOut
 
 
+class ApproveIn(Strict):
+    arguments: dict[str, Any] | None = Field(
+        None, description="Run the tool with these arguments instead of the model's (a JSON object)."
+    )
+    stream: bool = Field(True, description="Stream the resumed reply as SSE (true) or return it finished.")
+
+
+class RejectIn(Strict):
+    reason: str = Field("", max_length=2000, description="Given to the model as the tool's result.")
+    stream: bool = Field(True, description="Stream the resumed reply as SSE (true) or return it finished.")
+
+
+class DecisionOut(BaseModel):
+    """A decision taken, when the reply is not streamed back."""
+
+    status: str = Field(description="The reply's status now: awaiting_approval while other calls wait.")
+    resumed: bool = Field(description="True when this was the last decision and the reply went on.")
+    turns: list[TurnOut] = Field(description="The reply's assistant and tool turns.")
+
+
 class ContextOut(BaseModel):
     messages: list[dict[str, Any]]
     prompt_version: str

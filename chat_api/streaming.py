@@ -25,7 +25,9 @@ from chat_api.services import Services
 from memory.models import Turn, TurnStatus
 from memory.turns import load_events
 
-TERMINAL_NAMES = frozenset(TERMINAL_EVENT.values()) | {"tool_call.approval_required"}
+TERMINAL_NAMES = frozenset(TERMINAL_EVENT.values())
+# Ends a stream only when nothing follows it: a reply resumed after approval goes on past it.
+PARKED_EVENT = TERMINAL_EVENT[TurnStatus.AWAITING_APPROVAL]
 DB_POLL_SECONDS = 0.5
 
 
@@ -54,7 +56,7 @@ async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> A
                 break  # a chunk committed out of order: wait for the gap to fill
             yield event
             expected += 1
-            if event[1] in TERMINAL_NAMES:
+            if event[1] in TERMINAL_NAMES and not (event[1] == PARKED_EVENT and event is not events[-1]):
                 return
         if not events and await _reply_over(services, reply_id):
             # Over, and nothing more stored (e.g. an imported turn): nothing to follow.

@@ -8,7 +8,9 @@ whose earlier run may have happened (running, cancelled) is reported, not repeat
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -21,6 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql import func
 
+from memory.config import Settings
 from memory.conversations import Owner
 from memory.db import Database
 from memory.models import ToolCallState, ToolInvocation
@@ -49,7 +52,10 @@ class Tool:
     parameters: dict[str, Any]
     func: ToolFunc
     side_effects: bool = False
+    # The turn waits (`awaiting_approval`) until a person approves or rejects the call.
     requires_approval: bool = False
+    # Waiting longer than this counts as a rejection (None: wait as long as it takes).
+    approval_timeout_seconds: float | None = None
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools` entry."""
@@ -72,6 +78,20 @@ class ToolRegistry:
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
+
+    def require(self, name: str) -> Tool:
+        tool = self._tools.get(name)
+        if tool is None:
+            raise KeyError(name)
+        return tool
+
+    def replace(self, tool: Tool) -> None:
+        """Swap a registered tool for a changed copy (same name)."""
+        self.require(tool.name)
+        self._tools[tool.name] = tool
+
+    def names(self) -> list[str]:
+        return list(self._tools)
 
     def schemas(self) -> list[dict[str, Any]]:
         return [tool.schema() for tool in self._tools.values()]
@@ -216,4 +236,25 @@ def default_registry() -> ToolRegistry:
     registry = ToolRegistry()
     registry.register(CURRENT_TIME)
     registry.register(RECALL_MEMORY)
+    return registry
+
+
+def configured_registry(settings: Settings) -> ToolRegistry:
+    """The shipped tools, the ones `TOOL_MODULES` register, and the configured approval rules."""
+    registry = default_registry()
+    for path in settings.tool_modules:
+        module = importlib.import_module(path)
+        register = getattr(module, "register", None)
+        if not callable(register):
+            raise ValueError(f"tool module {path!r} has no register(registry) function")
+        register(registry)
+    unknown = (set(settings.tools_requiring_approval) | set(settings.tool_approval_timeouts)) - set(
+        registry.names()
+    )
+    if unknown:
+        raise ValueError(f"approval settings name unknown tools: {', '.join(sorted(unknown))}")
+    for name in settings.tools_requiring_approval:
+        registry.replace(dataclasses.replace(registry.require(name), requires_approval=True))
+    for name, seconds in settings.tool_approval_timeouts.items():
+        registry.replace(dataclasses.replace(registry.require(name), approval_timeout_seconds=seconds))
     return registry

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, PositiveFloat, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -92,6 +92,18 @@ class Settings(BaseSettings):
         5.0, gt=0, description="How often the reaper looks for dead turns."
     )
     max_tool_steps: int = Field(5, ge=1, description="Model/tool round trips per reply.")
+    tool_modules: list[str] = Field(
+        default_factory=list,
+        description="Python modules whose `register(registry)` adds your tools (JSON list of import paths).",
+    )
+    tools_requiring_approval: list[str] = Field(
+        default_factory=list, description="Tool names that wait for a person's approval before running."
+    )
+    tool_approval_timeouts: dict[str, PositiveFloat] = Field(
+        default_factory=dict,
+        description="Seconds after which a waiting call counts as rejected, by tool name (JSON object).",
+    )
+    approval_sweep_seconds: float = Field(5.0, gt=0, description="How often approval timeouts are checked.")
     on_busy_default: Literal["reject", "interrupt", "enqueue"] = Field(
         "reject", description="What a new message does while a reply streams."
     )

@@ -38,3 +38,9 @@ class ConversationBusy(Conflict):
     """A reply is already streaming in this conversation."""
 
     code = "conversation_busy"
+
+
+class NotAwaitingApproval(Conflict):
+    """The tool call was already decided, or its turn is no longer waiting for a person."""
+
+    code = "tool_call_not_awaiting_approval"

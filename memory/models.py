@@ -54,6 +54,8 @@ class ToolCallState:
     FAILED = "failed"
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting_approval"
+    # A person (or the approval timeout) said no; the model is given the rejection as the result.
+    REJECTED = "rejected"
 
 
 def _now() -> Any:
@@ -113,12 +115,19 @@ class Turn(Base):
     last_event_id: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Awaiting approval: when the earliest call with a timeout counts as rejected.
+    approval_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
         UniqueConstraint("conversation_id", "seq", name="uq_turns_conversation_seq"),
+        Index(
+            "ix_turns_approval_expiry",
+            "approval_expires_at",
+            postgresql_where=text("status = 'awaiting_approval' AND approval_expires_at IS NOT NULL"),
+        ),
         Index("ix_turns_reply", "reply_id"),
         Index("ix_turns_streaming", "heartbeat_at", postgresql_where=text("status = 'streaming'")),
         Index(

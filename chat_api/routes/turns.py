@@ -1,20 +1,24 @@
-"""One turn: read it, stop its reply, or (re)follow its events."""
+"""One turn: read it, stop its reply, (re)follow its events, or decide its waiting tool calls."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Body, Header, Path, Query
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
-from chat_api.control import stop_reply
+from chat_api.approvals import decide
+from chat_api.control import stop_reply, wait_reply_done
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.ratelimit import RateLimitsDep, held_while_streaming
 from chat_api.routes.messages import SSE_HEADERS
-from chat_api.schemas import StopOut, TurnOut
+from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
 from chat_api.streaming import sse_stream
+from memory.approvals import Decision
+from memory.conversations import Owner
 from memory.errors import InvalidInput
 from memory.models import TurnStatus
 from memory.turns import get_turn, reply_turns
@@ -68,3 +72,82 @@ async def events(
     slot = limits.streams.acquire(owner)
     stream = sse_stream(services, turn.reply_id or turn.id, position, stop_on_disconnect=False)
     return EventSourceResponse(held_while_streaming(slot, stream), headers=SSE_HEADERS, ping=15)
+
+
+CallId = Annotated[str, Path(min_length=1, max_length=128)]
+
+
+@router.post(
+    "/{turn_id}/tool_calls/{call_id}/approve",
+    response_model=None,
+    responses={200: {"description": "SSE stream of the resumed reply, or the decision (stream=false)"}},
+)
+async def approve(
+    turn_id: uuid.UUID,
+    call_id: CallId,
+    owner: OwnerDep,
+    services: ServicesDep,
+    limits: RateLimitsDep,
+    body: Annotated[ApproveIn | None, Body()] = None,
+) -> EventSourceResponse | DecisionOut:
+    """Approve a waiting tool call (optionally with edited arguments); the last decision resumes the reply.
+
+    The call runs once, here, and the reply streams from the approval on (the stream
+    starts with `tool_call.approved`). 404 for a turn or call that is not yours; 409 when
+    the call is not waiting (already decided, stopped, or never needed approval).
+    """
+    body = body or ApproveIn()
+    arguments = None
+    if body.arguments is not None:
+        arguments = json.dumps(body.arguments, ensure_ascii=False)
+        if len(arguments) > services.settings.max_message_chars:
+            raise InvalidInput("arguments are too long", field="arguments")
+    decision = Decision(approved=True, by="user", arguments=arguments)
+    return await _decided(turn_id, call_id, decision, body.stream, owner, services, limits)
+
+
+@router.post(
+    "/{turn_id}/tool_calls/{call_id}/reject",
+    response_model=None,
+    responses={200: {"description": "SSE stream of the resumed reply, or the decision (stream=false)"}},
+)
+async def reject(
+    turn_id: uuid.UUID,
+    call_id: CallId,
+    owner: OwnerDep,
+    services: ServicesDep,
+    limits: RateLimitsDep,
+    body: Annotated[RejectIn | None, Body()] = None,
+) -> EventSourceResponse | DecisionOut:
+    """Reject a waiting tool call: it never runs, and the model is told, with the reason, as its result."""
+    body = body or RejectIn()
+    decision = Decision(approved=False, by="user", reason=body.reason)
+    return await _decided(turn_id, call_id, decision, body.stream, owner, services, limits)
+
+
+async def _decided(
+    turn_id: uuid.UUID,
+    call_id: str,
+    decision: Decision,
+    stream: bool,
+    owner: Owner,
+    services: ServicesDep,
+    limits: RateLimitsDep,
+) -> EventSourceResponse | DecisionOut:
+    # Taken before the decision is stored, so a 429 leaves the call waiting.
+    slot = limits.streams.acquire(owner) if stream else None
+    try:
+        decided = await decide(services, owner, turn_id, call_id, decision)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    if slot is not None:
+        events = sse_stream(services, decided.reply_id, decided.after, stop_on_disconnect=False)
+        return EventSourceResponse(held_while_streaming(slot, events), headers=SSE_HEADERS, ping=15)
+    if decided.resumed:
+        await wait_reply_done(services, decided.reply_id, timeout=None)
+    async with services.db.session() as session:
+        turns = await reply_turns(session, decided.reply_id)
+    status = next((t.status for t in reversed(turns) if t.role == "assistant"), TurnStatus.FAILED)
+    return DecisionOut(status=status, resumed=decided.resumed, turns=[TurnOut.of(t) for t in turns])

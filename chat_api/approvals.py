@@ -1,0 +1,205 @@
+"""Deciding tool calls that wait for a person, and resuming their replies on this process.
+
+A parked reply has no process: its state is the turn row and the stored event log. Any
+process that receives a decision (or finds a timeout passed) takes the row lock, records
+the decision as an event of the reply, and, once no call is left waiting, takes the
+turn back to `streaming` under its own process id and runs the rest of the reply here,
+exactly as if it had never stopped: the calls run (or their rejection becomes the
+result), the next model step streams, and event ids go on from the stored log. So a
+decision made after every process restarted works the same as one made a second later.
+
+Stopping a parked reply needs no runner at all: `end_parked_reply` writes the ending
+under the same row lock, so a stop and an approval racing each other leave exactly one
+outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from chat_api.replies import Reply
+from chat_api.runner import ReplyRequest
+from chat_api.services import Services
+from memory.approvals import (
+    Decision,
+    cancel_waiting_calls,
+    decide_call,
+    expired_call_ids,
+    expired_turns,
+    lock_turn,
+    parked_turn_of_reply,
+    take_for_resume,
+    waiting_calls,
+)
+from memory.conversations import Owner
+from memory.models import Turn, TurnStatus
+from memory.outbox import record_finished_turn
+from memory.turns import append_events, load_events, release_conversation
+
+log = logging.getLogger(__name__)
+
+NOTIFY_DONE = text("SELECT pg_notify('chatmem_turn_done', :reply_id)")
+
+
+# A reply rebuilt from its parked turn, and what its runner needs to continue it.
+Resumed = tuple[Reply, ReplyRequest]
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The outcome of one decision: the reply resumed here, or still waits for other calls."""
+
+    reply_id: uuid.UUID
+    turn_id: uuid.UUID
+    after: int  # the reply's last event id before the decision: stream from here
+    resumed: bool
+
+
+async def decide(
+    services: Services, owner: Owner, turn_id: uuid.UUID, call_id: str, decision: Decision
+) -> Decided:
+    """Record a person's decision on one call; the last decision resumes the reply here."""
+    resumed: Resumed | None = None
+    try:
+        async with services.db.transaction() as session:
+            turn = await lock_turn(session, owner, turn_id)
+            after = turn.last_event_id
+            await _record(session, turn, [call_id], decision)
+            resumed = await _resume_if_decided(services, session, turn)
+    except BaseException:
+        if resumed is not None:
+            services.registry.remove(resumed[0].id)
+        raise
+    if resumed is not None:
+        services.runner.launch(*resumed, resumed=True)
+    return Decided(turn.reply_id or turn.id, turn.id, after, resumed=resumed is not None)
+
+
+async def _record(session: AsyncSession, turn: Turn, call_ids: list[str], decision: Decision) -> None:
+    """Decide the calls and append one event per decision to the reply's stored log."""
+    events = []
+    for call_id in call_ids:
+        call = decide_call(turn, call_id, decision)
+        data: dict[str, Any] = {
+            "reply_id": str(turn.reply_id or turn.id),
+            "turn_id": str(turn.id),
+            "call_id": call_id,
+            "name": call.get("name"),
+            "by": decision.by,
+        }
+        if decision.approved:
+            data["arguments"] = call.get("arguments")
+            data["arguments_edited"] = bool(call["approval"].get("arguments_edited"))
+        else:
+            data["reason"] = decision.reason or ""
+        turn.last_event_id += 1
+        name = "tool_call.approved" if decision.approved else "tool_call.rejected"
+        events.append((turn.last_event_id, name, data))
+    await append_events(session, turn.reply_id or turn.id, Owner(turn.tenant_id, turn.user_id), events)
+
+
+async def _resume_if_decided(services: Services, session: AsyncSession, turn: Turn) -> Resumed | None:
+    """No call left waiting: take the turn back to streaming and rebuild its reply here."""
+    if waiting_calls(turn.tool_calls or []):
+        return None
+    take_for_resume(turn, services.process_id)
+    await session.flush()
+    reply_id = turn.reply_id or turn.id
+    events = await load_events(session, reply_id, 0)
+    user_turn = await _user_turn(session, turn)
+    reply = Reply(reply_id, Owner(turn.tenant_id, turn.user_id), turn.conversation_id, user_turn.id)
+    reply.restore(events, turn.id, turn.content or "", turn.tool_calls or [])
+    reply.usage = dict(turn.usage or {})
+    scope = (turn.meta or {}).get("memory_scope") or services.settings.memory_scope
+    # Registered before commit, like a new reply: a stop sent the moment the turn is
+    # visible as streaming again must find it here.
+    services.registry.add(reply)
+    return reply, ReplyRequest(user_text=user_turn.content or "", memory_scope=scope)
+
+
+async def _user_turn(session: AsyncSession, turn: Turn) -> Turn:
+    """The user message this reply answers (the newest user turn before it)."""
+    query = (
+        select(Turn)
+        .where(Turn.conversation_id == turn.conversation_id, Turn.role == "user", Turn.seq < turn.seq)
+        .order_by(Turn.seq.desc())
+        .limit(1)
+    )
+    if turn.reply_id is not None:
+        own = await session.execute(select(Turn).where(Turn.reply_id == turn.reply_id, Turn.role == "user"))
+        if (found := own.scalars().first()) is not None:
+            return found
+    return (await session.execute(query)).scalar_one()
+
+
+async def end_parked_reply(services: Services, reply_id: uuid.UUID, reason: str) -> bool:
+    """Stop a reply that waits for approval: `interrupted_by_user`; False if it was not parked."""
+    async with services.db.transaction() as session:
+        turn = await parked_turn_of_reply(session, reply_id)
+        if turn is None:
+            return False
+        cancel_waiting_calls(turn)
+        turn.status = TurnStatus.INTERRUPTED_BY_USER
+        turn.interrupt_reason = reason
+        turn.completed_at = func.now()
+        turn.updated_at = func.now()
+        turn.last_event_id += 1
+        await session.flush()
+        await session.refresh(turn)
+        await record_finished_turn(session, turn)
+        data = {"reply_id": str(reply_id), "turn_id": str(turn.id), "status": turn.status, "reason": reason}
+        owner = Owner(turn.tenant_id, turn.user_id)
+        await append_events(session, reply_id, owner, [(turn.last_event_id, "turn.interrupted", data)])
+        await release_conversation(session, turn.conversation_id, reply_id)
+        await session.execute(NOTIFY_DONE, {"reply_id": str(reply_id)})
+    return True
+
+
+class ApprovalTimeouts:
+    """The periodic loop that rejects calls nobody decided in time, and resumes their replies."""
+
+    def __init__(self, services: Services, *, interval_seconds: float) -> None:
+        self.services = services
+        self.interval = interval_seconds
+
+    async def sweep_once(self) -> int:
+        """Reject every expired waiting call now; returns how many calls."""
+        resumed: list[Resumed] = []
+        rejected = 0
+        try:
+            async with self.services.db.transaction() as session:
+                now = (await session.execute(select(func.now()))).scalar_one()
+                for turn in await expired_turns(session):
+                    call_ids = expired_call_ids(turn, now)
+                    if not call_ids:
+                        continue
+                    decision = Decision(approved=False, by="timeout", reason="no decision within the timeout")
+                    await _record(session, turn, call_ids, decision)
+                    rejected += len(call_ids)
+                    if (pair := await _resume_if_decided(self.services, session, turn)) is not None:
+                        resumed.append(pair)
+        except BaseException:
+            for reply, _ in resumed:
+                self.services.registry.remove(reply.id)
+            raise
+        for reply, request in resumed:
+            self.services.runner.launch(reply, request, resumed=True)
+        return rejected
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                if count := await self.sweep_once():
+                    log.info("approval timeout rejected %d tool call(s)", count)
+            except Exception:
+                log.exception("approval timeout pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.interval)

@@ -1,0 +1,373 @@
+"""Tool calls that wait for a person: parking, approving, rejecting, stopping, timeouts, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import func, select
+
+from chat_api.tools import Tool, ToolRegistry, default_registry
+from memory.db import Database
+from memory.models import ToolInvocation
+from tests.conftest import LiveServer
+from tests.procs import ServerProcess
+from tests.sse import SSEEvent, collect
+
+ASK = '/tool transfer_funds {"amount": 5, "to": "bob"}'
+ASKED_ARGUMENTS = '{"amount": 5, "to": "bob"}'
+
+
+def transfer_tools(runs: list[dict[str, Any]], timeout: float | None = None) -> ToolRegistry:
+    """The shipped tools plus a side-effecting one that needs approval; `runs` records each run."""
+
+    async def transfer(args: dict[str, Any], _ctx: Any) -> Any:
+        runs.append(args)
+        return {"transferred": args.get("amount"), "to": args.get("to")}
+
+    tools = default_registry()
+    tools.register(
+        Tool(
+            "transfer_funds",
+            "moves money",
+            {"type": "object"},
+            transfer,
+            side_effects=True,
+            requires_approval=True,
+            approval_timeout_seconds=timeout,
+        )
+    )
+    return tools
+
+
+async def new_conversation(client: httpx.AsyncClient) -> str:
+    r = await client.post("/v1/conversations", json={"title": "approvals"})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+async def park(client: httpx.AsyncClient, cid: str, content: str = ASK) -> list[SSEEvent]:
+    """Send a message whose reply calls the approval tool; the stream ends parked."""
+    async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": content}) as r:
+        assert r.status_code == 200, await r.aread()
+        events = await collect(r)
+    assert events[-1].event == "turn.awaiting_approval", [e.event for e in events]
+    return events
+
+
+def required(events: list[SSEEvent]) -> dict[str, Any]:
+    [event] = [e for e in events if e.event == "tool_call.approval_required"]
+    return event.data  # type: ignore[no-any-return]
+
+
+async def decide_streaming(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> list[SSEEvent]:
+    async with client.stream("POST", url, json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        return await collect(r)
+
+
+def approve_url(ask: dict[str, Any], verb: str = "approve") -> str:
+    return f"/v1/turns/{ask['turn_id']}/tool_calls/{ask['call_id']}/{verb}"
+
+
+async def wait_until(predicate: Any, timeout: float = 15) -> Any:
+    async with asyncio.timeout(timeout):
+        while not (value := await predicate()):
+            await asyncio.sleep(0.05)
+    return value
+
+
+async def test_a_call_needing_approval_parks_the_turn_and_runs_nothing(
+    start_server: Any, db: Database
+) -> None:
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(tools=transfer_tools(runs))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        events = await park(client, cid)
+        ask = required(events)
+        assert ask["name"] == "transfer_funds"
+        assert ask["arguments"] == ASKED_ARGUMENTS  # complete, as the model sent it
+        assert [e.id for e in events] == list(range(1, len(events) + 1))
+        assert events[-1].data["call_ids"] == [ask["call_id"]]
+        turn = (await client.get(f"/v1/turns/{ask['turn_id']}")).json()
+        assert turn["status"] == "awaiting_approval"
+        assert turn["tool_calls"][0]["state"] == "awaiting_approval"
+        assert turn["tool_calls"][0]["approval"] == {"required": True, "expires_at": None}
+        # The conversation is held: nothing is appended behind a reply that is not finished.
+        busy = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi", "stream": False})
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "conversation_busy"
+        queued = await client.post(
+            f"/v1/conversations/{cid}/messages",
+            json={"content": "hi", "stream": False, "on_busy": "enqueue"},
+        )
+        assert queued.status_code == 409, queued.text
+        assert queued.json()["error"]["details"]["awaiting_approval"] is True
+        # The unanswered call never reaches a prompt.
+        context = (await client.get(f"/v1/conversations/{cid}/context")).json()
+        assert not any(m.get("tool_calls") for m in context["messages"])
+        # Non-streaming mode reports the parked reply too.
+        other = await new_conversation(client)
+        r = await client.post(f"/v1/conversations/{other}/messages", json={"content": ASK, "stream": False})
+        assert r.status_code == 200 and r.json()["status"] == "awaiting_approval"
+    assert runs == []
+    async with db.transaction() as session:
+        assert (await session.execute(select(func.count()).select_from(ToolInvocation))).scalar_one() == 0
+
+
+async def test_approve_runs_the_tool_once_and_the_reply_streams_on(start_server: Any) -> None:
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(tools=transfer_tools(runs))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        parked = await park(client, cid)
+        ask = required(parked)
+        resumed = await decide_streaming(client, approve_url(ask), {})
+        names = [e.event for e in resumed]
+        assert names[0] == "tool_call.approved" and names[-1] == "turn.completed"
+        assert {"tool.started", "tool.result", "step.started", "message.delta"} <= set(names)
+        # Event ids go on from the parked log with no gap.
+        assert [e.id for e in resumed] == list(range(len(parked) + 1, len(parked) + len(resumed) + 1))
+        result = next(e for e in resumed if e.event == "tool.result")
+        assert json.loads(result.data["result"]) == {"transferred": 5, "to": "bob"}
+        again = await client.post(approve_url(ask), json={})
+        assert again.status_code == 409
+        assert again.json()["error"]["code"] == "tool_call_not_awaiting_approval"
+        turns = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
+        assert [(t["role"], t["status"]) for t in turns] == [
+            ("user", "completed"),
+            ("assistant", "completed"),
+            ("tool", "completed"),
+            ("assistant", "completed"),
+        ]
+        call = turns[1]["tool_calls"][0]
+        assert call["state"] == "succeeded" and call["approval"]["decision"] == "approved"
+        assert call["approval"]["by"] == "user"
+        assert "The tool answered" in turns[3]["content"]
+        # The whole timeline, after the fact: parked, approved, and the rest, once each.
+        async with client.stream("GET", f"/v1/turns/{ask['turn_id']}/events") as r:
+            timeline = await collect(r)
+        assert [(e.id, e.event) for e in timeline] == [(e.id, e.event) for e in parked + resumed]
+        # The conversation is free again.
+        thanks = {"content": "thanks", "stream": False}
+        r = await client.post(f"/v1/conversations/{cid}/messages", json=thanks)
+        assert r.status_code == 200 and r.json()["status"] == "completed"
+    assert runs == [{"amount": 5, "to": "bob"}]
+
+
+async def test_approve_with_edited_arguments_runs_those_and_keeps_what_the_model_sent(
+    start_server: Any,
+) -> None:
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(tools=transfer_tools(runs))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        ask = required(await park(client, cid))
+        edited = {"amount": 1, "to": "carol ✓"}
+        r = await client.post(approve_url(ask), json={"arguments": edited, "stream": False})
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "completed" and r.json()["resumed"] is True
+        call = r.json()["turns"][0]["tool_calls"][0]
+        assert json.loads(call["arguments"]) == edited
+        assert call["received_arguments"] == ASKED_ARGUMENTS
+        assert call["approval"]["arguments_edited"] is True
+        # What the model sees again is what ran.
+        context = (await client.get(f"/v1/conversations/{cid}/context")).json()
+        [sent] = [m for m in context["messages"] if m.get("tool_calls")]
+        assert json.loads(sent["tool_calls"][0]["function"]["arguments"]) == edited
+    assert runs == [edited]
+
+
+async def test_reject_gives_the_model_the_reason_and_runs_nothing(start_server: Any, db: Database) -> None:
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(tools=transfer_tools(runs))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        ask = required(await park(client, cid))
+        r = await client.post(approve_url(ask, "reject"), json={"reason": "too much", "stream": False})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "completed"
+        assistant, tool, final = body["turns"]
+        assert assistant["tool_calls"][0]["state"] == "rejected"
+        assert assistant["tool_calls"][0]["approval"]["reason"] == "too much"
+        assert json.loads(tool["content"]) == {
+            "error": "the user did not approve this tool call",
+            "reason": "too much",
+        }
+        assert "did not approve" in final["content"]
+        assert (await client.post(approve_url(ask), json={})).status_code == 409
+    assert runs == []
+    async with db.transaction() as session:
+        assert (await session.execute(select(func.count()).select_from(ToolInvocation))).scalar_one() == 0
+
+
+async def test_decisions_answer_404_for_others_and_409_for_calls_not_waiting(start_server: Any) -> None:
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(tools=transfer_tools(runs))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        ask = required(await park(client, cid))
+        for tenant, user in (("t2", "u1"), ("t1", "u2")):
+            async with server.client(tenant, user) as stranger:
+                r = await stranger.post(approve_url(ask), json={})
+                assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+                assert (await stranger.post(approve_url(ask, "reject"), json={})).status_code == 404
+        unknown_call = f"/v1/turns/{ask['turn_id']}/tool_calls/call_nope/approve"
+        assert (await client.post(unknown_call, json={})).status_code == 404
+        unknown_turn = "/v1/turns/00000000-0000-0000-0000-000000000000/tool_calls/x/approve"
+        assert (await client.post(unknown_turn, json={})).status_code == 404
+        for bad in ({"arguments": [1, 2]}, {"arguments": "{}"}, {"surprise": 1}):
+            r = await client.post(approve_url(ask), json=bad)
+            assert r.status_code == 422, (bad, r.text)
+        r = await client.post(approve_url(ask, "reject"), json={"reason": "x" * 2001})
+        assert r.status_code == 422
+        # Still waiting after all that.
+        assert (await client.get(f"/v1/turns/{ask['turn_id']}")).json()["status"] == "awaiting_approval"
+        # A call that never needed approval is not waiting.
+        plain = await new_conversation(client)
+        r = await client.post(
+            f"/v1/conversations/{plain}/messages",
+            json={"content": '/tool current_time {"timezone": "UTC"}', "stream": False},
+        )
+        first = r.json()["turns"][0]
+        call_id = first["tool_calls"][0]["id"]
+        r = await client.post(f"/v1/turns/{first['id']}/tool_calls/{call_id}/approve", json={})
+        assert r.status_code == 409
+    assert runs == []
+
+
+async def test_stopping_a_parked_turn_ends_it_as_interrupted_by_user(start_server: Any) -> None:
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(tools=transfer_tools(runs))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        ask = required(await park(client, cid))
+        stop = await client.post(f"/v1/turns/{ask['turn_id']}/stop")
+        assert stop.status_code == 200, stop.text
+        assert stop.json()["status"] == "interrupted_by_user"
+        turn = stop.json()["turn"]
+        assert turn["interrupt_reason"] == "user"
+        assert turn["tool_calls"][0]["state"] == "cancelled"
+        assert turn["tool_calls"][0]["side_effect_may_have_happened"] is False
+        assert (await client.post(approve_url(ask), json={})).status_code == 409
+        assert (await client.post(f"/v1/turns/{ask['turn_id']}/stop")).json()["status"] == (
+            "interrupted_by_user"
+        )
+        async with client.stream("GET", f"/v1/turns/{ask['turn_id']}/events") as r:
+            timeline = await collect(r)
+        assert timeline[-1].event == "turn.interrupted"
+        never_mind = {"content": "never mind", "stream": False}
+        r = await client.post(f"/v1/conversations/{cid}/messages", json=never_mind)
+        assert r.status_code == 200 and r.json()["status"] == "completed"
+        context = (await client.get(f"/v1/conversations/{cid}/context")).json()
+        assert not any(m.get("tool_calls") for m in context["messages"])
+        assert context["dropped"].get("tool_call_of_interrupted_turn") == 1
+    assert runs == []
+
+
+async def test_a_new_message_with_interrupt_ends_a_parked_reply(start_server: Any) -> None:
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(tools=transfer_tools(runs))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        ask = required(await park(client, cid))
+        r = await client.post(
+            f"/v1/conversations/{cid}/messages",
+            json={"content": "forget it", "stream": False, "on_busy": "interrupt"},
+        )
+        assert r.status_code == 200 and r.json()["status"] == "completed"
+        parked = (await client.get(f"/v1/turns/{ask['turn_id']}")).json()
+        assert parked["status"] == "interrupted_by_user" and parked["interrupt_reason"] == "new_message"
+    assert runs == []
+
+
+async def test_a_call_nobody_decides_in_time_counts_as_rejected(start_server: Any) -> None:
+    runs: list[dict[str, Any]] = []
+    tools = transfer_tools(runs, timeout=0.3)
+    server: LiveServer = await start_server(tools=tools, approval_sweep_seconds=0.1)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        ask = required(await park(client, cid))
+        assert ask["expires_at"] is not None
+
+        async def finished() -> list[dict[str, Any]] | None:
+            items = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
+            return items if items[-1]["status"] == "completed" and len(items) == 4 else None
+
+        turns = await wait_until(finished)
+        assert turns[1]["tool_calls"][0]["state"] == "rejected"
+        assert turns[1]["tool_calls"][0]["approval"]["by"] == "timeout"
+        assert json.loads(turns[2]["content"])["error"] == "nobody approved this tool call in time"
+        async with client.stream("GET", f"/v1/turns/{ask['turn_id']}/events") as r:
+            timeline = await collect(r)
+        [rejected] = [e for e in timeline if e.event == "tool_call.rejected"]
+        assert rejected.data["by"] == "timeout"
+        assert (await client.post(approve_url(ask), json={})).status_code == 409
+    assert runs == []
+
+
+async def test_approval_on_another_replica_and_two_racing_approvals_run_the_tool_once(
+    start_server: Any,
+) -> None:
+    runs: list[dict[str, Any]] = []
+    tools = transfer_tools(runs)
+    a: LiveServer = await start_server(tools=tools)
+    b: LiveServer = await start_server(tools=tools)
+    async with a.client() as on_a, b.client() as on_b:
+        cid = await new_conversation(on_a)
+        ask = required(await park(on_a, cid))
+        first, second = await asyncio.gather(
+            on_a.post(approve_url(ask), json={"stream": False}),
+            on_b.post(approve_url(ask), json={"stream": False}),
+        )
+        codes = sorted([first.status_code, second.status_code])
+        assert codes == [200, 409], (first.text, second.text)
+        winner = first if first.status_code == 200 else second
+        assert winner.json()["status"] == "completed"
+        # Park again and approve on the replica that did not start the reply.
+        ask = required(await park(on_a, cid))
+        resumed = await decide_streaming(on_b, approve_url(ask), {})
+        assert resumed[-1].event == "turn.completed"
+    assert len(runs) == 2
+
+
+async def test_an_approval_survives_every_process_being_killed(
+    pg_url: str, db: Database, tmp_path: Path
+) -> None:
+    """Park a turn, SIGKILL every server, start new ones, approve: the reply completes, the tool ran once."""
+    log = tmp_path / "runs.jsonl"
+    env = {
+        "tool_modules": '["tests.approval_tools"]',
+        "tools_requiring_approval": '["transfer_funds"]',
+        "approval_tool_log": str(log),
+        "demo_tokens_per_second": 200,
+    }
+    first, second = ServerProcess(pg_url, **env), ServerProcess(pg_url, **env)
+    await asyncio.gather(first.start(), second.start())
+    try:
+        async with first.client() as client:
+            cid = await new_conversation(client)
+            ask = required(await park(client, cid))
+    finally:
+        first.kill()
+        second.kill()
+    assert not log.exists()
+    fresh = ServerProcess(pg_url, **env)
+    await fresh.start()
+    try:
+        async with fresh.client() as client:
+            resumed = await decide_streaming(client, approve_url(ask), {})
+            assert resumed[-1].event == "turn.completed", [e.event for e in resumed]
+            result = next(e for e in resumed if e.event == "tool.result")
+            assert json.loads(result.data["result"]) == {"transferred": 5, "to": "bob"}
+            assert (await client.post(approve_url(ask), json={})).status_code == 409
+            turns = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
+            assert [t["status"] for t in turns] == ["completed"] * 4
+    finally:
+        fresh.terminate()
+    runs = log.read_text().splitlines()
+    assert len(runs) == 1 and json.loads(runs[0])["args"] == {"amount": 5, "to": "bob"}
