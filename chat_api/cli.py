@@ -73,8 +73,12 @@ def _embedded_workers(settings: Settings) -> list[Any]:
 
 def _serve(settings: Settings, workers: list[Any], banner: str | None, ui_token: str | None = None) -> None:
     from chat_api.app import create_app
+    from chat_api.tools import ToolConfigError
 
-    app = create_app(settings, workers=workers, ui_token=ui_token)
+    try:
+        app = create_app(settings, workers=workers, ui_token=ui_token)
+    except ToolConfigError as exc:
+        raise CommandError(str(exc)) from None
     config = uvicorn.Config(
         app,
         host=settings.host,

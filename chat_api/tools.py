@@ -239,20 +239,27 @@ def default_registry() -> ToolRegistry:
     return registry
 
 
+class ToolConfigError(ValueError):
+    """TOOL_MODULES or the approval settings cannot be applied."""
+
+
 def configured_registry(settings: Settings) -> ToolRegistry:
     """The shipped tools, the ones `TOOL_MODULES` register, and the configured approval rules."""
     registry = default_registry()
     for path in settings.tool_modules:
-        module = importlib.import_module(path)
+        try:
+            module = importlib.import_module(path)
+        except ImportError as exc:
+            raise ToolConfigError(f"tool module {path!r} cannot be imported: {exc}") from exc
         register = getattr(module, "register", None)
         if not callable(register):
-            raise ValueError(f"tool module {path!r} has no register(registry) function")
+            raise ToolConfigError(f"tool module {path!r} has no register(registry) function")
         register(registry)
     unknown = (set(settings.tools_requiring_approval) | set(settings.tool_approval_timeouts)) - set(
         registry.names()
     )
     if unknown:
-        raise ValueError(f"approval settings name unknown tools: {', '.join(sorted(unknown))}")
+        raise ToolConfigError(f"approval settings name unknown tools: {', '.join(sorted(unknown))}")
     for name in settings.tools_requiring_approval:
         registry.replace(dataclasses.replace(registry.require(name), requires_approval=True))
     for name, seconds in settings.tool_approval_timeouts.items():

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
-from chat_api.tools import Tool, ToolRegistry, default_registry
+from chat_api.app import create_app
+from chat_api.tools import Tool, ToolConfigError, ToolRegistry, configured_registry, default_registry
 from memory.db import Database
 from memory.models import ToolInvocation
-from tests.conftest import LiveServer
+from tests.conftest import TEST_SECRET, LiveServer
+from tests.fake_openai import FakeOpenAI, ToolCall
+from tests.fake_openai import Reply as FakeReply
 from tests.procs import ServerProcess
 from tests.sse import SSEEvent, collect
 
@@ -371,3 +378,91 @@ async def test_an_approval_survives_every_process_being_killed(
         fresh.terminate()
     runs = log.read_text().splitlines()
     assert len(runs) == 1 and json.loads(runs[0])["args"] == {"amount": 5, "to": "bob"}
+
+
+async def test_several_calls_wait_for_every_decision_and_reach_the_model_in_order(
+    start_server: Any, fake_openai: FakeOpenAI
+) -> None:
+    """Two calls need approval, one does not: nothing runs until both are decided; the prompt stays valid."""
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(
+        tools=transfer_tools(runs),
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        llm_model="fake-model",
+    )
+    fake_openai.script(
+        FakeReply(
+            text="Two transfers. ",
+            tool_calls=[
+                ToolCall("transfer_funds", {"amount": 1, "to": "ann"}, id="call_a"),
+                ToolCall("transfer_funds", {"amount": 2, "to": "ben"}, id="call_b"),
+                ToolCall("current_time", {"timezone": "UTC"}, id="call_c"),
+            ],
+        ),
+        FakeReply(text="One done, one refused."),
+    )
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json={"content": "pay", "memory_scope": "none"}
+        ) as r:
+            parked = await collect(r)
+        asks = [e.data for e in parked if e.event == "tool_call.approval_required"]
+        assert [a["call_id"] for a in asks] == ["call_a", "call_b"]
+        assert parked[-1].event == "turn.awaiting_approval"
+        assert not any(e.event == "tool.started" for e in parked)
+        first = await client.post(approve_url(asks[0]), json={"stream": False})
+        assert first.status_code == 200, first.text
+        assert first.json()["status"] == "awaiting_approval" and first.json()["resumed"] is False
+        assert runs == []
+        states = [c["state"] for c in first.json()["turns"][0]["tool_calls"]]
+        assert states == ["ready", "awaiting_approval", "ready"]
+        last = await client.post(approve_url(asks[1], "reject"), json={"reason": "no", "stream": False})
+        assert last.status_code == 200, last.text
+        assert last.json()["status"] == "completed" and last.json()["resumed"] is True
+        states = [c["state"] for c in last.json()["turns"][0]["tool_calls"]]
+        assert states == ["succeeded", "rejected", "succeeded"]
+    assert runs == [{"amount": 1, "to": "ann"}]
+    follow_up = fake_openai.requests[-1]
+    assert follow_up.status == 200  # the fake refuses an invalid message list, as the real API does
+    roles = [m["role"] for m in follow_up.messages]
+    assert roles[-4:] == ["assistant", "tool", "tool", "tool"]
+    assert [m["tool_call_id"] for m in follow_up.messages[-3:]] == ["call_a", "call_b", "call_c"]
+
+
+def test_tool_settings_are_applied_and_bad_ones_stop_the_start(make_settings: Any) -> None:
+    registry = configured_registry(
+        make_settings(
+            tool_modules=["tests.approval_tools"],
+            tools_requiring_approval=["transfer_funds"],
+            tool_approval_timeouts={"transfer_funds": 60},
+        )
+    )
+    tool = registry.get("transfer_funds")
+    assert tool is not None and tool.requires_approval and tool.approval_timeout_seconds == 60
+    current_time = registry.get("current_time")
+    assert current_time is not None and not current_time.requires_approval
+    for bad, message in (
+        ({"tools_requiring_approval": ["nope"]}, "unknown tools: nope"),
+        ({"tool_approval_timeouts": {"nope": 5}}, "unknown tools: nope"),
+        ({"tool_modules": ["tests.no_such_module"]}, "cannot be imported"),
+        ({"tool_modules": ["tests.sse"]}, "no register"),
+    ):
+        with pytest.raises(ToolConfigError, match=message):
+            create_app(make_settings(**bad))
+
+
+def test_serve_reports_a_bad_tool_setting_in_one_line(pg_url: str) -> None:
+    env = {**os.environ, "DATABASE_URL": pg_url, "JWT_SECRET": TEST_SECRET}
+    env["TOOLS_REQUIRING_APPROVAL"] = '["nope"]'
+    done = subprocess.run(
+        [sys.executable, "-m", "chat_api.cli", "serve", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == "chatmem: approval settings name unknown tools: nope"
