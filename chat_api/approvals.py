@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.metrics import observe_approval
 from chat_api.replies import Reply
 from chat_api.runner import ReplyRequest
 from chat_api.services import Services
@@ -101,6 +102,7 @@ async def _record(session: AsyncSession, turn: Turn, call_ids: list[str], decisi
         else:
             data["reason"] = decision.reason or ""
         turn.last_event_id += 1
+        observe_approval("approved" if decision.approved else "rejected", decision.by)
         name = "tool_call.approved" if decision.approved else "tool_call.rejected"
         events.append((turn.last_event_id, name, data))
     await append_events(session, turn.reply_id or turn.id, Owner(turn.tenant_id, turn.user_id), events)

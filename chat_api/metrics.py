@@ -50,6 +50,11 @@ REWRITE_LATENCY = Histogram(
     ["outcome"],
     buckets=LATENCY_BUCKETS,
 )
+APPROVAL_DECISIONS = Counter(
+    "chatmem_tool_approval_decisions_total",
+    "Decisions on tool calls that waited for a person, by decision and by whom (user/timeout).",
+    ["decision", "by"],
+)
 OPEN_STREAMS = Gauge("chatmem_open_streams", "SSE responses open in this process.")
 RATE_LIMITED = Counter("chatmem_rate_limited_total", "Requests answered 429, by limit.", ["limit"])
 HTTP_REQUESTS = Counter(
@@ -88,6 +93,10 @@ def observe_reply_end(status: str, seconds: float, usage: Mapping[str, int] | No
         value = (usage or {}).get(kind)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             TOKENS.labels(kind=kind.removesuffix("_tokens")).inc(value)
+
+
+def observe_approval(decision: str, by: str) -> None:
+    APPROVAL_DECISIONS.labels(decision, by).inc()
 
 
 def observe_stop(seconds: float, *, ended: bool) -> None:

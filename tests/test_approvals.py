@@ -158,6 +158,8 @@ async def test_approve_runs_the_tool_once_and_the_reply_streams_on(start_server:
         async with client.stream("GET", f"/v1/turns/{ask['turn_id']}/events") as r:
             timeline = await collect(r)
         assert [(e.id, e.event) for e in timeline] == [(e.id, e.event) for e in parked + resumed]
+        metrics = (await client.get("/metrics")).text
+        assert 'chatmem_tool_approval_decisions_total{by="user",decision="approved"}' in metrics
         # The conversation is free again.
         thanks = {"content": "thanks", "stream": False}
         r = await client.post(f"/v1/conversations/{cid}/messages", json=thanks)
