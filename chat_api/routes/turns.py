@@ -96,7 +96,7 @@ async def approve(
     starts with `tool_call.approved`). 404 for a turn or call that is not yours; 409 when
     the call is not waiting (already decided, stopped, or never needed approval).
     """
-    body = body or ApproveIn()
+    body = body or ApproveIn.model_validate({})
     arguments = None
     if body.arguments is not None:
         arguments = json.dumps(body.arguments, ensure_ascii=False)
@@ -120,7 +120,7 @@ async def reject(
     body: Annotated[RejectIn | None, Body()] = None,
 ) -> EventSourceResponse | DecisionOut:
     """Reject a waiting tool call: it never runs, and the model is told, with the reason, as its result."""
-    body = body or RejectIn()
+    body = body or RejectIn.model_validate({})
     decision = Decision(approved=False, by="user", reason=body.reason)
     return await _decided(turn_id, call_id, decision, body.stream, owner, services, limits)
 
