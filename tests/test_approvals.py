@@ -373,7 +373,7 @@ async def test_an_approval_survives_every_process_being_killed(
             assert resumed[-1].event == "turn.completed", [e.event for e in resumed]
             result = next(e for e in resumed if e.event == "tool.result")
             assert json.loads(result.data["result"]) == {"transferred": 5, "to": "bob"}
-            assert (await client.post(approve_url(ask), json={})).status_code == 409
+            assert (await client.post(approve_url(ask))).status_code == 409  # no body at all
             turns = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
             assert [t["status"] for t in turns] == ["completed"] * 4
     finally:
