@@ -50,6 +50,11 @@ REWRITE_LATENCY = Histogram(
     ["outcome"],
     buckets=LATENCY_BUCKETS,
 )
+RECALLS = Counter(
+    "chatmem_recalls_total",
+    "Memory recalls before a reply, by outcome (ok, timeout: past RECALL_TIMEOUT_SECONDS, error).",
+    ["outcome"],
+)
 APPROVAL_DECISIONS = Counter(
     "chatmem_tool_approval_decisions_total",
     "Decisions on tool calls that waited for a person, by decision and by whom (user/timeout).",
@@ -107,6 +112,11 @@ def observe_stop(seconds: float, *, ended: bool) -> None:
 def observe_retrieval(seconds: float) -> None:
     """Record one memory search."""
     RETRIEVAL_LATENCY.observe(max(seconds, 0.0))
+
+
+def observe_recall(outcome: str) -> None:
+    """Count one recall before a reply; `outcome` is ok, timeout or error."""
+    RECALLS.labels(outcome=outcome).inc()
 
 
 def observe_rewrite(seconds: float, outcome: str) -> None:

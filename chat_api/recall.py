@@ -11,6 +11,7 @@ The same ``MemoryRecaller`` serves the ``recall_memory`` tool and ``/v1/memory/s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -21,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from chat_api.metrics import observe_recall, observe_retrieval
 from chat_api.prompting import MemoryRecall
 from chat_api.replies import Reply
 from chat_api.services import Services
@@ -181,33 +183,38 @@ class MemoryRecaller:
     async def recall_for_reply(
         self, reply: Reply, user_text: str, scope: str
     ) -> tuple[str, list[MemoryItemView], dict[str, Any]]:
-        """The prompter's recall: memories for the reply's prompt and the `memory.retrieved` payload."""
+        """The prompter's recall: memories for the reply's prompt and the `memory.retrieved` payload.
+
+        Time-boxed by RECALL_TIMEOUT_SECONDS: memory is an aid, and a reply that waits for it
+        behind an overloaded encoder or database is worse than one without it.
+        """
+        timeout = self.settings.recall_timeout_seconds
         try:
-            found = await self.search(
-                reply.owner,
-                user_text,
-                k=self.settings.memory_top_k,
-                scope_conversation=reply.conversation_id if scope == "conversation" else None,
-                history_conversation=reply.conversation_id,
-                exclude_window=True,
-                extra_exclude=[reply.user_turn_id],
-                store_query_on=reply.id,
+            async with asyncio.timeout(timeout):
+                found = await self.search(
+                    reply.owner,
+                    user_text,
+                    k=self.settings.memory_top_k,
+                    scope_conversation=reply.conversation_id if scope == "conversation" else None,
+                    history_conversation=reply.conversation_id,
+                    exclude_window=True,
+                    extra_exclude=[reply.user_turn_id],
+                    store_query_on=reply.id,
+                )
+        except TimeoutError:
+            observe_recall("timeout")
+            log.warning(
+                "memory recall for reply %s took longer than %gs; replying without it", reply.id, timeout
             )
+            message = f"memory recall took longer than {timeout:g}s; the reply goes on without memory"
+            return user_text, [], _without_memory(user_text, scope, "memory_timeout", message)
         except Exception as exc:
             # Memory is an aid: the reply goes on without it, and the client is told why.
             log.exception("memory recall failed for reply %s", reply.id)
-            return (
-                user_text,
-                [],
-                {
-                    "query": user_text,
-                    "rewritten_query": user_text,
-                    "rewrite": "skipped",
-                    "scope": scope,
-                    "items": [],
-                    "error": {"code": "memory_unavailable", "message": type(exc).__name__},
-                },
-            )
+            observe_recall("error")
+            return user_text, [], _without_memory(user_text, scope, "memory_unavailable", type(exc).__name__)
+        observe_recall("ok")
+        observe_retrieval(found.latency_ms["search"] / 1000)
         items = [
             MemoryItemView(
                 text=m.hit.text,
@@ -256,6 +263,18 @@ class MemoryRecaller:
                 for m in found.memories
             ],
         }
+
+
+def _without_memory(user_text: str, scope: str, code: str, message: str) -> dict[str, Any]:
+    """The `memory.retrieved` payload of a reply that goes on without memory, saying why."""
+    return {
+        "query": user_text,
+        "rewritten_query": user_text,
+        "rewrite": "skipped",
+        "scope": scope,
+        "items": [],
+        "error": {"code": code, "message": message},
+    }
 
 
 def _ms_since(started: float) -> float:

@@ -149,6 +149,11 @@ class Settings(BaseSettings):
     memory_top_k: int = Field(6, ge=1, le=100, description="Memories put in front of the model.")
     memory_min_score: float = Field(0.0, ge=0, description="Relevance threshold on the fused score.")
     memory_scope: Literal["user", "conversation"] = Field("user", description="Default retrieval scope.")
+    recall_timeout_seconds: float = Field(
+        3.0,
+        gt=0,
+        description="Time box of memory recall before a reply; past it the reply starts without memory.",
+    )
 
     # --- observability -------------------------------------------------------------
     log_level: str = Field("INFO", description="Log level.")

@@ -3,6 +3,13 @@
 Encoding is CPU-bound, so ``embed`` runs it in a worker thread and lets only one encode
 run at a time: on a 2-core machine two concurrent encodes just fight over the cores
 (torch already uses both) and each takes twice as long.
+
+Every reply embeds its memory query, so under load many small ``embed`` calls arrive at
+once. One text costs ~7 ms to encode here, 32 texts in one call ~1.8 ms each, and every
+encode also holds the GIL for its Python parts, stalling the event loop. ``EncodeBatcher``
+therefore joins the calls that queued while an encode was running into the next encode
+call: an idle process encodes at once (no waiting window), a busy one in batches whose
+size follows the load.
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ import hashlib
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +36,77 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
 
 
+Vectors = list[list[float]]
+
+
+class EncodeBatcher:
+    """Runs a synchronous batch encoder in a worker thread, one call at a time, joining queued calls.
+
+    Calls that arrive while an encode runs wait for the next one and share it (up to
+    ``max_texts`` texts, but never splitting a call); each caller gets its own texts'
+    vectors back, in order. A caller that is cancelled while waiting is left out.
+    """
+
+    def __init__(self, encode: Callable[[list[str]], Vectors], *, max_texts: int) -> None:
+        self._encode = encode
+        self.max_texts = max_texts
+        self._queue: deque[tuple[list[str], asyncio.Future[Vectors]]] = deque()
+        self._drainer: asyncio.Task[None] | None = None
+        self.encode_calls = 0  # how many encode calls ran (for metrics and tests)
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """The vectors of ``texts``, encoded in a worker thread together with other waiting calls."""
+        if not texts:
+            return []
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Vectors] = loop.create_future()
+        self._queue.append((list(texts), future))
+        drainer = self._drainer
+        if drainer is None or drainer.done() or drainer.get_loop() is not loop:
+            # A drainer of another (closed) loop can never finish: only this loop's calls are kept.
+            self._queue = deque(item for item in self._queue if item[1].get_loop() is loop)
+            self._drainer = loop.create_task(self._drain(), name="embedding-batcher")
+        return await future
+
+    def _next_batch(self) -> list[tuple[list[str], asyncio.Future[Vectors]]]:
+        batch: list[tuple[list[str], asyncio.Future[Vectors]]] = []
+        size = 0
+        while self._queue:
+            texts, future = self._queue[0]
+            if future.done():  # its caller was cancelled
+                self._queue.popleft()
+                continue
+            if batch and size + len(texts) > self.max_texts:
+                break
+            batch.append(self._queue.popleft())
+            size += len(texts)
+        return batch
+
+    async def _drain(self) -> None:
+        batch: list[tuple[list[str], asyncio.Future[Vectors]]] = []
+        try:
+            while batch := self._next_batch():
+                texts = [text for call, _ in batch for text in call]
+                self.encode_calls += 1
+                try:
+                    vectors = await asyncio.to_thread(self._encode, texts)
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                start = 0
+                for call, future in batch:
+                    if not future.done():
+                        future.set_result(vectors[start : start + len(call)])
+                    start += len(call)
+        finally:
+            # Cancelled with the loop: nobody would ever answer the callers still waiting.
+            for _, future in [*batch, *self._queue]:
+                if not future.done():
+                    future.cancel()
+
+
 class SentenceTransformerEmbedder:
     """A sentence-transformers model, loaded once by ``load()`` and encoded off the event loop."""
 
@@ -38,6 +117,8 @@ class SentenceTransformerEmbedder:
         self._model: Any = None
         # A thread lock, not an asyncio one: encode_sync may also be called from threads.
         self._encode_lock = threading.Lock()
+        # Concurrent queries (a few texts each) share encode calls; an indexer batch goes alone.
+        self._batcher = EncodeBatcher(self.encode_sync, max_texts=batch_size)
 
     def load(self) -> None:
         """Load the model (synchronous; call it at startup, e.g. via ``asyncio.to_thread``)."""
@@ -73,11 +154,14 @@ class SentenceTransformerEmbedder:
             )
         return [[float(x) for x in row] for row in vectors]
 
+    @property
+    def encode_calls(self) -> int:
+        """How many encode calls ``embed`` has made (fewer than its callers under load)."""
+        return self._batcher.encode_calls
+
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """L2-normalised embeddings of ``texts``, computed in a worker thread."""
-        if not texts:
-            return []
-        return await asyncio.to_thread(self.encode_sync, list(texts))
+        """L2-normalised embeddings of ``texts``, computed in a worker thread with other waiting calls."""
+        return await self._batcher.embed(texts)
 
 
 class HashEmbedder:

@@ -1,0 +1,114 @@
+"""Concurrent embed calls share encode calls, and each caller still gets its own vectors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from memory.config import default_embedding_model
+from memory.embeddings import EncodeBatcher, HashEmbedder, SentenceTransformerEmbedder
+
+QUERIES = [
+    "where did I go hiking last summer",
+    "what is my sister's name",
+    "which restaurant did we talk about",
+    "remind me of the book I was reading",
+    "what did I say about the weather in Lisbon",
+    "my dentist appointment",
+    "the name of the cat",
+    "what programming language do I use at work",
+]
+
+
+class GatedEncoder:
+    """A synchronous batch encoder (the process edge) that can be held and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.hash = HashEmbedder(dim=16)
+
+    def __call__(self, texts: list[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        self.entered.set()
+        if not self.release.wait(10):
+            raise TimeoutError("the test never released the encoder")
+        return [self.hash.embed_one(text) for text in texts]
+
+
+async def test_calls_queued_behind_an_encode_share_the_next_one() -> None:
+    encoder = GatedEncoder()
+    batcher = EncodeBatcher(encoder, max_texts=64)
+    first = asyncio.create_task(batcher.embed(["the first call runs alone"]))
+    assert await asyncio.to_thread(encoder.entered.wait, 10)
+    waiting = [asyncio.create_task(batcher.embed([q, q.upper()])) for q in QUERIES]
+    await asyncio.sleep(0)  # let every call reach the queue while the first encode is held
+    encoder.release.set()
+    results = await asyncio.gather(first, *waiting)
+    assert [len(c) for c in encoder.calls] == [1, 2 * len(QUERIES)]
+    assert results[0] == [encoder.hash.embed_one("the first call runs alone")]
+    for query, vectors in zip(QUERIES, results[1:], strict=True):
+        assert vectors == [encoder.hash.embed_one(query), encoder.hash.embed_one(query.upper())]
+
+
+async def test_batches_never_exceed_max_texts_nor_split_a_call() -> None:
+    encoder = GatedEncoder()
+    batcher = EncodeBatcher(encoder, max_texts=5)
+    first = asyncio.create_task(batcher.embed(["x"]))
+    assert await asyncio.to_thread(encoder.entered.wait, 10)
+    big = asyncio.create_task(batcher.embed([f"t{i}" for i in range(9)]))  # larger than a batch: alone
+    small = [asyncio.create_task(batcher.embed([f"s{i}", f"s{i}!"])) for i in range(4)]
+    await asyncio.sleep(0)
+    encoder.release.set()
+    await asyncio.gather(first, big, *small)
+    assert [len(c) for c in encoder.calls] == [1, 9, 4, 4]
+    assert (await big) == [encoder.hash.embed_one(f"t{i}") for i in range(9)]
+
+
+async def test_a_cancelled_caller_is_left_out_and_an_error_reaches_every_caller_of_its_batch() -> None:
+    encoder = GatedEncoder()
+    batcher = EncodeBatcher(encoder, max_texts=64)
+    first = asyncio.create_task(batcher.embed(["held"]))
+    assert await asyncio.to_thread(encoder.entered.wait, 10)
+    gone = asyncio.create_task(batcher.embed(["nobody waits for this"]))
+    kept = asyncio.create_task(batcher.embed(["still wanted"]))
+    await asyncio.sleep(0)
+    gone.cancel()
+    encoder.release.set()
+    assert await kept == [encoder.hash.embed_one("still wanted")]
+    await first
+    assert ["nobody waits for this"] not in encoder.calls
+
+    def failing(texts: list[str]) -> list[list[float]]:
+        raise RuntimeError("encoder broke")
+
+    broken = EncodeBatcher(failing, max_texts=64)
+    results = await asyncio.gather(*(broken.embed([q]) for q in QUERIES[:3]), return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert await broken.embed([]) == []
+
+
+@pytest.fixture(scope="module")
+def real_model() -> SentenceTransformerEmbedder:
+    model = SentenceTransformerEmbedder(default_embedding_model(), batch_size=64)
+    model.load()
+    return model
+
+
+async def test_real_model_concurrent_queries_get_their_own_vectors(
+    real_model: SentenceTransformerEmbedder,
+) -> None:
+    alone = [real_model.encode_sync([q])[0] for q in QUERIES]
+    calls_before = real_model.encode_calls
+    together = await asyncio.gather(*(real_model.embed([q]) for q in QUERIES))
+    # Eight concurrent calls: the first encodes at once, the rest share what follows.
+    assert real_model.encode_calls - calls_before < len(QUERIES)
+    for own, (vector,) in zip(alone, together, strict=True):
+        assert max(abs(a - b) for a, b in zip(own, vector, strict=True)) < 1e-4
+    # And each is closest to its own query, not a neighbour's (no mix-up of slices).
+    for i, (vector,) in enumerate(together):
+        scores = [sum(a * b for a, b in zip(vector, other, strict=True)) for other in alone]
+        assert scores.index(max(scores)) == i
