@@ -6,6 +6,13 @@ it is committed, woken by the checkpoint NOTIFY, with a short poll as a fallback
 path adds up to one checkpoint interval of latency (250 ms by default). Only a
 contiguous run of ids is ever yielded, so a chunk committed out of order is waited for
 rather than skipped.
+
+Events are sent in batches: whatever is already in the log when a follower wakes goes
+out as one write of consecutive SSE frames (each with its own id), not one write per
+event. An idle stream still sends each token the moment it is published; a follower that
+fell behind (a busy event loop, a resume) catches up in one write, so under load the
+cost per token falls instead of the backlog growing. Frames are encoded here, once, as
+the SSE bytes the client parses, with the same fields and separator as sse-starlette's.
 """
 
 from __future__ import annotations
@@ -15,11 +22,10 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 from sqlalchemy import select
 
-from chat_api.replies import Event
+from chat_api.replies import Event, Reply
 from chat_api.runner import TERMINAL_EVENT
 from chat_api.services import Services
 from memory.models import Turn, TurnStatus
@@ -29,6 +35,10 @@ TERMINAL_NAMES = frozenset(TERMINAL_EVENT.values())
 # Ends a stream only when nothing follows it: a reply resumed after approval goes on past it.
 PARKED_EVENT = TERMINAL_EVENT[TurnStatus.AWAITING_APPROVAL]
 DB_POLL_SECONDS = 0.5
+# Bounds one write when a follower is far behind (e.g. resuming a long reply from the start).
+MAX_EVENTS_PER_WRITE = 256
+# sse-starlette's default line separator, which clients have seen so far.
+SEP = "\r\n"
 
 
 async def _reply_over(services: Services, reply_id: uuid.UUID) -> bool:
@@ -39,25 +49,35 @@ async def _reply_over(services: Services, reply_id: uuid.UUID) -> bool:
         return streaming.first() is None
 
 
-async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> AsyncIterator[Event]:
-    """Every event of the reply with id > after, then live ones until its terminal event."""
+async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> AsyncIterator[list[Event]]:
+    """Every event of the reply with id > after, then live ones until its terminal event, in batches.
+
+    Each batch is the consecutive events available when the follower looked (never empty).
+    """
     reply = services.registry.get(reply_id)
     if reply is not None:
-        async for event in reply.follow(after):
-            yield event
+        async for batch in _local_batches(reply, after):
+            yield batch
         return
     expected = after + 1
     while True:
         wake = services.signals.wake_event()
         async with services.db.session() as session:
             events = await load_events(session, reply_id, expected - 1)
+        batch: list[Event] = []
+        ended = False
         for event in events:
             if event[0] != expected:
                 break  # a chunk committed out of order: wait for the gap to fill
-            yield event
+            batch.append(event)
             expected += 1
             if event[1] in TERMINAL_NAMES and not (event[1] == PARKED_EVENT and event is not events[-1]):
-                return
+                ended = True
+                break
+        if batch:
+            yield batch
+        if ended:
+            return
         if not events and await _reply_over(services, reply_id):
             # Over, and nothing more stored (e.g. an imported turn): nothing to follow.
             async with services.db.session() as session:
@@ -67,20 +87,36 @@ async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> A
             await asyncio.wait_for(wake.wait(), timeout=DB_POLL_SECONDS)
 
 
-def sse_item(event: Event) -> dict[str, Any]:
+async def _local_batches(reply: Reply, after: int) -> AsyncIterator[list[Event]]:
+    # Reply.follow hands over events already in the log without waiting, so taking those
+    # at once never blocks; ids are the log positions (1, 2, …), so the log says how many.
+    events = reply.follow(after)
+    try:
+        async for event in events:
+            batch = [event]
+            while batch[-1][0] < len(reply.events) and len(batch) < MAX_EVENTS_PER_WRITE:
+                batch.append(await anext(events))
+            yield batch
+    finally:
+        await events.aclose()
+
+
+def sse_frame(event: Event) -> bytes:
+    """One event as SSE bytes: id, event name, one data line of JSON (which never holds a newline)."""
     event_id, name, data = event
-    return {"id": str(event_id), "event": name, "data": json.dumps(data, ensure_ascii=False)}
+    payload = json.dumps(data, ensure_ascii=False)
+    return f"id: {event_id}{SEP}event: {name}{SEP}data: {payload}{SEP}{SEP}".encode()
 
 
 async def sse_stream(
     services: Services, reply_id: uuid.UUID, after: int, *, stop_on_disconnect: bool
-) -> AsyncIterator[dict[str, Any]]:
-    """SSE items for a reply; with `stop_on_disconnect`, a client leaving early stops the reply."""
+) -> AsyncIterator[bytes]:
+    """SSE bytes of a reply, one write per batch; with `stop_on_disconnect`, a client leaving stops it."""
     ended = False
     try:
-        async for event in follow_reply(services, reply_id, after):
-            yield sse_item(event)
-            ended = event[1] in TERMINAL_NAMES
+        async for batch in follow_reply(services, reply_id, after):
+            yield b"".join(sse_frame(event) for event in batch)
+            ended = batch[-1][1] in TERMINAL_NAMES
     finally:
         if stop_on_disconnect and not ended:
             reply = services.registry.get(reply_id)

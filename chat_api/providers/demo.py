@@ -9,6 +9,14 @@ Cues in the user's last message:
 - ``/remember QUESTION`` calls ``recall_memory``;
 - ``/fail`` fails before the first token, ``/fail-mid`` fails after a few words;
 - ``/long`` gives a reply five times as long.
+
+Pace: token i is due at ``start + i / tokens_per_second`` on the loop's clock, like a real
+model whose tokens keep arriving on its socket at its own rate whatever our process is
+doing. When the event loop wakes it late, the tokens already due are emitted at once
+(as a socket read would return them), instead of each waiting a full interval after
+the previous one: sleeping a fixed interval between tokens would let every late wake-up
+slow the model down for the rest of the reply, and a busy server would see its own
+lateness as a slower model rather than as delivery lag.
 """
 
 from __future__ import annotations
@@ -45,6 +53,21 @@ def _memories(messages: Sequence[dict[str, Any]]) -> list[str]:
                 ln[2:].strip() for ln in str(message.get("content") or "").splitlines() if ln.startswith("- ")
             ]
     return lines
+
+
+class _Pace:
+    """Token i is due `i * interval` after the first; waits only for tokens not yet due."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.loop = asyncio.get_running_loop()
+        self.due = self.loop.time()
+
+    async def next_token(self) -> None:
+        self.due += self.interval
+        delay = self.due - self.loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
 
 class DemoProvider:
@@ -96,17 +119,18 @@ class DemoProvider:
         if self.first_token_delay:
             await asyncio.sleep(self.first_token_delay)
         emitted = 0
+        pace = _Pace(self.interval)
         if call is not None:
             name, arguments = call
             yield ToolCallDelta(index=0, id=f"call_{uuid.uuid4().hex[:16]}", name=name)
             for start in range(0, len(arguments), 4):
-                await asyncio.sleep(self.interval)
+                await pace.next_token()
                 yield ToolCallDelta(index=0, arguments=arguments[start : start + 4])
             yield StreamEnd(finish_reason="tool_calls", usage={"completion_tokens": len(arguments) // 4 + 1})
             return
         for i, word in enumerate(words):
             if i:
-                await asyncio.sleep(self.interval)
+                await pace.next_token()
             if "/fail-mid" in user_text and i == 5:
                 raise ProviderError("demo model failure mid-stream (asked for by /fail-mid)", status=500)
             yield TextDelta(word if i == 0 else " " + word)
