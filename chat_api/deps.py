@@ -10,20 +10,26 @@ from chat_api.auth import AuthError
 from chat_api.observability import bind_log_context
 from chat_api.services import Services
 from memory.conversations import Owner
+from memory.tenancy import set_tenant
 
 
 def get_services(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
-def current_owner(request: Request, services: Annotated[Services, Depends(get_services)]) -> Owner:
-    """The tenant and user named by the bearer token (401 otherwise)."""
+async def current_owner(request: Request, services: Annotated[Services, Depends(get_services)]) -> Owner:
+    """The tenant and user named by the bearer token (401 otherwise); scopes the request to the tenant.
+
+    Async on purpose: a sync dependency runs in a worker thread, and the tenant it set
+    would not reach the request's own task (nor the reply tasks it starts).
+    """
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthError("missing bearer token")
     owner = services.verifier.verify(token.strip())
     bind_log_context(tenant_id=owner.tenant_id, user_id=owner.user_id)
+    set_tenant(owner.tenant_id)
     return owner
 
 

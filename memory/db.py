@@ -2,6 +2,10 @@
 
 The caller owns the transaction: repository functions take a session and never commit;
 routes, the runner and the consumers open ``async with db.transaction() as session``.
+
+A transaction that begins while a tenant is set (``memory.tenancy``) runs as the
+``chatmem_tenant`` role with that tenant, so row-level security hides other tenants'
+rows; one extra statement per transaction, none when no tenant is set.
 """
 
 from __future__ import annotations
@@ -10,10 +14,30 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from sqlalchemy import make_url, text
+from sqlalchemy import Connection, event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session, SessionTransaction
+
+from memory.tenancy import TENANT_ROLE, TENANT_SETTING, current_tenant
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+# Transaction-local (`true`): both revert at commit or rollback, so a pooled connection
+# never hands one request's tenant to the next transaction.
+SCOPE_TRANSACTION = text(
+    f"SELECT set_config('role', '{TENANT_ROLE}', true), set_config('{TENANT_SETTING}', :tenant, true)"
+)
+
+
+class TenantScopedSession(Session):
+    """The sessions of every Database: scoped to the current tenant when one is set."""
+
+
+@event.listens_for(TenantScopedSession, "after_begin")
+def _scope_to_tenant(session: Session, transaction: SessionTransaction, connection: Connection) -> None:
+    tenant = current_tenant()
+    if tenant is not None:
+        connection.execute(SCOPE_TRANSACTION, {"tenant": tenant})
 
 
 def asyncpg_dsn(database_url: str) -> str:
@@ -43,7 +67,9 @@ class Database:
             max_overflow=max(2, pool_size // 4),
             pool_pre_ping=False,
         )
-        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self.sessions = async_sessionmaker(
+            self.engine, expire_on_commit=False, sync_session_class=TenantScopedSession
+        )
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:

@@ -15,6 +15,7 @@ size follows the load.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import math
 import os
@@ -65,7 +66,11 @@ class EncodeBatcher:
         if drainer is None or drainer.done() or drainer.get_loop() is not loop:
             # A drainer of another (closed) loop can never finish: only this loop's calls are kept.
             self._queue = deque(item for item in self._queue if item[1].get_loop() is loop)
-            self._drainer = loop.create_task(self._drain(), name="embedding-batcher")
+            # A fresh context: the drainer serves every request, so it must not keep the first
+            # caller's tenant scope or log ids (memory/tenancy.py).
+            self._drainer = loop.create_task(
+                self._drain(), name="embedding-batcher", context=contextvars.Context()
+            )
         return await future
 
     def _next_batch(self) -> list[tuple[list[str], asyncio.Future[Vectors]]]:

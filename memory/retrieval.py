@@ -32,8 +32,10 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memory.errors import NotFound
 from memory.keywords import query_terms
 from memory.models import EMBEDDING_DIM
+from memory.tenancy import TENANT_ROLE, current_tenant
 
 KEYWORD_WEIGHT = 1.5
 VECTOR_WEIGHT = 1.0
@@ -47,6 +49,16 @@ SET_SEARCH_SETTINGS = text(
     "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
     " set_config('hnsw.ef_search', :ef_search, true)"
 )
+# Under row-level security Postgres may not use an index for a non-leakproof operator such
+# as `@@` (only a superuser can mark one leakproof), so keyword search would scan every
+# memory row. The search statement filters tenant and user itself inside every candidate
+# list and is only run for the transaction's own tenant (checked in search_memory), so it
+# alone runs as the connecting role; the rest of the transaction stays scoped.
+SET_SEARCH_SETTINGS_AS_OWNER = text(
+    "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+    " set_config('hnsw.ef_search', :ef_search, true), set_config('role', 'none', true)"
+)
+RESTORE_TENANT_ROLE = text(f"SELECT set_config('role', '{TENANT_ROLE}', true)")
 
 _OWNER_FILTER = """m.tenant_id = :tenant_id AND m.user_id = :user_id
       AND m.turn_id <> ALL(:exclude_turn_ids){conversation_filter}"""
@@ -193,7 +205,11 @@ async def search_memory(
     if k <= 0:
         return []
     candidates = max(candidates, k)
-    await session.execute(SET_SEARCH_SETTINGS, {"ef_search": str(max(MIN_EF_SEARCH, candidates))})
+    scope = current_tenant()
+    if scope is not None and scope != tenant_id:
+        raise NotFound("no such memory")  # a scoped caller never searches another tenant
+    settings = SET_SEARCH_SETTINGS if scope is None else SET_SEARCH_SETTINGS_AS_OWNER
+    await session.execute(settings, {"ef_search": str(max(MIN_EF_SEARCH, candidates))})
     statement = HYBRID_SEARCH_USER if conversation_id is None else HYBRID_SEARCH_CONVERSATION
     params: dict[str, Any] = {
         "tenant_id": tenant_id,
@@ -212,7 +228,9 @@ async def search_memory(
     }
     if conversation_id is not None:
         params["conversation_id"] = conversation_id
-    result = await session.execute(statement, params)
+    result = (await session.execute(statement, params)).all()
+    if scope is not None:
+        await session.execute(RESTORE_TENANT_ROLE)
     return [
         MemoryHit(
             turn_id=row.turn_id,
