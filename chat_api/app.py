@@ -24,7 +24,7 @@ from chat_api.ratelimit import enforce_request_rate, install_rate_limits
 from chat_api.reaper import Reaper
 from chat_api.recall import build_recall
 from chat_api.replies import ReplyRegistry
-from chat_api.routes import conversations, health, imports, messages, page, turns
+from chat_api.routes import branches, conversations, health, imports, messages, page, turns
 from chat_api.routes import memory as memory_routes
 from chat_api.runner import ReplyRunner
 from chat_api.services import Services, process_id
@@ -185,6 +185,7 @@ def create_app(
     for public in (health.router, page.router):
         app.include_router(public)
     limited = [Depends(enforce_request_rate)]
-    for router in (conversations.router, messages.router, turns.router, memory_routes.router, imports.router):
-        app.include_router(router, dependencies=limited)
+    routers = (conversations, messages, turns, branches, memory_routes, imports)
+    for module in routers:
+        app.include_router(module.router, dependencies=limited)
     return app

@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.approvals import end_parked_reply
 from chat_api.metrics import observe_stop
@@ -17,11 +19,12 @@ from chat_api.replies import Reply
 from chat_api.runner import ReplyRequest
 from chat_api.services import Services
 from chat_api.signals import Signals
+from memory.branches import activate_branch, create_branch, edit_point, regenerate_point, user_turn_before
 from memory.conversations import Owner, get_conversation
 from memory.errors import ConversationBusy
-from memory.models import Turn, TurnStatus
+from memory.models import Conversation, Turn, TurnStatus
 from memory.outbox import record_finished_turn
-from memory.turns import begin_reply, find_by_idempotency_key
+from memory.turns import begin_answer, begin_reply, find_by_idempotency_key, get_turn
 
 POLL_SECONDS = 0.25
 
@@ -31,6 +34,12 @@ class Accepted:
     reply_id: uuid.UUID
     user_turn_id: uuid.UUID
     reattached: bool
+
+
+# Stores a reply's turns in the locked conversation: (session, conversation, reply id) ->
+# (the user turn the reply answers, the text recall searches with).
+Started = tuple[Turn, str]
+BeginReply = Callable[[AsyncSession, Conversation, uuid.UUID], Awaitable[Started]]
 
 
 async def accept_message(
@@ -44,30 +53,140 @@ async def accept_message(
     memory_scope: str,
 ) -> Accepted:
     """Store the user turn and a streaming assistant turn, and start the reply."""
+
+    async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
+        user_turn, _ = await begin_reply(
+            session,
+            conversation,
+            content=content,
+            reply_id=reply_id,
+            idempotency_key=idempotency_key,
+            model=services.provider.model,
+            owner_tag=services.process_id,
+        )
+        await record_finished_turn(session, user_turn)
+        return user_turn, content
+
+    return await start_reply(
+        services,
+        owner,
+        conversation_id,
+        begin,
+        on_busy=on_busy,
+        idempotency_key=idempotency_key,
+        memory_scope=memory_scope,
+    )
+
+
+async def regenerate_reply(
+    services: Services,
+    owner: Owner,
+    turn: Turn,
+    *,
+    conversation_id: uuid.UUID,
+    on_busy: str,
+    idempotency_key: str | None,
+    memory_scope: str,
+) -> Accepted:
+    """Answer the last reply's user message again, on a new active branch forked just after it."""
+
+    async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
+        current = await get_turn(session, owner, turn.id)  # re-read under the conversation's lock
+        parent, fork_seq, user_turn = await regenerate_point(session, conversation, current)
+        branch = await create_branch(session, conversation, parent=parent, fork_seq=fork_seq)
+        await activate_branch(session, conversation, branch)
+        await begin_answer(
+            session,
+            conversation,
+            reply_id=reply_id,
+            idempotency_key=idempotency_key,
+            model=services.provider.model,
+            owner_tag=services.process_id,
+        )
+        return user_turn, user_turn.content or ""
+
+    return await start_reply(
+        services,
+        owner,
+        conversation_id,
+        begin,
+        on_busy=on_busy,
+        idempotency_key=idempotency_key,
+        memory_scope=memory_scope,
+    )
+
+
+async def edit_message(
+    services: Services,
+    owner: Owner,
+    turn: Turn,
+    content: str,
+    *,
+    conversation_id: uuid.UUID,
+    on_busy: str,
+    idempotency_key: str | None,
+    memory_scope: str,
+) -> Accepted:
+    """Replace a user message: a new active branch forked just before it, the new message, and a reply."""
+
+    async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
+        current = await get_turn(session, owner, turn.id)  # re-read under the conversation's lock
+        parent, fork_seq = await edit_point(session, conversation, current)
+        branch = await create_branch(session, conversation, parent=parent, fork_seq=fork_seq)
+        await activate_branch(session, conversation, branch)
+        user_turn, _ = await begin_reply(
+            session,
+            conversation,
+            content=content,
+            reply_id=reply_id,
+            idempotency_key=idempotency_key,
+            model=services.provider.model,
+            owner_tag=services.process_id,
+        )
+        await record_finished_turn(session, user_turn)
+        return user_turn, content
+
+    return await start_reply(
+        services,
+        owner,
+        conversation_id,
+        begin,
+        on_busy=on_busy,
+        idempotency_key=idempotency_key,
+        memory_scope=memory_scope,
+    )
+
+
+async def start_reply(
+    services: Services,
+    owner: Owner,
+    conversation_id: uuid.UUID,
+    begin: BeginReply,
+    *,
+    on_busy: str,
+    idempotency_key: str | None,
+    memory_scope: str,
+) -> Accepted:
+    """Lock the conversation, apply the busy policy, store the reply's turns with `begin`, and launch it.
+
+    A request retried with the same Idempotency-Key reattaches to the reply it started.
+    """
     while True:
         running: uuid.UUID | None = None
         reply: Reply | None = None
+        user_text = ""
         try:
             async with services.db.transaction() as session:
                 conversation = await get_conversation(session, owner, conversation_id, for_update=True)
                 if idempotency_key:
                     earlier = await find_by_idempotency_key(session, conversation.id, idempotency_key)
                     if earlier is not None and earlier.reply_id is not None:
-                        return Accepted(earlier.reply_id, earlier.id, reattached=True)
+                        return Accepted(earlier.reply_id, await _answered(session, earlier), reattached=True)
                 if conversation.active_reply_id is not None:
                     running = conversation.active_reply_id
                 else:
                     reply_id = uuid.uuid4()
-                    user_turn, _ = await begin_reply(
-                        session,
-                        conversation,
-                        content=content,
-                        reply_id=reply_id,
-                        idempotency_key=idempotency_key,
-                        model=services.provider.model,
-                        owner_tag=services.process_id,
-                    )
-                    await record_finished_turn(session, user_turn)
+                    user_turn, user_text = await begin(session, conversation, reply_id)
                     reply = Reply(reply_id, owner, conversation.id, user_turn.id)
                     reply.publish(
                         "turn.started",
@@ -87,7 +206,7 @@ async def accept_message(
                 services.registry.remove(reply.id)
             raise
         if reply is not None:
-            services.runner.launch(reply, ReplyRequest(user_text=content, memory_scope=memory_scope))
+            services.runner.launch(reply, ReplyRequest(user_text=user_text, memory_scope=memory_scope))
             return Accepted(reply.id, reply.user_turn_id, reattached=False)
         assert running is not None
         if on_busy == "reject":
@@ -105,6 +224,14 @@ async def accept_message(
                     awaiting_approval=True,
                 )
             await wait_reply_done(services, running, timeout=None)
+
+
+async def _answered(session: AsyncSession, earlier: Turn) -> uuid.UUID:
+    # A message's key is on its user turn; a regenerate's on the reply's assistant turn.
+    if earlier.role == "user":
+        return earlier.id
+    user_turn = await user_turn_before(session, earlier)
+    return user_turn.id if user_turn is not None else earlier.id
 
 
 async def reply_streaming(services: Services, reply_id: uuid.UUID) -> bool:

@@ -36,6 +36,7 @@ class ConversationOut(BaseModel):
     turn_count: int = Field(description="Turns stored so far (the last sequence number).")
     indexed_seq: int = Field(description="Turns up to this sequence number are in long-term memory.")
     active_reply_id: uuid.UUID | None
+    active_branch_id: uuid.UUID = Field(description="The branch new messages go to (see …/branches).")
 
     @classmethod
     def of(cls, c: Conversation) -> ConversationOut:
@@ -48,6 +49,7 @@ class ConversationOut(BaseModel):
             turn_count=c.next_seq - 1,
             indexed_seq=c.indexed_seq,
             active_reply_id=c.active_reply_id,
+            active_branch_id=c.active_branch_id,
         )
 
 
@@ -56,8 +58,9 @@ class ConversationPage(BaseModel):
     next_cursor: str | None
 
 
-class MessageCreate(Strict):
-    content: str = Field(description="The user's message.")
+class ReplyOptions(Strict):
+    """How a reply is started and delivered (a message, a regenerate, an edit)."""
+
     stream: bool = Field(True, description="Stream the reply as SSE (true) or return the finished turns.")
     on_busy: Literal["reject", "interrupt", "enqueue"] | None = Field(
         None, description="While a reply streams: 409, stop it, or wait for it. Default: ON_BUSY_DEFAULT."
@@ -68,6 +71,43 @@ class MessageCreate(Strict):
     memory_scope: Literal["user", "conversation", "none"] | None = Field(
         None, description="Where long-term memory is searched. Default: MEMORY_SCOPE."
     )
+
+
+class MessageCreate(ReplyOptions):
+    content: str = Field(description="The user's message.")
+
+
+class RegenerateIn(ReplyOptions):
+    conversation_id: uuid.UUID | None = Field(
+        None, description="The conversation to branch (a fork sharing the turn). Default: the turn's own."
+    )
+
+
+class EditIn(RegenerateIn):
+    content: str = Field(description="The new text of the user message.")
+
+
+class ForkIn(Strict):
+    turn_id: uuid.UUID = Field(description="The fork's history is the conversation's up to this turn.")
+    title: str | None = Field(None, max_length=500, description="Default: the original's title.")
+
+
+class BranchOut(BaseModel):
+    id: uuid.UUID
+    active: bool
+    parent_branch_id: uuid.UUID | None = Field(description="Null for a conversation's first branch.")
+    fork_seq: int = Field(description="Its history starts with the parent's turns up to this seq.")
+    own_turns: int = Field(description="Turns stored on this branch itself.")
+    head_turn_id: uuid.UUID | None = Field(description="The newest turn of the branch's history.")
+    head_seq: int | None
+    head_role: str | None
+    head_status: str | None
+    created_at: datetime
+
+
+class BranchList(BaseModel):
+    active_branch_id: uuid.UUID
+    items: list[BranchOut]
 
 
 class TurnOut(BaseModel):

@@ -10,7 +10,8 @@ A redelivered payload changes nothing: its rows conflict on (turn_id, chunk_inde
 the update only fires when the stored text differs. The conversations of a batch are
 locked (``FOR NO KEY UPDATE``, in id order) while their rows are written, so a
 conversation deleted or switched to memory mode `none` during the batch never gets rows
-written after the switch.
+written after the switch, and each row's ``on_active_branch`` is read under the same lock
+(a branch switch takes it too, see memory/branches.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from indexer.chunking import chunk_text
 from indexer.filters import is_low_information
+from memory.branches import turns_off_active_branch
 from memory.config import Settings
 from memory.db import Database
 from memory.embeddings import Embedder
@@ -53,18 +55,26 @@ LOCK_CONVERSATIONS = text(
     """
 )
 
-# The message each turn follows (tool turns and empty texts skipped): a reply's keywords get its
-# question's words (see memory_search_terms). One statement for the whole batch.
+# The message each turn follows on its own branch (tool turns and empty texts skipped): a reply's
+# keywords get its question's words (see memory_search_terms). One statement for the whole batch;
+# per lineage entry of the turn's branch the newest candidate, then the newest of those.
 PREVIOUS_MESSAGES = text(
     """
     SELECT r.turn_id, p.name, p.content
-    FROM unnest(CAST(:turn_ids AS uuid[]), CAST(:conversation_ids AS uuid[]), CAST(:seqs AS int[]))
-         AS r(turn_id, conversation_id, seq)
+    FROM unnest(CAST(:turn_ids AS uuid[]), CAST(:seqs AS int[])) AS r(turn_id, seq)
+    JOIN turns own ON own.id = r.turn_id
+    JOIN branches b ON b.id = own.branch_id
     CROSS JOIN LATERAL (
-        SELECT t.name, t.content FROM turns t
-        WHERE t.conversation_id = r.conversation_id AND t.seq < r.seq
-          AND t.role IN ('user', 'assistant') AND t.content <> ''
-        ORDER BY t.seq DESC
+        SELECT c.name, c.content
+        FROM unnest(b.lineage_ids, b.lineage_max_seqs) AS l(branch_id, max_seq)
+        CROSS JOIN LATERAL (
+            SELECT t.seq, t.name, t.content FROM turns t
+            WHERE t.branch_id = l.branch_id AND t.seq <= LEAST(l.max_seq, r.seq - 1)
+              AND t.role IN ('user', 'assistant') AND t.content <> ''
+            ORDER BY t.seq DESC
+            LIMIT 1
+        ) c
+        ORDER BY c.seq DESC
         LIMIT 1
     ) p
     """
@@ -73,17 +83,19 @@ PREVIOUS_MESSAGES = text(
 UPSERT_ITEM = text(
     """
     INSERT INTO memory_items (tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq, role, name,
-                              text, search_terms, embedding, turn_created_at, external_id, metadata)
+                              text, search_terms, embedding, turn_created_at, external_id, metadata,
+                              on_active_branch)
     VALUES (:tenant_id, :user_id, CAST(:conversation_id AS uuid), CAST(:turn_id AS uuid), :chunk_index,
             :turn_seq, :role, :name, :text, to_tsvector('simple', :terms), CAST(:embedding AS vector),
-            :turn_created_at, :external_id, :metadata)
+            :turn_created_at, :external_id, :metadata, :on_active_branch)
     ON CONFLICT (turn_id, chunk_index) DO UPDATE SET
         text = EXCLUDED.text, name = EXCLUDED.name, search_terms = EXCLUDED.search_terms,
         embedding = EXCLUDED.embedding, turn_seq = EXCLUDED.turn_seq,
         turn_created_at = EXCLUDED.turn_created_at,
-        external_id = EXCLUDED.external_id, metadata = EXCLUDED.metadata, indexed_at = now()
-    WHERE (memory_items.text, memory_items.name, memory_items.metadata)
-          IS DISTINCT FROM (EXCLUDED.text, EXCLUDED.name, EXCLUDED.metadata)
+        external_id = EXCLUDED.external_id, metadata = EXCLUDED.metadata,
+        on_active_branch = EXCLUDED.on_active_branch, indexed_at = now()
+    WHERE (memory_items.text, memory_items.name, memory_items.metadata, memory_items.on_active_branch)
+          IS DISTINCT FROM (EXCLUDED.text, EXCLUDED.name, EXCLUDED.metadata, EXCLUDED.on_active_branch)
     """
 ).bindparams(bindparam("metadata", type_=JSONB(none_as_null=True)))
 
@@ -308,7 +320,6 @@ class IndexPipeline:
                     PREVIOUS_MESSAGES,
                     {
                         "turn_ids": [str(r.turn_id) for r in wanted],
-                        "conversation_ids": [str(r.conversation_id) for r in wanted],
                         "seqs": [r.seq for r in wanted],
                     },
                 )
@@ -338,6 +349,11 @@ class IndexPipeline:
                 ):
                     counts[chunk.record.turn_id] += 1
             keep = [row for row, c in zip(rows, chunks, strict=True) if counts.get(c.record.turn_id, 0) > 0]
+            # Read under the conversations' locks: a branch switch committed while this batch was
+            # embedding is seen here, and one not yet committed waits until these rows are written.
+            off_branch = await turns_off_active_branch(session, {uuid.UUID(row["turn_id"]) for row in keep})
+            for row in keep:
+                row["on_active_branch"] = uuid.UUID(row["turn_id"]) not in off_branch
             if keep:
                 await session.execute(UPSERT_ITEM, keep)
             if counts:

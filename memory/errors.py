@@ -44,3 +44,21 @@ class NotAwaitingApproval(Conflict):
     """The tool call was already decided, or its turn is no longer waiting for a person."""
 
     code = "tool_call_not_awaiting_approval"
+
+
+class TurnNotFinished(Conflict):
+    """The turn is still streaming or waiting for a tool approval."""
+
+    code = "turn_not_finished"
+
+
+class NotOnActiveBranch(Conflict):
+    """The turn is not part of the conversation's active branch."""
+
+    code = "turn_not_on_active_branch"
+
+
+class NotLastReply(Conflict):
+    """Only the last reply of the active branch can be regenerated."""
+
+    code = "not_last_reply"

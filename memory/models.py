@@ -11,6 +11,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    FetchedValue,
     ForeignKey,
     Index,
     Integer,
@@ -20,7 +21,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 EMBEDDING_DIM = 384
@@ -76,11 +77,41 @@ class Conversation(Base):
     # Turns up to this seq were forgotten (DELETE /v1/memory): never indexed, never recalled.
     memory_forgotten_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     active_reply_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
+    # The branch new turns go to and prompts read (memory/branches.py). Its root branch has
+    # the conversation's id; a trigger (migration 0005) fills both in for any INSERT.
+    active_branch_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), default=lambda ctx: ctx.get_current_parameters()["id"]
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (Index("ix_conversations_owner_created", "tenant_id", "user_id", "created_at", "id"),)
+
+
+class Branch(Base):
+    """One line of a conversation's history: its own turns after its parent's up to `fork_seq`.
+
+    Immutable once created. `lineage_*` is the whole history as (branch, max seq) pairs,
+    itself first with no limit, computed at creation, so reading a branch never recurses.
+    """
+
+    __tablename__ = "branches"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    conversation_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("conversations.id", ondelete="CASCADE")
+    )
+    # May belong to another conversation (a fork's root branch); same owner always.
+    parent_branch_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
+    fork_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lineage_ids: Mapped[list[uuid.UUID]] = mapped_column(ARRAY(UUID(as_uuid=True)))
+    lineage_max_seqs: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+
+    __table_args__ = (Index("ix_branches_conversation", "conversation_id", "created_at"),)
 
 
 class Turn(Base):
@@ -93,6 +124,8 @@ class Turn(Base):
     tenant_id: Mapped[str] = mapped_column(String(128))
     user_id: Mapped[str] = mapped_column(String(128))
     seq: Mapped[int] = mapped_column(Integer)
+    # Set by every writer, or by the trigger of migration 0005 to the conversation's active branch.
+    branch_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), server_default=FetchedValue())
     role: Mapped[str] = mapped_column(String(16))  # user | assistant | tool
     status: Mapped[str] = mapped_column(String(32))
     content: Mapped[str] = mapped_column(Text, default="")
@@ -123,6 +156,8 @@ class Turn(Base):
 
     __table_args__ = (
         UniqueConstraint("conversation_id", "seq", name="uq_turns_conversation_seq"),
+        # A branch's history is read per (branch, seq <= limit), newest first.
+        Index("ix_turns_branch_seq", "branch_id", "seq"),
         Index(
             "ix_turns_approval_expiry",
             "approval_expires_at",
@@ -231,6 +266,8 @@ class MemoryItem(Base):
     turn_created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     external_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB, nullable=True)
+    # False while the turn is off its conversation's active branch: never recalled then.
+    on_active_branch: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
     indexed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
 
     __table_args__ = (

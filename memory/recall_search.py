@@ -12,8 +12,9 @@ cosine similarity reaches ``UNINDEXED_MIN_SIMILARITY``.
 
 Both sides obey the same rules: tenant and user always; the conversation when scoped;
 never a deleted conversation or one whose memory mode is ``none``; never turns at or
-below a conversation's ``memory_forgotten_seq`` (set by ``forget_user_memory``); never the
-turns already in the prompt's recent window.
+below a conversation's ``memory_forgotten_seq`` (set by ``forget_user_memory``); never
+turns off their conversation's active branch (``memory.branches``); never the turns
+already in the prompt's recent window.
 """
 
 from __future__ import annotations
@@ -45,12 +46,16 @@ _UNINDEXED_TURNS = """
 SELECT t.id AS turn_id, t.conversation_id, c.title, t.seq, t.role, t.name, t.content, t.created_at,
        t.external_id, t.metadata
 FROM conversations c
+JOIN branches b ON b.id = c.active_branch_id
 CROSS JOIN LATERAL (
     SELECT * FROM turns t
     WHERE t.conversation_id = c.id
       AND t.seq > GREATEST(c.indexed_seq, c.memory_forgotten_seq)
       AND t.role = ANY(:roles) AND t.status = ANY(:statuses)
-      AND t.content <> '' AND t.id <> ALL(:exclude_turn_ids)
+      AND t.content <> '' AND t.id <> ALL(:exclude_turn_ids) AND t.deleted_at IS NULL
+      -- Only the active branch: a regenerated-away answer or an edited-away message is not memory.
+      AND EXISTS (SELECT 1 FROM unnest(b.lineage_ids, b.lineage_max_seqs) AS l(branch_id, max_seq)
+                  WHERE l.branch_id = t.branch_id AND t.seq <= l.max_seq)
     ORDER BY t.seq DESC
     LIMIT :limit
 ) t

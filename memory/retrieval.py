@@ -11,7 +11,9 @@ Choices measured on the LoCoMo slice (``bench/memory_eval.py``):
   the keyword ranking is the stronger signal, and a small k lets the top of each list
   matter more than the long tail.
 - Every row that can be returned passes the tenant/user filter inside both candidate
-  lists; nothing is joined in later without it.
+  lists; nothing is joined in later without it. The same filter drops rows of turns off
+  their conversation's active branch (``on_active_branch``, a flag kept by
+  ``memory.branches``), so it costs one column test per row and no join.
 
 The dense side uses pgvector 0.8 iterative index scans so a per-user filter on a shared
 HNSW index still yields ``candidates`` rows instead of whatever survived the filter
@@ -60,8 +62,9 @@ SET_SEARCH_SETTINGS_AS_OWNER = text(
 )
 RESTORE_TENANT_ROLE = text(f"SELECT set_config('role', '{TENANT_ROLE}', true)")
 
-_OWNER_FILTER = """m.tenant_id = :tenant_id AND m.user_id = :user_id
-      AND m.turn_id <> ALL(:exclude_turn_ids){conversation_filter}"""
+# on_active_branch: turns a regenerate or an edit replaced are not memory (memory/branches.py).
+_OWNER_FILTER = """m.tenant_id = :tenant_id AND m.user_id = :user_id AND m.on_active_branch
+      AND m.deleted_at IS NULL AND m.turn_id <> ALL(:exclude_turn_ids){conversation_filter}"""
 
 _HYBRID_SEARCH = """
 WITH query_lexemes AS (

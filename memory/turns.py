@@ -22,6 +22,7 @@ def _visible(owner: Owner):  # type: ignore[no-untyped-def]
         Turn.tenant_id == owner.tenant_id,
         Turn.user_id == owner.user_id,
         Turn.conversation_id == Conversation.id,
+        Turn.deleted_at.is_(None),
         Conversation.deleted_at.is_(None),
     )
 
@@ -39,7 +40,10 @@ async def get_turn(session: AsyncSession, owner: Owner, turn_id: uuid.UUID) -> T
 async def list_turns(session: AsyncSession, conversation_id: uuid.UUID) -> list[Turn]:
     """Every turn of a conversation in order (the caller checked ownership)."""
     rows = await session.execute(
-        select(Turn).where(Turn.conversation_id == conversation_id).order_by(Turn.seq)
+        # Expired turns (retention) are gone for every reader at once, before the purge.
+        select(Turn)
+        .where(Turn.conversation_id == conversation_id, Turn.deleted_at.is_(None))
+        .order_by(Turn.seq)
     )
     return list(rows.scalars())
 
@@ -58,21 +62,40 @@ PROMPT_COLUMNS = (
 )
 
 
+# The active branch's newest turns in one round trip: at most `limit` per lineage entry, each an
+# index range scan on (branch_id, seq), then the newest `limit` of those.
+RECENT_TURNS = text(
+    """
+    SELECT t.role, t.status, t.content, t.tool_calls, t.tool_call_id, t.name, t.seq, t.id, t.created_at,
+           t.conversation_id
+    FROM conversations c
+    JOIN branches b ON b.id = c.active_branch_id
+    CROSS JOIN LATERAL unnest(b.lineage_ids, b.lineage_max_seqs) AS l(branch_id, max_seq)
+    CROSS JOIN LATERAL (
+        SELECT * FROM turns t
+        WHERE t.branch_id = l.branch_id AND t.seq <= l.max_seq AND t.deleted_at IS NULL
+        ORDER BY t.seq DESC
+        LIMIT :limit
+    ) t
+    WHERE c.id = :conversation_id
+    ORDER BY t.seq DESC
+    LIMIT :limit
+    """
+).columns(*PROMPT_COLUMNS)
+
+
 async def recent_turn_rows(session: AsyncSession, conversation_id: uuid.UUID, limit: int) -> list[Any]:
-    """The newest `limit` turns as light rows (only what a prompt needs), oldest first."""
-    rows = await session.execute(
-        select(*PROMPT_COLUMNS)
-        .where(Turn.conversation_id == conversation_id)
-        .order_by(Turn.seq.desc())
-        .limit(limit)
-    )
+    """The active branch's newest `limit` turns as light rows (only what a prompt needs), oldest first."""
+    rows = await session.execute(RECENT_TURNS, {"conversation_id": conversation_id, "limit": limit})
     return list(reversed(rows.all()))
 
 
 async def reply_turns(session: AsyncSession, reply_id: uuid.UUID) -> list[Turn]:
     """The assistant and tool turns produced by one reply, in order."""
     rows = await session.execute(
-        select(Turn).where(Turn.reply_id == reply_id, Turn.role != "user").order_by(Turn.seq)
+        select(Turn)
+        .where(Turn.reply_id == reply_id, Turn.role != "user", Turn.deleted_at.is_(None))
+        .order_by(Turn.seq)
     )
     return list(rows.scalars())
 
@@ -97,11 +120,12 @@ async def add_turn(
     turn_id: uuid.UUID | None = None,
     **fields: Any,
 ) -> Turn:
-    """Append a turn with the next sequence number."""
+    """Append a turn with the next sequence number, on the conversation's active branch."""
     seq = await allocate_seq(session, conversation.id)
     turn = Turn(
         id=turn_id or uuid.uuid4(),
         conversation_id=conversation.id,
+        branch_id=conversation.active_branch_id,
         tenant_id=conversation.tenant_id,
         user_id=conversation.user_id,
         seq=seq,
@@ -143,14 +167,6 @@ async def begin_reply(
     conversation.next_seq = seq + 2
     conversation.active_reply_id = reply_id
     conversation.updated_at = now
-    common = {
-        "conversation_id": conversation.id,
-        "tenant_id": conversation.tenant_id,
-        "user_id": conversation.user_id,
-        "reply_id": reply_id,
-        "tool_calls": [],
-        "last_event_id": 0,
-    }
     user_turn = Turn(
         id=uuid.uuid4(),
         seq=seq,
@@ -161,11 +177,52 @@ async def begin_reply(
         created_at=now,
         updated_at=now,
         completed_at=now,
-        **common,
+        **_reply_fields(conversation, reply_id),
     )
-    assistant = Turn(
+    assistant = _streaming_turn(conversation, seq + 1, reply_id, model, owner_tag, now)
+    session.add_all([user_turn, assistant])
+    return user_turn, assistant
+
+
+async def begin_answer(
+    session: AsyncSession,
+    conversation: Conversation,
+    *,
+    reply_id: uuid.UUID,
+    idempotency_key: str | None,
+    model: str,
+    owner_tag: str,
+) -> Turn:
+    """Start another reply to a user message already stored (regenerate): the streaming assistant turn."""
+    now = datetime.now(UTC)
+    seq = conversation.next_seq
+    conversation.next_seq = seq + 1
+    conversation.active_reply_id = reply_id
+    conversation.updated_at = now
+    assistant = _streaming_turn(conversation, seq, reply_id, model, owner_tag, now)
+    assistant.idempotency_key = idempotency_key
+    session.add(assistant)
+    return assistant
+
+
+def _reply_fields(conversation: Conversation, reply_id: uuid.UUID) -> dict[str, Any]:
+    return {
+        "conversation_id": conversation.id,
+        "branch_id": conversation.active_branch_id,
+        "tenant_id": conversation.tenant_id,
+        "user_id": conversation.user_id,
+        "reply_id": reply_id,
+        "tool_calls": [],
+        "last_event_id": 0,
+    }
+
+
+def _streaming_turn(
+    conversation: Conversation, seq: int, reply_id: uuid.UUID, model: str, owner_tag: str, now: datetime
+) -> Turn:
+    return Turn(
         id=reply_id,
-        seq=seq + 1,
+        seq=seq,
         role="assistant",
         status=TurnStatus.STREAMING,
         content="",
@@ -174,10 +231,8 @@ async def begin_reply(
         created_at=now,
         updated_at=now,
         heartbeat_at=func.now(),
-        **common,
+        **_reply_fields(conversation, reply_id),
     )
-    session.add_all([user_turn, assistant])
-    return user_turn, assistant
 
 
 async def finish_turn(

@@ -18,7 +18,7 @@ from chat_api.schemas import (
 )
 from chat_api.text_checks import check_text
 from memory import conversations as repo
-from memory.turns import list_turns
+from memory.branches import branch_history, conversation_branch
 
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 
@@ -76,11 +76,20 @@ async def delete_conversation(conversation_id: uuid.UUID, owner: OwnerDep, servi
 
 
 @router.get("/{conversation_id}/turns")
-async def get_turns(conversation_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> TurnList:
-    """The full display history: every turn with its status and tool calls, whole."""
+async def get_turns(
+    conversation_id: uuid.UUID,
+    owner: OwnerDep,
+    services: ServicesDep,
+    branch: uuid.UUID | None = Query(None, description="A branch of the conversation (default: active)."),
+) -> TurnList:
+    """The full display history of a branch: every turn with its status and tool calls, whole.
+
+    A fork's history starts with the turns it shares with the original (their own
+    `conversation_id`); other branches stay readable with `?branch=`.
+    """
     async with services.db.session() as session:
         conversation = await repo.get_conversation(session, owner, conversation_id)
-        turns = await list_turns(session, conversation.id)
+        turns = await branch_history(session, await conversation_branch(session, conversation, branch))
     return TurnList(items=[TurnOut.of(t) for t in turns])
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header
 from sse_starlette import EventSourceResponse
 
-from chat_api.control import accept_message, wait_reply_done
+from chat_api.control import Accepted, accept_message, wait_reply_done
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.ratelimit import RateLimitsDep, held_while_streaming
-from chat_api.schemas import MessageCreate, ReplyOut, TurnOut
+from chat_api.ratelimit import RateLimits, RateLimitsDep, held_while_streaming
+from chat_api.schemas import MessageCreate, ReplyOptions, ReplyOut, TurnOut
+from chat_api.services import Services
 from chat_api.streaming import sse_stream
 from chat_api.text_checks import check_text
 from memory.conversations import Owner
@@ -37,10 +39,12 @@ async def post_message(
 ) -> EventSourceResponse | ReplyOut:
     """Store the message and stream the reply (`turn.started` … `turn.completed|interrupted|failed`)."""
     check_text(body.content, field="content", max_chars=services.settings.max_message_chars)
-    # Taken before anything is stored, so a 429 leaves nothing behind.
-    slot = limits.streams.acquire(owner) if body.stream else None
-    try:
-        accepted = await accept_message(
+    return await reply_response(
+        services,
+        owner,
+        limits,
+        body,
+        lambda: accept_message(
             services,
             owner,
             conversation_id,
@@ -48,20 +52,36 @@ async def post_message(
             on_busy=body.on_busy or services.settings.on_busy_default,
             idempotency_key=idempotency_key,
             memory_scope=body.memory_scope or services.settings.memory_scope,
-        )
+        ),
+    )
+
+
+async def reply_response(
+    services: Services,
+    owner: Owner,
+    limits: RateLimits,
+    options: ReplyOptions,
+    start: Callable[[], Awaitable[Accepted]],
+) -> EventSourceResponse | ReplyOut:
+    """Start a reply with `start` and stream it as SSE, or wait and return it whole (`stream: false`)."""
+    # Taken before anything is stored, so a 429 leaves nothing behind.
+    slot = limits.streams.acquire(owner) if options.stream else None
+    try:
+        accepted = await start()
     except BaseException:
         if slot is not None:
             slot.release()
         raise
     if slot is not None:
-        stream = sse_stream(services, accepted.reply_id, 0, stop_on_disconnect=body.on_disconnect == "stop")
+        stop_on_disconnect = options.on_disconnect == "stop"
+        stream = sse_stream(services, accepted.reply_id, 0, stop_on_disconnect=stop_on_disconnect)
         return EventSourceResponse(held_while_streaming(slot, stream), headers=SSE_HEADERS, ping=15)
     await wait_reply_done(services, accepted.reply_id, timeout=None)
     return await finished_reply(services, owner, accepted.reply_id, accepted.user_turn_id)
 
 
 async def finished_reply(
-    services: ServicesDep, owner: Owner, reply_id: uuid.UUID, user_turn_id: uuid.UUID
+    services: Services, owner: Owner, reply_id: uuid.UUID, user_turn_id: uuid.UUID
 ) -> ReplyOut:
     async with services.db.session() as session:
         user_turn = await get_turn(session, owner, user_turn_id)

@@ -1,0 +1,342 @@
+"""Branches and forks: which turns make up a conversation's history, and switching between them.
+
+A branch is its own turns plus its parent's turns with ``seq <= fork_seq``, recursively.
+Branches never change once created, so each stores that whole chain flattened as
+(branch, max seq) pairs (``lineage_ids``/``lineage_max_seqs``, itself first, unlimited):
+reading a history is one join on that short list, never a recursive query. ``seq`` grows
+along every lineage (a child's own turns come after its fork point, a fork's ``next_seq``
+starts after it), so ordering by ``seq`` orders any history.
+
+- Regenerating the last reply forks a sibling branch just after its user turn; editing a
+  user message forks one just before it. Both become the active branch.
+- Forking a conversation makes a new conversation whose root branch's parent is the
+  original's branch at the fork turn: nothing is copied, the original is untouched.
+- Memory follows each turn's own conversation: ``memory_items.on_active_branch`` is true
+  exactly for turns on their conversation's active branch. It is recomputed here when the
+  active branch changes and set by the indexer when it writes, both under the
+  conversation's row lock, so the two never interleave (see indexer/pipeline.py).
+
+Every function takes a session and never commits; ownership is checked by the callers
+through ``memory.conversations.get_conversation`` and ``memory.turns.get_turn``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import bindparam, select, text
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from memory.conversations import Owner
+from memory.errors import (
+    ConversationBusy,
+    InvalidInput,
+    NotFound,
+    NotLastReply,
+    NotOnActiveBranch,
+    TurnNotFinished,
+)
+from memory.models import Branch, Conversation, Turn, TurnStatus
+
+# A lineage entry with no upper bound: the branch's own turns.
+NO_LIMIT = 2147483647
+
+_LINEAGE = "unnest(CAST(:lineage_ids AS uuid[]), CAST(:lineage_max_seqs AS int[])) AS l(branch_id, max_seq)"
+
+BRANCH_HISTORY = text(
+    f"""
+    SELECT t.* FROM {_LINEAGE}
+    JOIN turns t ON t.branch_id = l.branch_id AND t.seq <= l.max_seq
+    ORDER BY t.seq
+    """
+)
+
+# The newest turn of a lineage below a seq (optionally of one role): newest per entry, then overall.
+NEWEST_TURN = text(
+    f"""
+    SELECT t.* FROM {_LINEAGE}
+    CROSS JOIN LATERAL (
+        SELECT * FROM turns t
+        WHERE t.branch_id = l.branch_id AND t.seq <= LEAST(l.max_seq, :max_seq)
+          AND (CAST(:role AS text) IS NULL OR t.role = CAST(:role AS text))
+        ORDER BY t.seq DESC
+        LIMIT 1
+    ) t
+    ORDER BY t.seq DESC
+    LIMIT 1
+    """
+)
+
+# Each branch with its newest turn and how many turns it holds itself.
+BRANCH_SUMMARIES = text(
+    """
+    SELECT b.id, b.parent_branch_id, b.fork_seq, b.created_at,
+           head.id AS head_turn_id, head.seq AS head_seq, head.role AS head_role, head.status AS head_status,
+           (SELECT count(*) FROM turns o WHERE o.branch_id = b.id) AS own_turns
+    FROM branches b
+    LEFT JOIN LATERAL (
+        SELECT t.id, t.seq, t.role, t.status
+        FROM unnest(b.lineage_ids, b.lineage_max_seqs) AS l(branch_id, max_seq)
+        CROSS JOIN LATERAL (
+            SELECT t.id, t.seq, t.role, t.status FROM turns t
+            WHERE t.branch_id = l.branch_id AND t.seq <= l.max_seq
+            ORDER BY t.seq DESC
+            LIMIT 1
+        ) t
+        ORDER BY t.seq DESC
+        LIMIT 1
+    ) head ON true
+    WHERE b.conversation_id = :conversation_id
+    ORDER BY b.created_at, b.id
+    """
+)
+
+OWN_TURN_AT_OR_BELOW = text("SELECT 1 FROM turns WHERE branch_id = :branch_id AND seq <= :fork_seq LIMIT 1")
+
+# Memory rows of turns that left (or rejoined) the active branch flip; the others are not written.
+SYNC_MEMORY_FLAGS = text(
+    f"""
+    UPDATE memory_items m SET on_active_branch = NOT m.on_active_branch
+    FROM turns t
+    WHERE m.conversation_id = :conversation_id AND t.id = m.turn_id
+      AND m.on_active_branch <> EXISTS (
+          SELECT 1 FROM {_LINEAGE} WHERE l.branch_id = t.branch_id AND t.seq <= l.max_seq)
+    """
+)
+
+# Of these turns, the ones that exist and are off their conversation's active branch.
+OFF_ACTIVE_BRANCH = text(
+    """
+    SELECT t.id FROM turns t
+    JOIN conversations c ON c.id = t.conversation_id
+    JOIN branches b ON b.id = c.active_branch_id
+    WHERE t.id = ANY(:turn_ids)
+      AND NOT EXISTS (
+          SELECT 1 FROM unnest(b.lineage_ids, b.lineage_max_seqs) AS l(branch_id, max_seq)
+          WHERE l.branch_id = t.branch_id AND t.seq <= l.max_seq)
+    """
+).bindparams(bindparam("turn_ids", type_=ARRAY(UUID(as_uuid=True))))
+
+
+@dataclass(frozen=True, slots=True)
+class BranchSummary:
+    """A branch as listed: where it forked and its newest turn."""
+
+    id: uuid.UUID
+    parent_branch_id: uuid.UUID | None
+    fork_seq: int
+    created_at: datetime
+    head_turn_id: uuid.UUID | None
+    head_seq: int | None
+    head_role: str | None
+    head_status: str | None
+    own_turns: int
+
+
+def _lineage_params(branch: Branch) -> dict[str, list[uuid.UUID] | list[int]]:
+    return {"lineage_ids": list(branch.lineage_ids), "lineage_max_seqs": list(branch.lineage_max_seqs)}
+
+
+def on_lineage(branch: Branch, turn: Turn) -> bool:
+    """True when the turn is part of the branch's history."""
+    pairs = zip(branch.lineage_ids, branch.lineage_max_seqs, strict=True)
+    return any(b == turn.branch_id and turn.seq <= m for b, m in pairs)
+
+
+async def load_branch(session: AsyncSession, branch_id: uuid.UUID) -> Branch:
+    """A branch by id (the caller checked ownership of what led here)."""
+    branch = await session.get(Branch, branch_id)
+    if branch is None:
+        raise NotFound("branch not found", branch_id=str(branch_id))
+    return branch
+
+
+async def conversation_branch(
+    session: AsyncSession, conversation: Conversation, branch_id: uuid.UUID | None = None
+) -> Branch:
+    """One of the conversation's branches (default: the active one), or NotFound."""
+    wanted = branch_id or conversation.active_branch_id
+    branch = await session.get(Branch, wanted)
+    if branch is None or branch.conversation_id != conversation.id:
+        raise NotFound("branch not found", branch_id=str(wanted))
+    return branch
+
+
+async def branch_history(session: AsyncSession, branch: Branch) -> list[Turn]:
+    """Every turn of the branch's history, oldest first (shared turns keep their own conversation id)."""
+    rows = await session.execute(select(Turn).from_statement(BRANCH_HISTORY), _lineage_params(branch))
+    return list(rows.scalars())
+
+
+async def newest_turn(
+    session: AsyncSession, branch: Branch, *, role: str | None = None, max_seq: int = NO_LIMIT
+) -> Turn | None:
+    """The newest turn of the branch's history with seq <= max_seq (and the role, if given)."""
+    rows = await session.execute(
+        select(Turn).from_statement(NEWEST_TURN),
+        {**_lineage_params(branch), "role": role, "max_seq": max_seq},
+    )
+    return rows.scalars().first()
+
+
+async def user_turn_before(session: AsyncSession, turn: Turn) -> Turn | None:
+    """The user message a reply turn answers: the newest user turn before it on its own branch."""
+    branch = await load_branch(session, turn.branch_id)
+    return await newest_turn(session, branch, role="user", max_seq=turn.seq - 1)
+
+
+async def list_branches(session: AsyncSession, conversation: Conversation) -> list[BranchSummary]:
+    """The conversation's branches, oldest first, each with its fork point and newest turn."""
+    rows = await session.execute(BRANCH_SUMMARIES, {"conversation_id": conversation.id})
+    return [BranchSummary(**row._mapping) for row in rows]
+
+
+async def _fork_point(session: AsyncSession, parent: Branch, fork_seq: int) -> tuple[Branch, int]:
+    # A parent with no own turns at or below the fork point adds nothing: fork from its fork
+    # point instead, so an edit of a branch's first message makes a sibling rather than a child.
+    while parent.parent_branch_id is not None:
+        own = await session.execute(OWN_TURN_AT_OR_BELOW, {"branch_id": parent.id, "fork_seq": fork_seq})
+        if own.first() is not None:
+            break
+        above = await session.get(Branch, parent.parent_branch_id)
+        if above is None:
+            break
+        parent, fork_seq = above, min(fork_seq, parent.fork_seq)
+    return parent, fork_seq
+
+
+async def create_branch(
+    session: AsyncSession,
+    conversation: Conversation,
+    *,
+    parent: Branch,
+    fork_seq: int,
+    branch_id: uuid.UUID | None = None,
+) -> Branch:
+    """A new branch of `conversation`: parent's history up to fork_seq, then its own turns."""
+    if parent.tenant_id != conversation.tenant_id or parent.user_id != conversation.user_id:
+        raise NotFound("branch not found", branch_id=str(parent.id))
+    parent, fork_seq = await _fork_point(session, parent, fork_seq)
+    own = branch_id or uuid.uuid4()
+    branch = await session.get(Branch, own) if branch_id is not None else None
+    if branch is None:
+        branch = Branch(
+            id=own,
+            tenant_id=conversation.tenant_id,
+            user_id=conversation.user_id,
+            conversation_id=conversation.id,
+        )
+        session.add(branch)
+    branch.parent_branch_id = parent.id
+    branch.fork_seq = fork_seq
+    branch.lineage_ids = [own, *parent.lineage_ids]
+    branch.lineage_max_seqs = [NO_LIMIT, *(min(m, fork_seq) for m in parent.lineage_max_seqs)]
+    await session.flush()
+    return branch
+
+
+async def activate_branch(session: AsyncSession, conversation: Conversation, branch: Branch) -> None:
+    """Make `branch` the one new turns go to and prompts and memory follow.
+
+    The caller holds the conversation row locked (``get_conversation(for_update=True)``).
+    """
+    if conversation.active_reply_id is not None:
+        raise ConversationBusy(
+            "a reply is streaming in this conversation", running_turn_id=str(conversation.active_reply_id)
+        )
+    if branch.conversation_id != conversation.id:
+        raise NotFound("branch not found", branch_id=str(branch.id))
+    if conversation.active_branch_id == branch.id:
+        return
+    conversation.active_branch_id = branch.id
+    await session.flush()
+    await session.execute(SYNC_MEMORY_FLAGS, {"conversation_id": conversation.id, **_lineage_params(branch)})
+
+
+async def turns_off_active_branch(session: AsyncSession, turn_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of these turns are off their conversation's active branch (missing turns are not)."""
+    if not turn_ids:
+        return set()
+    rows = await session.execute(OFF_ACTIVE_BRANCH, {"turn_ids": list(turn_ids)})
+    return {row.id for row in rows}
+
+
+# --- what each operation forks from -----------------------------------------------------------
+
+
+def _finished(turn: Turn) -> None:
+    if turn.status in (TurnStatus.STREAMING, TurnStatus.AWAITING_APPROVAL):
+        raise TurnNotFinished("the turn has not finished yet", turn_id=str(turn.id), status=turn.status)
+
+
+async def _on_active_branch(session: AsyncSession, conversation: Conversation, turn: Turn) -> Branch:
+    active = await conversation_branch(session, conversation)
+    if not on_lineage(active, turn):
+        raise NotOnActiveBranch(
+            "the turn is not on the conversation's active branch",
+            turn_id=str(turn.id),
+            active_branch_id=str(active.id),
+        )
+    return active
+
+
+async def regenerate_point(
+    session: AsyncSession, conversation: Conversation, turn: Turn
+) -> tuple[Branch, int, Turn]:
+    """(parent, fork_seq, user turn) to regenerate the reply `turn` belongs to.
+
+    The turn must be part of the last reply of the active branch (nothing after it but the
+    reply's own turns); the new branch forks just after the reply's user turn.
+    """
+    if turn.role == "user":
+        raise InvalidInput("regenerate takes a reply's turn, not a user message", field="turn_id")
+    _finished(turn)
+    active = await _on_active_branch(session, conversation, turn)
+    user_turn = await newest_turn(session, active, role="user")
+    if user_turn is None or user_turn.seq > turn.seq:
+        raise NotLastReply(
+            "only the last reply of the active branch can be regenerated", turn_id=str(turn.id)
+        )
+    parent = await load_branch(session, user_turn.branch_id)
+    return parent, user_turn.seq, user_turn
+
+
+async def edit_point(session: AsyncSession, conversation: Conversation, turn: Turn) -> tuple[Branch, int]:
+    """(parent, fork_seq) to replace the user message `turn`: the new branch forks just before it."""
+    if turn.role != "user":
+        raise InvalidInput("only a user message can be edited", field="turn_id")
+    await _on_active_branch(session, conversation, turn)
+    parent = await load_branch(session, turn.branch_id)
+    return parent, turn.seq - 1
+
+
+async def fork_conversation(
+    session: AsyncSession, owner: Owner, source: Conversation, turn: Turn, *, title: str | None = None
+) -> Conversation:
+    """A new conversation whose history is `source`'s up to and including `turn` (shared, not copied)."""
+    _finished(turn)
+    if turn.conversation_id != source.id:
+        # A turn the source shares from another conversation (a fork of a fork): only via its history.
+        await _on_active_branch(session, source, turn)
+    parent = await load_branch(session, turn.branch_id)
+    fork_id = uuid.uuid4()
+    fork = Conversation(
+        id=fork_id,
+        tenant_id=owner.tenant_id,
+        user_id=owner.user_id,
+        title=source.title if title is None else title,
+        memory_mode=source.memory_mode,
+        next_seq=turn.seq + 1,
+        # Nothing of its own at or below the fork point: the memory watermark starts there.
+        indexed_seq=turn.seq,
+        active_branch_id=fork_id,
+    )
+    session.add(fork)
+    await session.flush()  # the root branch row is made by the trigger of migration 0005
+    await create_branch(session, fork, parent=parent, fork_seq=turn.seq, branch_id=fork_id)
+    await session.refresh(fork)
+    return fork
