@@ -1,4 +1,6 @@
-"""A real `chatmem up` in a subprocess, and Debian's headless Chromium, for the browser tests."""
+"""A real `chatmem up` in a subprocess, Debian's headless Chromium, and the page steps the
+browser tests share. Playwright is imported only inside functions: this module must import
+where it is missing, so the tests can skip with the reason."""
 
 from __future__ import annotations
 
@@ -11,12 +13,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from tests.conftest import free_port
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -32,6 +39,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+WIDE = {"width": 1280, "height": 860}
+PHONE = {"width": 390, "height": 844}
 
 
 def _has_playwright() -> bool:
@@ -112,3 +121,102 @@ class ChatmemUp:
         return httpx.Client(
             base_url=self.base_url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30
         )
+
+
+# --- the browser and its pages ----------------------------------------------------------------
+
+
+@contextmanager
+def launch_chromium() -> Iterator[Browser]:
+    """Debian's Chromium, headless, through Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+class PageWatch:
+    """What the page did besides rendering: requests, dialogs, script errors."""
+
+    def __init__(self, page: Page) -> None:
+        self.requests: list[str] = []
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+        page.on("request", lambda request: self.requests.append(request.url))
+        page.on("dialog", self._on_dialog)
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+
+    def _on_dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+
+def new_page(browser: Browser, server: ChatmemUp, viewport: dict[str, int] = WIDE) -> tuple[Page, PageWatch]:
+    """A page in a fresh browser context (its own storage), watched."""
+    context = browser.new_context(viewport=viewport)  # type: ignore[arg-type]
+    page = context.new_page()
+    return page, PageWatch(page)
+
+
+@contextmanager
+def watched_page(browser: Browser, server: ChatmemUp) -> Iterator[tuple[Page, PageWatch]]:
+    """A page that, at the end, must have fetched nothing from another host and had no script error."""
+    opened, watch = new_page(browser, server)
+    try:
+        yield opened, watch
+        outside = [url for url in watch.requests if not url.startswith((server.base_url, "data:"))]
+        assert outside == [], f"requests to other hosts: {outside}"
+        assert watch.errors == [], f"page errors: {watch.errors}"
+    finally:
+        opened.context.close()
+
+
+def open_chat(page: Page, server: ChatmemUp, conversation_id: str | None = None) -> None:
+    """Load the page (optionally on a conversation) and wait until it has started."""
+    page.goto(server.base_url + (f"/#/c/{conversation_id}" if conversation_id else "/"))
+    page.wait_for_selector("body[data-ready=true]", timeout=20_000)
+
+
+def new_chat(page: Page) -> str:
+    """Start a new conversation with the button; its id."""
+    before = page.evaluate("location.hash")
+    page.click("#new-chat")
+    page.wait_for_function("h => location.hash !== h && location.hash.startsWith('#/c/')", arg=before)
+    conversation_id = str(page.evaluate("location.hash.slice(4)"))
+    page.wait_for_selector(f"body[data-conversation='{conversation_id}']")
+    return conversation_id
+
+
+def send(page: Page, text: str) -> None:
+    page.fill("#composer-input", text)
+    page.press("#composer-input", "Enter")
+
+
+def reply_text(page: Page, index: int = -1) -> str:
+    """The reply's visible text (every step), exactly as rendered."""
+    return str(
+        page.evaluate(
+            "i => { const r = [...document.querySelectorAll('.reply')].at(i);"
+            " return r ? [...r.querySelectorAll('.content')].map(e => e.textContent).join('') : ''; }",
+            index,
+        )
+    )
+
+
+def wait_finished(page: Page, status: str, timeout: float = 40_000) -> None:
+    page.wait_for_selector(f".reply:last-of-type[data-status={status}]", timeout=timeout)
+
+
+def stored_turn(api: httpx.Client, turn_id: str) -> dict[str, Any]:
+    response = api.get(f"/v1/turns/{turn_id}")
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def shot(page: Page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=False)

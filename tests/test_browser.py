@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from chat_api.providers.demo import FILLER, LABEL
-from tests.browser_support import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ChatmemUp, browser_missing
+from tests.browser_support import ChatmemUp, browser_missing
 
 pytestmark = pytest.mark.browser
 
@@ -24,11 +24,23 @@ _missing = browser_missing()
 if _missing:
     pytest.skip(_missing, allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, Route, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Page, Route  # noqa: E402
 from playwright.sync_api import expect as expect_ui  # noqa: E402
 
-WIDE = {"width": 1280, "height": 860}
-PHONE = {"width": 390, "height": 844}
+from tests.browser_support import (  # noqa: E402
+    PHONE,
+    PageWatch,
+    launch_chromium,
+    new_chat,
+    new_page,
+    open_chat,
+    reply_text,
+    send,
+    shot,
+    stored_turn,
+    wait_finished,
+    watched_page,
+)
 
 
 def is_whole_demo_reply(text: str, user_text: str) -> bool:
@@ -54,29 +66,8 @@ def server() -> Iterator[ChatmemUp]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-class PageWatch:
-    """What the page did besides rendering: requests, dialogs, script errors."""
-
-    def __init__(self, page: Page) -> None:
-        self.requests: list[str] = []
-        self.dialogs: list[str] = []
-        self.errors: list[str] = []
-        page.on("request", lambda request: self.requests.append(request.url))
-        page.on("dialog", self._on_dialog)
-        page.on("pageerror", lambda error: self.errors.append(str(error)))
-
-    def _on_dialog(self, dialog: Any) -> None:
-        self.dialogs.append(dialog.message)
-        dialog.dismiss()
+    with launch_chromium() as chromium:
+        yield chromium
 
 
 @pytest.fixture
@@ -85,58 +76,13 @@ def api(server: ChatmemUp) -> Iterator[httpx.Client]:
         yield client
 
 
-def new_page(browser: Browser, server: ChatmemUp, viewport: dict[str, int] = WIDE) -> tuple[Page, PageWatch]:
-    context = browser.new_context(viewport=viewport)  # type: ignore[arg-type]
-    page = context.new_page()
-    return page, PageWatch(page)
-
-
 @pytest.fixture
 def page(browser: Browser, server: ChatmemUp) -> Iterator[tuple[Page, PageWatch]]:
-    opened, watch = new_page(browser, server)
-    try:
-        yield opened, watch
-        # Every test: nothing was fetched from another host, and no script error happened.
-        outside = [url for url in watch.requests if not url.startswith((server.base_url, "data:"))]
-        assert outside == [], f"requests to other hosts: {outside}"
-        assert watch.errors == [], f"page errors: {watch.errors}"
-    finally:
-        opened.context.close()
+    with watched_page(browser, server) as opened:
+        yield opened
 
 
 # --- helpers -------------------------------------------------------------------------------
-
-
-def open_chat(page: Page, server: ChatmemUp, conversation_id: str | None = None) -> None:
-    """Load the page (optionally on a conversation) and wait until it has started."""
-    page.goto(server.base_url + (f"/#/c/{conversation_id}" if conversation_id else "/"))
-    page.wait_for_selector("body[data-ready=true]", timeout=20_000)
-
-
-def new_chat(page: Page) -> str:
-    """Start a new conversation with the button; its id."""
-    before = page.evaluate("location.hash")
-    page.click("#new-chat")
-    page.wait_for_function("h => location.hash !== h && location.hash.startsWith('#/c/')", arg=before)
-    conversation_id = str(page.evaluate("location.hash.slice(4)"))
-    page.wait_for_selector(f"body[data-conversation='{conversation_id}']")
-    return conversation_id
-
-
-def send(page: Page, text: str) -> None:
-    page.fill("#composer-input", text)
-    page.press("#composer-input", "Enter")
-
-
-def reply_text(page: Page, index: int = -1) -> str:
-    """The reply's visible text (every step), exactly as rendered."""
-    return str(
-        page.evaluate(
-            "i => { const r = [...document.querySelectorAll('.reply')].at(i);"
-            " return r ? [...r.querySelectorAll('.content')].map(e => e.textContent).join('') : ''; }",
-            index,
-        )
-    )
 
 
 def wait_reply_text_longer_than(page: Page, chars: int, timeout: float = 20_000) -> None:
@@ -152,16 +98,6 @@ def last_reply_id(page: Page) -> str:
     return str(page.locator(".reply").last.get_attribute("data-reply-id"))
 
 
-def wait_finished(page: Page, status: str, timeout: float = 40_000) -> None:
-    page.wait_for_selector(f".reply:last-of-type[data-status={status}]", timeout=timeout)
-
-
-def stored_turn(api: httpx.Client, turn_id: str) -> dict[str, Any]:
-    response = api.get(f"/v1/turns/{turn_id}")
-    response.raise_for_status()
-    return dict(response.json())
-
-
 def wait_stored_status(api: httpx.Client, turn_id: str, timeout: float = 60.0) -> dict[str, Any]:
     """Poll the stored turn until it has left `streaming` (bounded)."""
     deadline = time.monotonic() + timeout
@@ -171,10 +107,6 @@ def wait_stored_status(api: httpx.Client, turn_id: str, timeout: float = 60.0) -
             return turn
         assert time.monotonic() < deadline, f"turn {turn_id} still streaming after {timeout}s"
         time.sleep(0.2)
-
-
-def shot(page: Page, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=False)
 
 
 # --- tests ---------------------------------------------------------------------------------

@@ -110,6 +110,21 @@ export class Api {
     await readEvents(response, onEvent);
   }
 
+  /**
+   * Approve or reject (`verb`) a tool call that waits for a person; the reply goes on in the
+   * response's SSE events (from the decision on, with the reply's next event ids).
+   */
+  async decideToolCall(turnId, callId, verb, body, onEvent, signal) {
+    const path = `/v1/turns/${turnId}/tool_calls/${encodeURIComponent(callId)}/${verb}`;
+    const response = await send(path, {
+      method: "POST",
+      signal,
+      headers: this.headers({ "Content-Type": "application/json", Accept: "text/event-stream" }),
+      body: JSON.stringify({ ...body, stream: true }),
+    });
+    await readEvents(response, onEvent);
+  }
+
   /** Follow a reply's events after event id `after` (replay, then live until it ends). */
   async followReply(turnId, after, onEvent, signal) {
     const response = await send(`/v1/turns/${turnId}/events?after=${after}`, {

@@ -7,14 +7,18 @@
 //     streaming is drawn from GET …/events?after=0, which replays every event and then follows
 //     live. Text is drawn only from events (never from the stored checkpoint, which may lag
 //     the stream), so the reloaded reply has no duplicated and no missing text.
+//   - a tool call waits for a person: the stream ends at turn.awaiting_approval and the reply
+//     waits (no stream open, the conversation busy); Approve / Reject POSTs the decision and
+//     draws the rest of the reply from that response's events. A waiting reply found on load
+//     is drawn from its stored turns, which do not change while it waits.
 // The page never stops a reply by going away (on_disconnect=continue): only Stop does.
 
-import { Api, ApiError, NetworkError } from "./api.js";
-import { renderMarkdown } from "./markdown.js";
+import { ApiError, NetworkError } from "./api.js";
+import { api, askForToken, clearBanner, describe, showBanner, waitToRetry, withAuth } from "./connection.js";
 import { ReplyView } from "./reply_view.js";
 import { Sidebar } from "./sidebar.js";
+import { userMessage } from "./user_message.js";
 
-const api = new Api();
 const $ = (id) => document.getElementById(id);
 const ui = {
   messages: $("messages"),
@@ -26,14 +30,10 @@ const ui = {
   input: $("composer-input"),
   send: $("send"),
   stop: $("stop"),
-  banner: $("banner"),
+  composerStatus: $("composer-status"),
   notice: $("notice"),
   model: $("model-badge"),
   newChat: $("new-chat"),
-  tokenDialog: $("token-dialog"),
-  tokenForm: $("token-form"),
-  tokenInput: $("token-input"),
-  tokenError: $("token-error"),
 };
 
 const BUSY_NOTES = {
@@ -42,83 +42,31 @@ const BUSY_NOTES = {
   enqueue: "Queued: the server will answer once the current reply has ended.",
 };
 
+// A reply waiting for an approval is busy until a person decides, which may take hours.
+const WAITING_NOTES = {
+  reject: "The reply above waits for your approval; the server refuses new messages until then.",
+  interrupt: "The reply above waits for your approval; the server's policy ends it to answer this message.",
+  enqueue: "The reply above waits for your approval; the server does not queue behind it.",
+};
+
 // The open conversation. Replaced (and its streams aborted) when another one is opened.
 let current = null;
 
 function newConversationState(id) {
-  return { id, conversation: null, views: new Map(), live: new Set(), aborter: new AbortController() };
+  return {
+    id,
+    conversation: null,
+    views: new Map(),
+    live: new Set(), // views whose events this page is reading
+    waiting: new Set(), // views waiting for a decision on a tool call (no stream open)
+    aborter: new AbortController(),
+  };
 }
 
-// --- banner: connection and request errors, said plainly ---------------------------------
-
-function showBanner(message) {
-  ui.banner.textContent = message;
-  ui.banner.hidden = false;
-}
-
-function clearBanner() {
-  ui.banner.hidden = true;
-  ui.banner.textContent = "";
-}
+// --- notices for screen readers ---------------------------------------------------------
 
 function say(message) {
   ui.notice.textContent = message;
-}
-
-function describe(error) {
-  if (error instanceof NetworkError) return "The server cannot be reached. Retrying when the network returns…";
-  if (error instanceof ApiError) return `${error.message} (${error.status} ${error.code})`;
-  return String(error.message || error);
-}
-
-/** Wait `ms`, or less if the browser says the network is back. */
-function waitToRetry(ms, signal) {
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      window.removeEventListener("online", done);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    window.addEventListener("online", done);
-    signal?.addEventListener("abort", done);
-  });
-}
-
-// --- token ------------------------------------------------------------------------------
-
-async function askForToken(reason) {
-  ui.tokenError.textContent = reason || "";
-  ui.tokenInput.value = "";
-  if (!ui.tokenDialog.open) ui.tokenDialog.showModal();
-  return new Promise((resolve) => {
-    ui.tokenForm.onsubmit = async (event) => {
-      event.preventDefault();
-      api.rememberToken(ui.tokenInput.value.trim());
-      try {
-        await api.listConversations();
-      } catch (error) {
-        ui.tokenError.textContent = describe(error);
-        if (error instanceof ApiError && error.status === 401) api.forgetToken();
-        return;
-      }
-      ui.tokenDialog.close();
-      resolve();
-    };
-  });
-}
-
-/** Run an API call; a 401 asks for a (new) token and tries once more. */
-async function withAuth(call) {
-  try {
-    return await call();
-  } catch (error) {
-    if (!(error instanceof ApiError) || error.status !== 401) throw error;
-    api.forgetToken();
-    await askForToken("The token was refused. Paste a valid access token (`chatmem token`).");
-    return call();
-  }
 }
 
 // --- conversations ----------------------------------------------------------------------
@@ -145,19 +93,23 @@ async function openConversation(id) {
     if (current === state) showBanner(`Could not open the conversation: ${describe(error)}`);
     return;
   }
-  updateStopButton();
+  updateComposer();
   ui.input.focus();
+  for (const view of state.waiting) announceWaiting(view);
   document.body.dataset.conversation = id; // loaded (tests wait on this)
 }
 
 function renderHistory(state, turns, activeReplyId) {
+  // A reply waiting for a decision holds the conversation (it is the active reply) but has
+  // nothing to stream: it is drawn from its stored turns, buttons included.
+  const parked = new Set(turns.filter((t) => t.status === "awaiting_approval").map((t) => t.reply_id || t.id));
   for (const turn of turns) {
     if (turn.role === "user") {
       ui.messages.append(userMessage(turn.content).element);
       continue;
     }
     const replyId = turn.reply_id || turn.id;
-    const live = replyId === activeReplyId || turn.status === "streaming";
+    const live = !parked.has(replyId) && (replyId === activeReplyId || turn.status === "streaming");
     let view = state.views.get(replyId);
     if (!view) {
       view = addReplyView(state, replyId);
@@ -165,14 +117,22 @@ function renderHistory(state, turns, activeReplyId) {
     }
     if (!state.live.has(view)) view.addStoredTurn(turn);
   }
+  for (const replyId of parked) state.waiting.add(state.views.get(replyId));
   scrollToEnd();
 }
 
 function addReplyView(state, replyId) {
-  const view = new ReplyView(replyId, { loadMemories: () => loadMemories(replyId) });
+  const view = newReplyView(state, replyId);
   state.views.set(replyId, view);
   ui.messages.append(view.element);
   return view;
+}
+
+function newReplyView(state, replyId) {
+  return new ReplyView(replyId, {
+    loadMemories: () => loadMemories(replyId),
+    onDecide: (view, call, verb, body) => decideCall(state, view, call, verb, body),
+  });
 }
 
 /** The memory.retrieved payload of a finished reply: its events replay, then the stream ends. */
@@ -232,32 +192,13 @@ async function saveRename(state, title) {
 
 // --- messages and replies ---------------------------------------------------------------
 
-function userMessage(text) {
-  const element = document.createElement("div");
-  element.className = "message user";
-  const bubble = document.createElement("div");
-  bubble.className = "bubble markdown";
-  bubble.append(renderMarkdown(text));
-  const note = document.createElement("p");
-  note.className = "message-note";
-  note.hidden = true;
-  element.append(bubble, note);
-  return {
-    element,
-    note(text, kind = "info") {
-      note.hidden = !text;
-      note.textContent = text || "";
-      note.dataset.kind = kind;
-    },
-  };
-}
-
 async function sendMessage(text) {
   const state = current;
-  const busy = state.live.size > 0;
+  const waiting = state.waiting.size > 0;
   const message = userMessage(text);
   ui.messages.append(message.element);
-  if (busy) message.note(BUSY_NOTES[api.config?.on_busy] || "A reply is still streaming…");
+  if (waiting) message.note(WAITING_NOTES[api.config?.on_busy] || WAITING_NOTES.reject);
+  else if (state.live.size > 0) message.note(BUSY_NOTES[api.config?.on_busy] || "A reply is still streaming…");
   scrollToEnd();
   const key = idempotencyKey();
   let view = null;
@@ -266,7 +207,9 @@ async function sendMessage(text) {
       message.note("");
       view = addReplyView(state, event.data.reply_id);
       state.live.add(view);
-      updateStopButton();
+      // Accepted while a reply waited: the server ended that one (on_busy=interrupt); show how.
+      for (const parked of state.waiting) catchUp(state, parked);
+      updateComposer();
       autoTitle(state, text);
     }
     view?.apply(event);
@@ -276,15 +219,18 @@ async function sendMessage(text) {
     await withAuth(() => api.sendMessage(state.id, text, key, onEvent, state.aborter.signal));
   } catch (error) {
     if (error.name === "AbortError") return;
-    if (!view) return notSent(message, text, error);
+    if (!view) return notSent(message, text, error, waiting);
     // Started, then the stream broke: the reply goes on server-side; resume below.
   }
-  if (view && !view.finished) await followToEnd(state, view);
+  if (view && !view.finished && !view.parked) await followToEnd(state, view);
   else afterReply(state, view);
 }
 
-function notSent(message, text, error) {
-  if (error instanceof ApiError && error.code === "conversation_busy") {
+function notSent(message, text, error, waiting) {
+  if (error instanceof ApiError && error.code === "conversation_busy" && (waiting || error.details.awaiting_approval)) {
+    message.note("Not sent: the reply above waits for your approval of a tool call. " +
+      "Approve or reject it, or Stop it, then send again.", "error");
+  } else if (error instanceof ApiError && error.code === "conversation_busy") {
     message.note("Not sent: a reply is still streaming (the server refuses new messages meanwhile). " +
       "Stop it or wait, then send again.", "error");
   } else {
@@ -294,10 +240,14 @@ function notSent(message, text, error) {
   say("Your message was not sent.");
 }
 
-/** Follow a reply's events to its end, reconnecting after the last event seen when cut off. */
+/**
+ * Follow a reply's events to its end (or until it waits for a decision), reconnecting after
+ * the last event seen when cut off.
+ */
 async function followToEnd(state, view) {
+  state.waiting.delete(view);
   state.live.add(view);
-  updateStopButton();
+  updateComposer();
   let delay = 500;
   while (!view.finished && !state.aborter.signal.aborted) {
     try {
@@ -308,6 +258,7 @@ async function followToEnd(state, view) {
         }, state.aborter.signal),
       );
       clearBanner();
+      if (view.parked) break; // nothing more until a person decides
       if (!view.finished) return reloadAfterUnknownEnd(state); // stream ended without an ending
     } catch (error) {
       if (error.name === "AbortError") return;
@@ -324,9 +275,89 @@ async function followToEnd(state, view) {
 }
 
 function afterReply(state, view) {
-  if (view) state.live.delete(view);
-  updateStopButton();
+  if (view) {
+    state.live.delete(view);
+    if (view.parked) state.waiting.add(view);
+    else state.waiting.delete(view);
+  }
+  updateComposer();
+  if (view?.parked && current === state) announceWaiting(view);
   if (current === state) sidebar.refresh().catch(() => {});
+}
+
+/** Say which calls wait, and bring the first one's question into focus unless the person types. */
+function announceWaiting(view) {
+  const calls = view.waitingCalls();
+  if (calls.length === 0) return;
+  say(`${calls.map((call) => call.name).join(", ")} waits for your approval.`);
+  // Focus goes to the question, never onto Approve: an Enter meant for sending must not approve.
+  // It moves only from where nothing is being typed: the page, an empty composer, or this
+  // reply (after deciding one of several calls, the next one is asked).
+  const active = document.activeElement;
+  const idle =
+    !active ||
+    active === document.body ||
+    (active === ui.input && !ui.input.value) ||
+    (view.element.contains(active) && !calls.some((call) => call.element.contains(active)));
+  if (idle) calls[0].focusApproval();
+}
+
+// --- approvals --------------------------------------------------------------------------
+
+/** Send a person's decision on a waiting call; the rest of the reply streams into its view. */
+async function decideCall(state, view, call, verb, body) {
+  if (current !== state) return;
+  state.waiting.delete(view);
+  state.live.add(view);
+  updateComposer();
+  const before = view.lastEventId;
+  const onEvent = (event) => {
+    view.apply(event);
+    scrollToEnd();
+  };
+  try {
+    await withAuth(() =>
+      api.decideToolCall(call.turnId, call.callId, verb, body, onEvent, state.aborter.signal),
+    );
+  } catch (error) {
+    if (error.name === "AbortError") return;
+    // The decision was taken and its stream then broke: the reply goes on; resume it.
+    if (view.lastEventId !== before) return followToEnd(state, view);
+    const problem = decisionProblem(error, verb);
+    call.showProblem(problem);
+    say(problem);
+    return catchUp(state, view, problem);
+  }
+  if (!view.finished && !view.parked) return followToEnd(state, view);
+  afterReply(state, view);
+}
+
+function decisionProblem(error, verb) {
+  const done = verb === "approve" ? "approved" : "rejected";
+  if (error instanceof ApiError && error.code === "tool_call_not_awaiting_approval") {
+    return `Not ${done}: this call was already decided elsewhere, or its reply was stopped. ` +
+      "The page shows what happened instead.";
+  }
+  if (error instanceof NetworkError) {
+    return `Not ${done}: the server cannot be reached, so the decision may not have been recorded. ` +
+      "The page shows the call as soon as the server answers again.";
+  }
+  return `Not ${done}: ${describe(error)}`;
+}
+
+/** Draw what happened to a reply while this page was not reading its events (a decision elsewhere, a stop). */
+async function catchUp(state, view, problem) {
+  if (current !== state) return;
+  // Drawn from its events: the ones after the last seen say what happened.
+  if (view.lastEventId > 0) return followToEnd(state, view);
+  // Drawn from stored turns, its event ids are unknown: draw it again from its first event.
+  const fresh = newReplyView(state, view.replyId);
+  state.live.delete(view);
+  state.waiting.delete(view);
+  state.views.set(view.replyId, fresh);
+  view.element.replaceWith(fresh.element);
+  if (problem) fresh.showError(problem);
+  return followToEnd(state, fresh);
 }
 
 async function reloadAfterUnknownEnd(state) {
@@ -344,13 +375,17 @@ async function autoTitle(state, text) {
 }
 
 async function stopReply() {
-  const view = [...(current?.live || [])].at(-1);
+  const state = current;
+  // A streaming reply first; otherwise the one waiting for a decision (Stop ends it).
+  const view = [...(state?.live || [])].at(-1) || [...(state?.waiting || [])].at(-1);
   if (!view) return;
+  const waiting = state.waiting.has(view);
   ui.stop.disabled = true;
   ui.stop.textContent = "Stopping…";
   try {
     await withAuth(() => api.stopReply(view.replyId));
     say("Reply stopped.");
+    if (waiting) catchUp(state, view); // no stream is open to carry its ending
   } catch (error) {
     showBanner(`Could not stop the reply: ${describe(error)}`);
   } finally {
@@ -359,10 +394,21 @@ async function stopReply() {
   }
 }
 
-function updateStopButton() {
+/** Stop shows while a reply streams or waits; the composer says when the conversation waits. */
+function updateComposer() {
   const streaming = (current?.live.size || 0) > 0;
-  ui.stop.hidden = !streaming;
+  const waiting = !streaming && (current?.waiting.size || 0) > 0;
+  ui.stop.hidden = !streaming && !waiting;
   ui.composer.dataset.streaming = String(streaming);
+  ui.composer.dataset.waiting = String(waiting);
+  ui.composerStatus.hidden = !waiting;
+  ui.composerStatus.textContent = waiting
+    ? api.config?.on_busy === "interrupt"
+      ? "The reply above waits for your approval of a tool call. Approve or reject it, press Stop to " +
+        "end the reply, or send a new message, which ends it."
+      : "The reply above waits for your approval of a tool call. Approve or reject it, or press Stop " +
+        "to end the reply; new messages are refused until then."
+    : "";
 }
 
 function scrollToEnd() {

@@ -4,8 +4,13 @@
 // replayed from event 0 after a reload). Events carry increasing ids; `apply` ignores any id
 // it has already seen, which is what makes resuming after a cut connection safe: the page
 // asks for `?after=<last id seen>` and nothing is drawn twice or skipped.
+//
+// A reply that calls a tool needing a person's approval pauses (`parked`): its stream ends
+// at turn.awaiting_approval, the call shows Approve / Reject, and the decision's response
+// carries the rest of the reply with the next event ids, into this same view.
 
 import { renderMarkdown } from "./markdown.js";
+import { ToolCallView } from "./tool_call_view.js";
 
 const STATUS_LABELS = {
   streaming: "Streaming…",
@@ -13,6 +18,7 @@ const STATUS_LABELS = {
   interrupted_by_user: "Interrupted — stopped",
   interrupted_by_error: "Interrupted — error",
   failed: "Failed",
+  awaiting_approval: "Waiting for your approval",
 };
 
 const REASON_LABELS = {
@@ -21,27 +27,22 @@ const REASON_LABELS = {
   client_disconnected: "Interrupted — the page disconnected",
 };
 
-const CALL_STATE_LABELS = {
-  streaming: "arguments streaming…",
-  ready: "ready",
-  running: "running…",
-  succeeded: "succeeded",
-  failed: "failed",
-  cancelled: "cancelled",
-  cut_off: "cut off — arguments incomplete",
-};
-
 const TERMINAL_EVENTS = new Set(["turn.completed", "turn.interrupted", "turn.failed"]);
 
 let viewCounter = 0;
 
 export class ReplyView {
-  /** `loadMemories()` (optional) fetches the memory.retrieved payload of a finished reply. */
-  constructor(replyId, { loadMemories } = {}) {
+  /**
+   * `loadMemories()` (optional) fetches the memory.retrieved payload of a finished reply;
+   * `onDecide(view, call, verb, body)` (optional) sends a person's approve/reject decision.
+   */
+  constructor(replyId, { loadMemories, onDecide } = {}) {
     this.replyId = replyId;
     this.loadMemories = loadMemories;
+    this.onDecide = onDecide;
     this.lastEventId = 0;
     this.finished = false;
+    this.parked = false; // waits for a decision on a tool call; no stream carries it meanwhile
     this.status = "streaming";
     this.steps = new Map(); // assistant turn id -> step
     this.calls = new Map(); // tool call id -> call view
@@ -116,6 +117,16 @@ export class ReplyView {
       case "tool.result":
         this.calls.get(data.call_id)?.setResult(data.state, data.result);
         break;
+      case "tool_call.approval_required":
+        this.approvalRequired(data);
+        break;
+      case "turn.awaiting_approval":
+        this.park();
+        break;
+      case "tool_call.approved":
+      case "tool_call.rejected":
+        this.decided(data, event === "tool_call.approved" ? "approved" : "rejected");
+        break;
       case "error":
         this.showError(data.message || data.code);
         break;
@@ -126,22 +137,66 @@ export class ReplyView {
 
   toolDelta({ turn_id, index, id, name, arguments: fragment }) {
     const step = this.step(turn_id);
+    const call = this.callAt(step, index, name, "streaming");
+    if (name) call.setName(name);
+    if (id) this.identify(call, id);
+    call.appendArguments(fragment || "");
+  }
+
+  /** The call needs a person: its complete arguments, and Approve / Reject. */
+  approvalRequired({ turn_id, index, call_id, name, arguments: args, expires_at }) {
+    const call = this.callAt(this.step(turn_id), index, name, "awaiting_approval");
+    this.identify(call, call_id);
+    call.setName(name);
+    call.setArguments(args ?? call.arguments);
+    call.awaitApproval(expires_at);
+  }
+
+  park() {
+    this.parked = true;
+    this.setStatus("awaiting_approval");
+    for (const step of this.steps.values()) step.renderNow();
+  }
+
+  decided({ call_id, by, reason, arguments: args, arguments_edited: edited }, decision) {
+    const call = this.calls.get(call_id);
+    if (edited && args) call?.setArguments(args); // what runs is what the person approved
+    call?.setDecision({ decision, by, reason, arguments_edited: edited });
+    // The last decision resumes the reply (the server's rule): the next events follow.
+    if (this.parked && this.waitingCalls().length === 0) {
+      this.parked = false;
+      this.setStatus("streaming");
+    }
+  }
+
+  /** The calls that still wait for a decision. */
+  waitingCalls() {
+    return [...this.calls.values()].filter((call) => call.state === "awaiting_approval");
+  }
+
+  callAt(step, index, name, state) {
     let call = step.calls.get(index);
     if (!call) {
-      call = new ToolCallView(name, "streaming");
+      call = new ToolCallView(name, state, step.turnId, (c, verb, body) => this.onDecide?.(this, c, verb, body));
       step.calls.set(index, call);
       step.element.append(call.element);
     }
-    if (name) call.setName(name);
-    if (id && this.calls.get(id) !== call) this.calls.set(id, call);
-    call.appendArguments(fragment || "");
+    return call;
+  }
+
+  identify(call, id) {
+    call.callId = id;
+    if (this.calls.get(id) !== call) this.calls.set(id, call);
   }
 
   // --- stored history --------------------------------------------------------------
 
   /** Add a stored assistant or tool turn (GET /turns), in sequence order. */
   addStoredTurn(turn) {
-    this.lastEventId = Number.MAX_SAFE_INTEGER; // a stored reply takes no live events
+    // A stored reply takes no live events, except one that waits for a decision: the
+    // decision's stream carries only events after the stored ones (their ids are not known
+    // here, so any id is accepted until the first one arrives).
+    this.lastEventId = turn.status === "awaiting_approval" ? 0 : Number.MAX_SAFE_INTEGER;
     if (turn.role === "tool") {
       const call = this.calls.get(turn.tool_call_id);
       call?.setResult(null, turn.content);
@@ -152,15 +207,17 @@ export class ReplyView {
     const step = this.step(turn.id);
     step.setText(turn.content);
     for (const stored of turn.tool_calls || []) {
-      const call = new ToolCallView(stored.name, stored.state);
-      call.appendArguments(stored.arguments || "");
-      if (turn.status !== "streaming" && turn.status !== "completed") call.interrupt();
-      step.calls.set(stored.index, call);
-      this.calls.set(stored.id, call);
-      step.element.append(call.element);
+      const call = this.callAt(step, stored.index, stored.name, stored.state);
+      this.identify(call, stored.id);
+      call.setArguments(stored.arguments || "");
+      call.setState(stored.state);
+      if (stored.approval?.decision) call.setDecision(stored.approval);
+      if (stored.state === "awaiting_approval") call.awaitApproval(stored.approval?.expires_at);
+      if (!["streaming", "completed", "awaiting_approval"].includes(turn.status)) call.interrupt();
     }
     this.setStatus(turn.status, turn.interrupt_reason, turn.error);
-    this.finished = turn.status !== "streaming";
+    this.parked = turn.status === "awaiting_approval";
+    this.finished = turn.status !== "streaming" && !this.parked;
   }
 
   // --- parts -----------------------------------------------------------------------
@@ -187,8 +244,9 @@ export class ReplyView {
 
   finish(status, reason, error) {
     this.finished = true;
+    this.parked = false;
     // Mirror what the server stores: a call whose arguments were still streaming stays
-    // incomplete (shown as cut off); calls that were ready or running are cancelled.
+    // incomplete (shown as cut off); calls that were ready, running or waiting are cancelled.
     if (status !== "completed") {
       for (const step of this.steps.values()) for (const call of step.calls.values()) call.interrupt();
     }
@@ -225,7 +283,7 @@ export class ReplyView {
     this.memoriesPanel.hidden = !open;
     this.memoriesButton.setAttribute("aria-expanded", String(open));
     this.element.classList.toggle("with-memories", open);
-    if (open && this.memories === null && this.finished && this.loadMemories) {
+    if (open && this.memories === null && (this.finished || this.parked) && this.loadMemories) {
       this.memoriesPanel.textContent = "Loading…";
       try {
         this.setMemories(await this.loadMemories());
@@ -248,7 +306,7 @@ export class ReplyView {
       panel.append(query);
     }
     const items = this.memories?.items || [];
-    if (this.memories === null && !this.finished) {
+    if (this.memories === null && !this.finished && !this.parked) {
       panel.append(paragraph("Not known yet."));
     } else if (items.length === 0) {
       panel.append(paragraph("No memories were used for this reply."));
@@ -298,54 +356,6 @@ class StepView {
   }
 }
 
-/** A tool call: collapsed by default, with its arguments (raw, maybe partial) and result. */
-class ToolCallView {
-  constructor(name, state) {
-    this.state = state;
-    this.arguments = "";
-    this.element = document.createElement("details");
-    this.element.className = "tool-call";
-    const summary = document.createElement("summary");
-    this.nameLabel = span("tool-name", "");
-    this.stateLabel = span("tool-state", "");
-    summary.append(span("tool-icon", "Tool call "), this.nameLabel, this.stateLabel);
-    this.argumentsBlock = document.createElement("pre");
-    this.argumentsBlock.className = "tool-arguments";
-    this.resultBlock = document.createElement("pre");
-    this.resultBlock.className = "tool-result";
-    this.resultBlock.hidden = true;
-    this.element.append(summary, small("Arguments"), this.argumentsBlock, this.resultBlock);
-    this.setName(name);
-    this.setState(state);
-  }
-
-  setName(name) {
-    this.nameLabel.textContent = name || "(unnamed)";
-  }
-
-  appendArguments(fragment) {
-    this.arguments += fragment;
-    this.argumentsBlock.textContent = this.arguments;
-  }
-
-  setState(state) {
-    this.state = state;
-    this.element.dataset.state = state;
-    this.stateLabel.textContent = ` — ${CALL_STATE_LABELS[state] || state}`;
-  }
-
-  setResult(state, result) {
-    if (state) this.setState(state);
-    this.resultBlock.hidden = false;
-    this.resultBlock.textContent = `Result: ${prettyJson(result)}`;
-  }
-
-  interrupt() {
-    if (this.state === "streaming") this.setState("cut_off");
-    else if (this.state === "ready" || this.state === "running") this.setState("cancelled");
-  }
-}
-
 // --- small DOM builders ------------------------------------------------------------------
 
 function memoryItem(item) {
@@ -369,14 +379,6 @@ function memoryItem(item) {
   return li;
 }
 
-function prettyJson(raw) {
-  try {
-    return JSON.stringify(typeof raw === "string" ? JSON.parse(raw) : raw, null, 2);
-  } catch {
-    return String(raw);
-  }
-}
-
 function div(className) {
   const node = document.createElement("div");
   node.className = className;
@@ -386,12 +388,6 @@ function div(className) {
 function span(className, text) {
   const node = document.createElement("span");
   node.className = className;
-  node.textContent = text;
-  return node;
-}
-
-function small(text) {
-  const node = document.createElement("small");
   node.textContent = text;
   return node;
 }
