@@ -24,7 +24,7 @@ from chat_api.ratelimit import enforce_request_rate, install_rate_limits
 from chat_api.reaper import Reaper
 from chat_api.recall import build_recall
 from chat_api.replies import ReplyRegistry
-from chat_api.routes import branches, conversations, health, imports, messages, page, turns
+from chat_api.routes import branches, conversations, health, imports, messages, page, turns, users
 from chat_api.routes import memory as memory_routes
 from chat_api.runner import ReplyRunner
 from chat_api.services import Services, process_id
@@ -34,6 +34,7 @@ from memory.config import Settings
 from memory.db import Database
 from memory.embeddings import Embedder
 from memory.prompts import load_prompts
+from memory.retention import RetentionJob, RetentionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ async def load_embedder(settings: Settings) -> Embedder:
     from memory.embeddings import SentenceTransformerEmbedder
 
     model = SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
-    await asyncio.to_thread(model.load)
+    await asyncio.to_thread(model.load, threads=settings.embedding_threads)
     return model
 
 
@@ -141,6 +142,14 @@ def create_app(
                 ApprovalTimeouts(services, interval_seconds=settings.approval_sweep_seconds).run(stop),
                 name="approval-timeouts",
             ),
+            asyncio.create_task(
+                RetentionJob(
+                    db,
+                    RetentionPolicy.from_settings(settings),
+                    interval_seconds=settings.retention_interval_seconds,
+                ).run(stop),
+                name="retention",
+            ),
         ]
         loops += [asyncio.create_task(worker(services, stop)) for worker in workers or []]
         try:
@@ -185,7 +194,7 @@ def create_app(
     for public in (health.router, page.router):
         app.include_router(public)
     limited = [Depends(enforce_request_rate)]
-    routers = (conversations, messages, turns, branches, memory_routes, imports)
+    routers = (conversations, messages, turns, branches, memory_routes, imports, users)
     for module in routers:
         app.include_router(module.router, dependencies=limited)
     return app

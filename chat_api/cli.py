@@ -1,4 +1,4 @@
-"""The `chatmem` command: up, serve, token, db upgrade, relay, indexer."""
+"""The `chatmem` command: up, serve, token, db upgrade, import, users delete, relay, indexer."""
 
 from __future__ import annotations
 
@@ -179,6 +179,40 @@ def cmd_db_upgrade(_: argparse.Namespace) -> None:
     print("database is up to date")
 
 
+def cmd_users_delete(args: argparse.Namespace) -> None:
+    """Delete everything of one user in one tenant (the operator's DELETE /v1/users/me)."""
+    settings = _settings()
+    if not settings.database_url:
+        raise CommandError("DATABASE_URL is not set")
+    _check_database(settings.database_url)
+    counts = asyncio.run(_delete_user(settings.database_url, args.tenant, args.user))
+    summary = ", ".join(f"{table} {n}" for table, n in sorted(counts.items()))
+    print(f"deleted user {args.user!r} of tenant {args.tenant!r}: {summary or 'nothing was stored'}")
+
+
+async def _delete_user(database_url: str, tenant: str, user: str) -> dict[str, int]:
+    from memory.conversations import Owner
+    from memory.db import Database
+    from memory.erasure import delete_user, delete_user_dead_letters
+    from memory.errors import Conflict
+    from memory.tenancy import tenant_scope
+
+    owner = Owner(tenant, user)
+    db = Database(database_url, pool_size=1)
+    try:
+        # Acts for one tenant: row-level security keeps every statement inside it.
+        with tenant_scope(tenant):
+            async with db.transaction() as session:
+                counts = await delete_user(session, owner)
+        async with db.transaction() as session:
+            counts["dead_letters"] += await delete_user_dead_letters(session, owner)
+    except Conflict as exc:
+        raise CommandError(f"{exc.message} (stop it, or retry in a moment)") from None
+    finally:
+        await db.dispose()
+    return dict(+counts)
+
+
 def _worker_main(which: str) -> None:
     from indexer.worker import run_indexer_main, run_relay_main
 
@@ -227,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     importer = sub.add_parser("import", help="import a ChatGPT export or a JSON Lines file of turns")
     add_import_arguments(importer)
     importer.set_defaults(func=cmd_import)
+
+    users = sub.add_parser("users", help="user accounts")
+    users_sub = users.add_subparsers(dest="users_command", required=True)
+    delete = users_sub.add_parser("delete", help="delete everything of one user in one tenant")
+    delete.add_argument("--tenant", required=True)
+    delete.add_argument("--user", required=True)
+    delete.set_defaults(func=cmd_users_delete)
 
     sub.add_parser("relay", help="publish the outbox to Kafka").set_defaults(
         func=lambda _: _worker_main("relay")

@@ -50,7 +50,7 @@ _LINEAGE = "unnest(CAST(:lineage_ids AS uuid[]), CAST(:lineage_max_seqs AS int[]
 BRANCH_HISTORY = text(
     f"""
     SELECT t.* FROM {_LINEAGE}
-    JOIN turns t ON t.branch_id = l.branch_id AND t.seq <= l.max_seq
+    JOIN turns t ON t.branch_id = l.branch_id AND t.seq <= l.max_seq AND t.deleted_at IS NULL
     ORDER BY t.seq
     """
 )
@@ -61,7 +61,7 @@ NEWEST_TURN = text(
     SELECT t.* FROM {_LINEAGE}
     CROSS JOIN LATERAL (
         SELECT * FROM turns t
-        WHERE t.branch_id = l.branch_id AND t.seq <= LEAST(l.max_seq, :max_seq)
+        WHERE t.branch_id = l.branch_id AND t.seq <= LEAST(l.max_seq, :max_seq) AND t.deleted_at IS NULL
           AND (CAST(:role AS text) IS NULL OR t.role = CAST(:role AS text))
         ORDER BY t.seq DESC
         LIMIT 1

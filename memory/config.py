@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, PositiveFloat, SecretStr, field_validator, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -109,6 +109,24 @@ class Settings(BaseSettings):
     )
     stop_wait_seconds: float = Field(5.0, gt=0, description="How long stop waits for the terminal state.")
 
+    # --- retention -----------------------------------------------------------------
+    retention_days: float = Field(
+        0.0, ge=0, description="Age after which turns, memory rows and outbox rows expire (0: keep forever)."
+    )
+    retention_tenant_days: dict[str, NonNegativeFloat] = Field(
+        default_factory=dict,
+        description="Per-tenant retention in days, overriding RETENTION_DAYS (JSON object; 0: keep forever).",
+    )
+    retention_grace_days: float = Field(
+        7.0, ge=0, description="How long expired or deleted rows stay soft-deleted before they are purged."
+    )
+    retention_interval_seconds: float = Field(
+        3600.0, gt=0, description="How often the retention job runs (every API process runs it, safely)."
+    )
+    retention_batch_size: int = Field(
+        500, ge=1, description="Rows (or conversations) per retention transaction: no purge holds long locks."
+    )
+
     # --- context -------------------------------------------------------------------
     prompt_language: Literal["en", "zh"] = Field("en", description="Prompt template set.")
     context_max_turns: int = Field(10, ge=1, description="Recent window: most turns in the prompt.")
@@ -135,6 +153,14 @@ class Settings(BaseSettings):
         default_factory=default_embedding_model, description="sentence-transformers model."
     )
     embedding_batch_size: int = Field(64, ge=1, description="Texts per encode call.")
+    embedding_threads: int = Field(
+        1,
+        ge=0,
+        description=(
+            "Torch threads of the API process's encoder (0: torch's default, one per core). One leaves "
+            "a core to the event loop and Postgres; more stall each other when the cores are busy."
+        ),
+    )
     indexer_batch_size: int = Field(256, ge=1, description="Most turns per indexer batch.")
     indexer_batch_wait_ms: int = Field(200, ge=0, description="Longest wait to fill a batch.")
     indexer_max_attempts: int = Field(3, ge=1, description="Attempts before a message is dead-lettered.")

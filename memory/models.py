@@ -21,6 +21,7 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy import text as sql_text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -86,7 +87,10 @@ class Conversation(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
-    __table_args__ = (Index("ix_conversations_owner_created", "tenant_id", "user_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_conversations_owner_created", "tenant_id", "user_id", "created_at", "id"),
+        Index("ix_conversations_deleted", "deleted_at", postgresql_where=text("deleted_at IS NOT NULL")),
+    )
 
 
 class Branch(Base):
@@ -153,6 +157,8 @@ class Turn(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Expired by retention: hidden from every read now, purged after the grace period.
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
         UniqueConstraint("conversation_id", "seq", name="uq_turns_conversation_seq"),
@@ -164,6 +170,8 @@ class Turn(Base):
             postgresql_where=text("status = 'awaiting_approval' AND approval_expires_at IS NOT NULL"),
         ),
         Index("ix_turns_reply", "reply_id"),
+        Index("ix_turns_live_created", "created_at", postgresql_where=text("deleted_at IS NULL")),
+        Index("ix_turns_deleted", "deleted_at", postgresql_where=text("deleted_at IS NOT NULL")),
         Index("ix_turns_streaming", "heartbeat_at", postgresql_where=text("status = 'streaming'")),
         Index(
             "uq_turns_idempotency",
@@ -218,6 +226,8 @@ class ToolInvocation(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
 
+    __table_args__ = (Index("ix_tool_invocations_turn", "turn_id"),)
+
 
 class OutboxRow(Base):
     """A finished turn waiting to reach the memory index (same transaction as the turn)."""
@@ -242,6 +252,8 @@ class OutboxRow(Base):
     __table_args__ = (
         Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
         Index("ix_outbox_unconsumed", "id", postgresql_where=text("consumed_at IS NULL AND dead_at IS NULL")),
+        Index("ix_outbox_conversation", "conversation_id"),
+        Index("ix_outbox_created", "created_at"),
     )
 
 
@@ -269,11 +281,15 @@ class MemoryItem(Base):
     # False while the turn is off its conversation's active branch: never recalled then.
     on_active_branch: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
     indexed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+    # Expired with its turn: invisible to search now, purged after the grace period.
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
         UniqueConstraint("turn_id", "chunk_index", name="uq_memory_turn_chunk"),
         Index("ix_memory_owner", "tenant_id", "user_id"),
         Index("ix_memory_conversation", "conversation_id"),
+        # sqlalchemy.text, not the `text` column above.
+        Index("ix_memory_deleted", "deleted_at", postgresql_where=sql_text("deleted_at IS NOT NULL")),
         Index("ix_memory_terms", "search_terms", postgresql_using="gin"),
         Index(
             "ix_memory_embedding",

@@ -1,0 +1,36 @@
+"""The caller's account: `DELETE /v1/users/me` erases everything of theirs in the tenant."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from chat_api.control import stop_reply
+from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.schemas import ErrorOut
+from memory.erasure import active_replies, delete_user, delete_user_dead_letters
+from memory.tenancy import unscoped
+
+router = APIRouter(prefix="/v1/users", tags=["users"])
+
+
+@router.delete(
+    "/me",
+    status_code=204,
+    responses={409: {"model": ErrorOut, "description": "A reply started again while deleting; retry."}},
+)
+async def delete_me(owner: OwnerDep, services: ServicesDep) -> Response:
+    """Delete the caller's conversations, turns, events, tool calls, outbox rows and memory. Idempotent.
+
+    Replies still streaming are stopped first (on whichever process runs them), so none
+    can write after the delete; the deletion itself is one transaction.
+    """
+    async with services.db.session() as session:
+        running = await active_replies(session, owner)
+    for reply_id in running:
+        await stop_reply(services, reply_id, reason="user")
+    async with services.db.transaction() as session:
+        await delete_user(session, owner)
+    with unscoped():
+        async with services.db.transaction() as session:
+            await delete_user_dead_letters(session, owner)
+    return Response(status_code=204)
