@@ -38,6 +38,8 @@ from memory.rewrite import HistoryLine, Rewrite, rewrite_query
 log = logging.getLogger(__name__)
 
 STORE_REWRITTEN_QUERY = text("UPDATE turns SET rewritten_query = :query WHERE id = :turn_id")
+# The stored query is for auditing: a crash may lose it, but no reply should wait for its WAL flush.
+ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
 TOOL_RESULT_ITEMS = 8
 
@@ -157,8 +159,12 @@ class MemoryRecaller:
                 exclude_turn_ids=exclude,
                 prepare_text=self._prepare_text,
             )
+        embedding = time.perf_counter()
         query_vector, turn_vectors = await embed_for_recall(self.embedder, result.query, unindexed)
+        latency["embed"] = _ms_since(embedding)
         async with self.services.db.transaction() as session:
+            if store_query_on is not None:
+                await session.execute(ASYNC_COMMIT)
             memories = await rank_memories(
                 session,
                 query_text=result.query,
