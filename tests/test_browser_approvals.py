@@ -51,14 +51,30 @@ def runs_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("approvals") / "runs.jsonl"
 
 
-@pytest.fixture(scope="module")
-def server(runs_log: Path) -> Iterator[ChatmemUp]:
-    up = ChatmemUp(
+def approval_server(runs_log: Path, **settings: Any) -> ChatmemUp:
+    return ChatmemUp(
         TOOL_MODULES='["tests.approval_tools"]',
         TOOLS_REQUIRING_APPROVAL='["transfer_funds"]',
         APPROVAL_TOOL_LOG=str(runs_log),
         DEMO_TOKENS_PER_SECOND=40,
+        **settings,
     )
+
+
+@pytest.fixture(scope="module")
+def server(runs_log: Path) -> Iterator[ChatmemUp]:
+    up = approval_server(runs_log)
+    up.start()
+    try:
+        yield up
+    finally:
+        up.stop()
+
+
+@pytest.fixture(scope="module")
+def timeout_server(runs_log: Path) -> Iterator[ChatmemUp]:
+    """Silence counts as a rejection after 3 s, checked every 0.2 s."""
+    up = approval_server(runs_log, TOOL_APPROVAL_TIMEOUTS='{"transfer_funds": 3}', APPROVAL_SWEEP_SECONDS=0.2)
     up.start()
     try:
         yield up
@@ -319,3 +335,32 @@ def test_a_call_decided_elsewhere_says_so_and_shows_what_happened(
     assert runs_of(runs_log, parked["id"]) == [{"amount": 5, "to": "bob"}]
     stored = turns(api, conversation_id)
     assert reply_text(tab) == "".join(t["content"] for t in stored if t["role"] == "assistant")
+
+
+def test_a_call_nobody_decides_in_time_shows_as_timed_out_without_a_reload(
+    browser: Browser, timeout_server: ChatmemUp, runs_log: Path
+) -> None:
+    with watched_page(browser, timeout_server) as (tab, _), timeout_server.client() as api:
+        open_chat(tab, timeout_server)
+        conversation_id = new_chat(tab)
+        send(tab, ASK)
+        card = waiting_card(tab)
+        expect_ui(card.locator(".approval-expiry")).to_contain_text("counts as rejected")
+        parked = parked_turn(api, conversation_id)
+        # Nobody clicks: the server rejects the call and the reply goes on; the page sees it.
+        wait_finished(tab, "completed", timeout=30_000)
+        expect_ui(card).to_have_attribute("data-state", "rejected")
+        expect_ui(card).to_have_attribute("data-decision", "timed_out")
+        expect_ui(card.locator(".tool-decision")).to_contain_text("Timed out: nobody decided in time")
+        expect_ui(card.locator("summary")).to_contain_text("rejected · timed out")
+        expect_free_composer(tab)
+        stored = turns(api, conversation_id)
+        assert stored[1]["tool_calls"][0]["approval"]["by"] == "timeout"
+        assert reply_text(tab) == "".join(t["content"] for t in stored if t["role"] == "assistant")
+        assert runs_of(runs_log, parked["id"]) == []
+        # Reloaded, the stored turns say the same.
+        tab.reload()
+        tab.wait_for_selector("body[data-ready=true]")
+        card = tab.locator(".reply").last.locator("details.tool-call")
+        expect_ui(card).to_have_attribute("data-decision", "timed_out")
+        expect_ui(card.locator(".tool-decision")).to_contain_text("Timed out: nobody decided in time")

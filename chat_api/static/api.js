@@ -85,6 +85,10 @@ export class Api {
     return this.request("GET", `/v1/conversations/${conversationId}/turns`);
   }
 
+  getTurn(turnId) {
+    return this.request("GET", `/v1/turns/${turnId}`);
+  }
+
   stopReply(turnId) {
     return this.request("POST", `/v1/turns/${turnId}/stop`);
   }

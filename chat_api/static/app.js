@@ -95,7 +95,7 @@ async function openConversation(id) {
   }
   updateComposer();
   ui.input.focus();
-  for (const view of state.waiting) announceWaiting(view);
+  for (const view of state.waiting) waitForDecision(state, view);
   document.body.dataset.conversation = id; // loaded (tests wait on this)
 }
 
@@ -281,14 +281,15 @@ function afterReply(state, view) {
     else state.waiting.delete(view);
   }
   updateComposer();
-  if (view?.parked && current === state) announceWaiting(view);
+  if (view?.parked && current === state) waitForDecision(state, view);
   if (current === state) sidebar.refresh().catch(() => {});
 }
 
-/** Say which calls wait, and bring the first one's question into focus unless the person types. */
-function announceWaiting(view) {
+/** Say which calls wait, bring the first question into focus unless the person types, watch timeouts. */
+function waitForDecision(state, view) {
   const calls = view.waitingCalls();
   if (calls.length === 0) return;
+  watchTimeout(state, view);
   say(`${calls.map((call) => call.name).join(", ")} waits for your approval.`);
   // Focus goes to the question, never onto Approve: an Enter meant for sending must not approve.
   // It moves only from where nothing is being typed: the page, an empty composer, or this
@@ -303,6 +304,35 @@ function announceWaiting(view) {
 }
 
 // --- approvals --------------------------------------------------------------------------
+
+/**
+ * A call with an approval timeout is rejected by the server once it expires, and no stream
+ * tells this page: from the earliest expiry on, re-read the turn (backing off) until it has
+ * changed, then catch up with what happened.
+ */
+function watchTimeout(state, view) {
+  const due = view.waitingCalls().map((call) => Date.parse(call.expiresAt)).filter(Number.isFinite);
+  if (due.length === 0 || view.timeoutWatch) return;
+  let delay = 2000;
+  const check = async () => {
+    view.timeoutWatch = null;
+    if (current !== state || !state.waiting.has(view)) return;
+    const calls = view.waitingCalls();
+    try {
+      const turn = await withAuth(() => api.getTurn(calls[0].turnId));
+      const stillWaiting = new Set(
+        turn.tool_calls.filter((c) => c.state === "awaiting_approval").map((c) => c.id),
+      );
+      if (current !== state || !state.waiting.has(view)) return;
+      if (!calls.every((call) => stillWaiting.has(call.callId))) return catchUp(state, view);
+    } catch {
+      // Not reachable right now: look again later.
+    }
+    view.timeoutWatch = setTimeout(check, delay);
+    delay = Math.min(delay * 2, 60_000);
+  };
+  view.timeoutWatch = setTimeout(check, Math.max(0, Math.min(...due) - Date.now()) + 500);
+}
 
 /** Send a person's decision on a waiting call; the rest of the reply streams into its view. */
 async function decideCall(state, view, call, verb, body) {

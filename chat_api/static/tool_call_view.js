@@ -26,6 +26,7 @@ export class ToolCallView {
     this.decide = decide;
     this.arguments = "";
     this.approval = null; // the Approve / Reject panel, while the call waits
+    this.expiresAt = null; // when the server counts silence as a rejection (ISO time), if ever
 
     this.element = document.createElement("details");
     this.element.className = "tool-call";
@@ -93,6 +94,7 @@ export class ToolCallView {
 
   /** The call waits for a person: open it (its arguments are what they approve) and ask. */
   awaitApproval(expiresAt) {
+    this.expiresAt = expiresAt || null;
     this.setState("awaiting_approval");
     this.element.open = true;
     if (!this.approval) {
