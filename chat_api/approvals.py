@@ -40,6 +40,7 @@ from memory.approvals import (
     take_for_resume,
     waiting_calls,
 )
+from memory.branches import user_turn_before
 from memory.conversations import Owner
 from memory.models import Turn, TurnStatus
 from memory.outbox import record_finished_turn
@@ -128,18 +129,11 @@ async def _resume_if_decided(services: Services, session: AsyncSession, turn: Tu
 
 
 async def _user_turn(session: AsyncSession, turn: Turn) -> Turn:
-    """The user message this reply answers (the newest user turn before it)."""
-    query = (
-        select(Turn)
-        .where(Turn.conversation_id == turn.conversation_id, Turn.role == "user", Turn.seq < turn.seq)
-        .order_by(Turn.seq.desc())
-        .limit(1)
-    )
-    if turn.reply_id is not None:
-        own = await session.execute(select(Turn).where(Turn.reply_id == turn.reply_id, Turn.role == "user"))
-        if (found := own.scalars().first()) is not None:
-            return found
-    return (await session.execute(query)).scalar_one()
+    """The user message this reply answers, on the turn's own branch (a regenerated reply's is older)."""
+    found = await user_turn_before(session, turn)
+    if found is None:
+        raise RuntimeError(f"turn {turn.id} answers no user message")
+    return found
 
 
 async def end_parked_reply(services: Services, reply_id: uuid.UUID, reason: str) -> bool:

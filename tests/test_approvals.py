@@ -468,3 +468,29 @@ def test_serve_reports_a_bad_tool_setting_in_one_line(pg_url: str) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == "chatmem: approval settings name unknown tools: nope"
+
+
+async def test_a_regenerated_reply_resumes_with_the_user_message_of_its_own_branch(start_server: Any) -> None:
+    """After an edit put a newer user turn on another branch, the resume still answers its own message."""
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(tools=transfer_tools(runs))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        ask = required(await park(client, cid))
+        await client.post(f"/v1/turns/{ask['turn_id']}/stop")
+        user_turn = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"][0]
+        edited = await client.post(
+            f"/v1/turns/{user_turn['id']}/edit", json={"content": "something else", "stream": False}
+        )
+        assert edited.status_code == 200, edited.text
+        r = await client.post(f"/v1/conversations/{cid}/branches/{cid}/activate")
+        assert r.status_code == 200, r.text
+        async with client.stream("POST", f"/v1/turns/{ask['turn_id']}/regenerate", json={}) as r:
+            assert r.status_code == 200, await r.aread()
+            parked = await collect(r)
+        assert parked[-1].event == "turn.awaiting_approval"
+        resumed = await decide_streaming(client, approve_url(required(parked)), {})
+        [recalled] = [e for e in resumed if e.event == "memory.retrieved"]
+        assert recalled.data["query"] == ASK
+        assert resumed[-1].event == "turn.completed"
+    assert len(runs) == 1
