@@ -115,7 +115,11 @@ class Branch(Base):
     lineage_max_seqs: Mapped[list[int]] = mapped_column(ARRAY(Integer))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
 
-    __table_args__ = (Index("ix_branches_conversation", "conversation_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_branches_conversation", "conversation_id", "created_at"),
+        # Which branches share a given branch's turns (forks), for purging safely.
+        Index("ix_branches_lineage", "lineage_ids", postgresql_using="gin"),
+    )
 
 
 class Turn(Base):

@@ -101,10 +101,19 @@ EXPIRE_LATE_MEMORY = text(
 
 # --- phase 2: purge -----------------------------------------------------------------------
 
+# A conversation whose turns a fork still shares (a branch of another conversation has one
+# of its branches in its lineage) stays, hidden, until that fork is gone: purging it would
+# cut the fork's history. Its own soft delete already hid it from its owner.
 PURGEABLE_CONVERSATIONS = text(
     f"""
-    SELECT id FROM conversations WHERE deleted_at < {_OLDER_THAN_GRACE}
-    ORDER BY deleted_at LIMIT :limit FOR UPDATE SKIP LOCKED
+    SELECT c.id FROM conversations c
+    WHERE c.deleted_at < {_OLDER_THAN_GRACE}
+      AND NOT EXISTS (
+          SELECT 1 FROM branches fork
+          WHERE fork.conversation_id <> c.id
+            AND fork.lineage_ids && ARRAY(SELECT b.id FROM branches b WHERE b.conversation_id = c.id)
+      )
+    ORDER BY c.deleted_at LIMIT :limit FOR UPDATE OF c SKIP LOCKED
     """
 )
 # Everything that hangs off a set of conversations, children first (also used to delete a user).

@@ -241,3 +241,38 @@ async def test_operator_cli_deletes_a_user(server: LiveServer, db: Database, pg_
     assert "deleted user 'u1' of tenant 't1'" in done.stdout and "turns 2" in done.stdout
     assert await rows_of(db, "t1", "u1") == {table: 0 for table in TABLES}
     assert (await rows_of(db, "t1", "u2"))["turns"] == 2
+
+
+BACKDATE_DELETION = "UPDATE conversations SET deleted_at = now() - interval '8 days' WHERE id = :c"
+
+
+async def test_purging_a_deleted_conversation_waits_while_a_fork_shares_its_turns(
+    server: LiveServer, db: Database
+) -> None:
+    """A fork shares the original's turns (no copies): purging the original must not cut its history."""
+    async with server.client() as client:
+        original = await new_conversation(client)
+        await say(client, original, FACT)
+        turns = (await client.get(f"/v1/conversations/{original}/turns")).json()["items"]
+        r = await client.post(f"/v1/conversations/{original}/fork", json={"turn_id": turns[-1]["id"]})
+        assert r.status_code == 201, r.text
+        fork = r.json()["id"]
+        await say(client, fork, LATER_FACT)
+        history = (await client.get(f"/v1/conversations/{fork}/turns")).json()["items"]
+        assert (await client.delete(f"/v1/conversations/{original}")).status_code == 204
+        await age(db, BACKDATE_DELETION, c=original)
+        retention = job(db, default_days=0, grace_days=7)
+        await retention.run_once()
+        # The fork still reads its whole history, shared turns included.
+        assert (await client.get(f"/v1/conversations/{fork}/turns")).json()["items"] == history
+        async with db.transaction() as session:
+            kept = text("SELECT count(*) FROM turns WHERE conversation_id = :c")
+            assert (await session.execute(kept, {"c": original})).scalar_one() == 2
+        # Once the fork is gone too, both are purged.
+        assert (await client.delete(f"/v1/conversations/{fork}")).status_code == 204
+        await age(db, BACKDATE_DELETION, c=fork)
+        await retention.run_once()
+        await retention.run_once()  # the original becomes purgeable once its fork is gone
+    assert (await rows_of(db, "t1", "u1"))["turns"] == 0
+    async with db.transaction() as session:
+        assert (await session.execute(text("SELECT count(*) FROM branches"))).scalar_one() == 0
