@@ -14,6 +14,7 @@
 // The page never stops a reply by going away (on_disconnect=continue): only Stop does.
 
 import { ApiError, NetworkError } from "./api.js";
+import { busyNote, refusedAsBusy, showComposerState } from "./composer.js";
 import { api, askForToken, clearBanner, describe, showBanner, waitToRetry, withAuth } from "./connection.js";
 import { ReplyView } from "./reply_view.js";
 import { Sidebar } from "./sidebar.js";
@@ -30,23 +31,9 @@ const ui = {
   input: $("composer-input"),
   send: $("send"),
   stop: $("stop"),
-  composerStatus: $("composer-status"),
   notice: $("notice"),
   model: $("model-badge"),
   newChat: $("new-chat"),
-};
-
-const BUSY_NOTES = {
-  reject: "A reply is still streaming; the server's policy is to refuse new messages until it ends.",
-  interrupt: "A reply is still streaming; the server's policy stops it to answer this message.",
-  enqueue: "Queued: the server will answer once the current reply has ended.",
-};
-
-// A reply waiting for an approval is busy until a person decides, which may take hours.
-const WAITING_NOTES = {
-  reject: "The reply above waits for your approval; the server refuses new messages until then.",
-  interrupt: "The reply above waits for your approval; the server's policy ends it to answer this message.",
-  enqueue: "The reply above waits for your approval; the server does not queue behind it.",
 };
 
 // The open conversation. Replaced (and its streams aborted) when another one is opened.
@@ -197,8 +184,7 @@ async function sendMessage(text) {
   const waiting = state.waiting.size > 0;
   const message = userMessage(text);
   ui.messages.append(message.element);
-  if (waiting) message.note(WAITING_NOTES[api.config?.on_busy] || WAITING_NOTES.reject);
-  else if (state.live.size > 0) message.note(BUSY_NOTES[api.config?.on_busy] || "A reply is still streaming…");
+  if (waiting || state.live.size > 0) message.note(busyNote(waiting, api.config?.on_busy));
   scrollToEnd();
   const key = idempotencyKey();
   let view = null;
@@ -227,12 +213,8 @@ async function sendMessage(text) {
 }
 
 function notSent(message, text, error, waiting) {
-  if (error instanceof ApiError && error.code === "conversation_busy" && (waiting || error.details.awaiting_approval)) {
-    message.note("Not sent: the reply above waits for your approval of a tool call. " +
-      "Approve or reject it, or Stop it, then send again.", "error");
-  } else if (error instanceof ApiError && error.code === "conversation_busy") {
-    message.note("Not sent: a reply is still streaming (the server refuses new messages meanwhile). " +
-      "Stop it or wait, then send again.", "error");
+  if (error instanceof ApiError && error.code === "conversation_busy") {
+    message.note(refusedAsBusy(waiting || error.details.awaiting_approval), "error");
   } else {
     message.note(`Not sent: ${describe(error)}`, "error");
   }
@@ -424,21 +406,11 @@ async function stopReply() {
   }
 }
 
-/** Stop shows while a reply streams or waits; the composer says when the conversation waits. */
+/** The composer's state from the open conversation's replies. */
 function updateComposer() {
   const streaming = (current?.live.size || 0) > 0;
   const waiting = !streaming && (current?.waiting.size || 0) > 0;
-  ui.stop.hidden = !streaming && !waiting;
-  ui.composer.dataset.streaming = String(streaming);
-  ui.composer.dataset.waiting = String(waiting);
-  ui.composerStatus.hidden = !waiting;
-  ui.composerStatus.textContent = waiting
-    ? api.config?.on_busy === "interrupt"
-      ? "The reply above waits for your approval of a tool call. Approve or reject it, press Stop to " +
-        "end the reply, or send a new message, which ends it."
-      : "The reply above waits for your approval of a tool call. Approve or reject it, or press Stop " +
-        "to end the reply; new messages are refused until then."
-    : "";
+  showComposerState(streaming, waiting, api.config?.on_busy);
 }
 
 function scrollToEnd() {
