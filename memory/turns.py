@@ -37,17 +37,6 @@ async def get_turn(session: AsyncSession, owner: Owner, turn_id: uuid.UUID) -> T
     return turn
 
 
-async def list_turns(session: AsyncSession, conversation_id: uuid.UUID) -> list[Turn]:
-    """Every turn of a conversation in order (the caller checked ownership)."""
-    rows = await session.execute(
-        # Expired turns (retention) are gone for every reader at once, before the purge.
-        select(Turn)
-        .where(Turn.conversation_id == conversation_id, Turn.deleted_at.is_(None))
-        .order_by(Turn.seq)
-    )
-    return list(rows.scalars())
-
-
 PROMPT_COLUMNS = (
     Turn.role,
     Turn.status,
