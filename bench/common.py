@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -91,8 +92,12 @@ def free_port() -> int:
 class Server:
     """`chatmem serve` in its own process, so the load generator does not share its event loop."""
 
-    def __init__(self, database_url: str, *, with_workers: bool = False, **env: Any) -> None:
+    def __init__(
+        self, database_url: str, *, with_workers: bool = False, prefix: Sequence[str] = (), **env: Any
+    ) -> None:
         self.with_workers = with_workers
+        # Prepended to the server's command line, e.g. a profiler: ["py-spy", "record", ..., "--"].
+        self.prefix = list(prefix)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -110,7 +115,7 @@ class Server:
 
     async def __aenter__(self) -> Server:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chat_api.cli", "serve", "--port", str(self.port)]
+            [*self.prefix, sys.executable, "-m", "chat_api.cli", "serve", "--port", str(self.port)]
             + (["--with-workers"] if self.with_workers else []),
             env=self.env,
             cwd=ROOT,
@@ -125,10 +130,24 @@ class Server:
                         pass
                     await asyncio.sleep(0.1)
 
+    @property
+    def pid(self) -> int:
+        """The server's own process id (below the prefix's process, if there is one)."""
+        assert self.proc is not None
+        if not self.prefix:
+            return self.proc.pid
+        import psutil
+
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            if "chat_api.cli" in child.cmdline():
+                return child.pid
+        raise RuntimeError("the server process was not found under its prefix")
+
     async def __aexit__(self, *exc: object) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(30)
+            # The server itself, so that a profiler prefix sees it exit and writes its output.
+            os.kill(self.pid, signal.SIGTERM)
+            self.proc.wait(60)
 
 
 def headers(tenant: str = "bench", user: str = "u") -> dict[str, str]:
