@@ -76,7 +76,7 @@ def _serve(settings: Settings, workers: list[Any], banner: str | None, ui_token:
     from chat_api.tools import ToolConfigError
 
     try:
-        app = create_app(settings, workers=workers, ui_token=ui_token)
+        app = create_app(settings, workers=workers, ui_token=ui_token, freeze_startup_objects=True)
     except ToolConfigError as exc:
         raise CommandError(str(exc)) from None
     config = uvicorn.Config(

@@ -177,3 +177,24 @@ async def test_metrics_and_request_ids_on_a_live_server(server: Any) -> None:
     assert backlog is not None and backlog >= 2
     assert (sample(text, "chatmem_outbox_oldest_age_seconds") or 0) >= 0
     assert sample(text, "chatmem_dead_letters") == 0
+
+
+async def test_a_cli_server_freezes_its_startup_objects_and_collects_less_often(
+    make_settings: Any, db: Any
+) -> None:
+    """What `chatmem serve` asks of create_app: startup objects out of the collector's walk, calmer GC."""
+    from chat_api.app import create_app
+    from memory.embeddings import HashEmbedder
+    from tests.conftest import LiveServer
+
+    before = gc.get_threshold()
+    settings = make_settings(gc_thresholds=(12_345, 11, 101))
+    server = LiveServer(create_app(settings, embedder=HashEmbedder(), freeze_startup_objects=True))
+    await server.start()
+    try:
+        assert gc.get_threshold() == (12_345, 11, 101)
+        assert gc.get_freeze_count() > 10_000  # everything imported and loaded so far
+    finally:
+        await server.stop()
+        gc.unfreeze()
+        gc.set_threshold(*before)
