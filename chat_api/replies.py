@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from memory.conversations import Owner
@@ -122,7 +122,7 @@ class Reply:
         self.finished.set()
         self._wake.set()
 
-    async def follow(self, after: int = 0) -> AsyncIterator[Event]:
+    async def follow(self, after: int = 0) -> AsyncGenerator[Event, None]:
         """Every event with id > after, then each new one until the reply is over."""
         position = max(after, 0)
         while True:

@@ -56,8 +56,8 @@ async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> A
     """
     reply = services.registry.get(reply_id)
     if reply is not None:
-        async for batch in _local_batches(reply, after):
-            yield batch
+        async for live in _local_batches(reply, after):
+            yield live
         return
     expected = after + 1
     while True:
