@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from chat_api.metrics import observe_recall, observe_retrieval
+from chat_api.metrics import observe_recall, observe_retrieval, observe_rewrite
 from chat_api.prompting import MemoryRecall
 from chat_api.replies import Reply
 from chat_api.services import Services
@@ -109,13 +109,16 @@ class MemoryRecaller:
             model=self.settings.rewrite_model,
             timeout=self.settings.rewrite_timeout_seconds,
         )
-        return await rewrite_query(
+        started = time.monotonic()
+        result = await rewrite_query(
             message,
             history,
             prompts=self.services.prompter.prompts,
             complete=complete,
             timeout=self.settings.rewrite_timeout_seconds,
         )
+        observe_rewrite(time.monotonic() - started, _rewrite_outcome(result))
+        return result
 
     async def search(
         self,
@@ -296,3 +299,10 @@ def build_recall(services: Services) -> MemoryRecall | None:
     services.extras["memory_recaller"] = recaller
     services.extras["memory_search"] = recaller.tool_search
     return recaller.recall_for_reply
+
+
+def _rewrite_outcome(result: Rewrite) -> str:
+    """The metric label: model, skipped, or why the heuristic was used (timeout / fallback)."""
+    if result.method == "heuristic":
+        return "timeout" if "timeout" in (result.fallback_reason or "").lower() else "fallback"
+    return result.method

@@ -164,6 +164,8 @@ async def test_metrics_and_request_ids_on_a_live_server(server: Any) -> None:
             f"/v1/conversations/{conversation}/messages", json={"content": "hello there", "stream": False}
         )
         assert reply.status_code == 200
+        question = {"content": "Where does my sister Ingrid keep her honeybees?", "stream": False}
+        assert (await client.post(f"/v1/conversations/{conversation}/messages", json=question)).is_success
 
         scrape = await client.get("/metrics")
     assert scrape.status_code == 200
@@ -177,6 +179,11 @@ async def test_metrics_and_request_ids_on_a_live_server(server: Any) -> None:
     assert backlog is not None and backlog >= 2
     assert (sample(text, "chatmem_outbox_oldest_age_seconds") or 0) >= 0
     assert sample(text, "chatmem_dead_letters") == 0
+    # The recall before the second reply rewrote the question and searched memory.
+    rewrites = re.findall(r'^chatmem_rewrite_seconds_count\{outcome="(\w+)"\} (\S+)$', text, re.MULTILINE)
+    assert sum(float(n) for _, n in rewrites) >= 1, rewrites
+    assert {outcome for outcome, _ in rewrites} <= {"model", "fallback", "timeout", "skipped"}
+    assert (sample(text, "chatmem_retrieval_seconds_count") or 0) >= 1
 
 
 async def test_a_cli_server_freezes_its_startup_objects_and_collects_less_often(
