@@ -114,6 +114,45 @@ export class Api {
     await readEvents(response, onEvent);
   }
 
+  listBranches(conversationId) {
+    return this.request("GET", `/v1/conversations/${conversationId}/branches`);
+  }
+
+  activateBranch(conversationId, branchId) {
+    return this.request("POST", `/v1/conversations/${conversationId}/branches/${branchId}/activate`);
+  }
+
+  /**
+   * Answer the last reply's user message again (`turnId`: a turn of that reply) on a new
+   * branch of the conversation; the new reply streams like sendMessage's. The conversation is
+   * named because a fork shares turns with its original: the turn's own would be branched.
+   * on_busy=reject: a version is never made by stopping a reply that streams.
+   */
+  regenerate(conversationId, turnId, idempotencyKey, onEvent, signal) {
+    const body = { conversation_id: conversationId };
+    return this.startBranch(`/v1/turns/${turnId}/regenerate`, body, idempotencyKey, onEvent, signal);
+  }
+
+  /** Replace a user message (`turnId`) with `content` on a new branch, and stream its reply. */
+  editMessage(conversationId, turnId, content, idempotencyKey, onEvent, signal) {
+    const body = { conversation_id: conversationId, content };
+    return this.startBranch(`/v1/turns/${turnId}/edit`, body, idempotencyKey, onEvent, signal);
+  }
+
+  async startBranch(path, body, idempotencyKey, onEvent, signal) {
+    const response = await send(path, {
+      method: "POST",
+      signal,
+      headers: this.headers({
+        "Content-Type": "application/json",
+        Accept: "text/event-stream",
+        "Idempotency-Key": idempotencyKey,
+      }),
+      body: JSON.stringify({ ...body, stream: true, on_busy: "reject", on_disconnect: "continue" }),
+    });
+    await readEvents(response, onEvent);
+  }
+
   /**
    * Approve or reject (`verb`) a tool call that waits for a person; the reply goes on in the
    * response's SSE events (from the decision on, with the reply's next event ids).

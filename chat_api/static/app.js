@@ -12,21 +12,25 @@
 //     draws the rest of the reply from that response's events. A waiting reply found on load
 //     is drawn from its stored turns, which do not change while it waits.
 // The page never stops a reply by going away (on_disconnect=continue): only Stop does.
+//
+// Versions (branches): Regenerate and Edit start a reply on a new branch through the same
+// path as sending; the page replaces what follows the message with the new branch's and,
+// once the reply ends, draws the version switchers from GET …/branches. Switching versions
+// activates a branch and draws the history again from the stored turns.
 
 import { ApiError, NetworkError } from "./api.js";
 import { busyNote, refusedAsBusy, showComposerState } from "./composer.js";
 import { api, askForToken, clearBanner, describe, showBanner, waitToRetry, withAuth } from "./connection.js";
+import { enableBranchActions } from "./branches.js";
 import { ReplyView } from "./reply_view.js";
 import { Sidebar } from "./sidebar.js";
+import { TitleBar } from "./title.js";
 import { userMessage } from "./user_message.js";
+import { isBusy, Versions } from "./versions.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
   messages: $("messages"),
-  title: $("chat-title"),
-  rename: $("rename"),
-  renameForm: $("rename-form"),
-  renameInput: $("rename-input"),
   composer: $("composer"),
   input: $("composer-input"),
   send: $("send"),
@@ -44,6 +48,8 @@ function newConversationState(id) {
     id,
     conversation: null,
     views: new Map(),
+    userMessages: new Map(), // user turn id -> message on screen
+    pending: false, // a regenerate, edit or switch is on its way to the server
     live: new Set(), // views whose events this page is reading
     waiting: new Set(), // views waiting for a decision on a tool call (no stream open)
     aborter: new AbortController(),
@@ -59,8 +65,20 @@ function say(message) {
 // --- conversations ----------------------------------------------------------------------
 
 const sidebar = new Sidebar(api, { onOpen: (id) => openConversation(id) });
+const titleBar = new TitleBar({ current: () => current, onSaved: () => sidebar.refresh() });
+const versions = new Versions({
+  messages: ui.messages,
+  input: ui.input,
+  current: () => current,
+  streamReply: (state, request, onStarted) => streamReply(state, request, onStarted),
+  open: (id, focus) => openConversation(id, focus),
+  update: () => updateComposer(),
+  say,
+  userMessage: (state, text, turnId) => newUserMessage(state, text, turnId),
+});
 
-async function openConversation(id) {
+/** Open a conversation; `focus()` (optional) moves focus once drawn, else the composer takes it. */
+async function openConversation(id, focus) {
   current?.aborter.abort(); // leaving: stop reading its streams (the replies go on server-side)
   const state = newConversationState(id);
   current = state;
@@ -68,20 +86,21 @@ async function openConversation(id) {
   if (location.hash !== `#/c/${id}`) history.replaceState(null, "", `#/c/${id}`);
   ui.messages.replaceChildren();
   try {
-    const [conversation, turns] = await withAuth(() =>
-      Promise.all([api.getConversation(id), api.listTurns(id)]),
+    const [conversation, turns, branches] = await withAuth(() =>
+      Promise.all([api.getConversation(id), api.listTurns(id), api.listBranches(id)]),
     );
     if (current !== state) return;
     state.conversation = conversation;
-    showTitle(conversation.title);
+    titleBar.show(conversation.title);
     renderHistory(state, turns.items, conversation.active_reply_id);
+    versions.show(state, turns.items, branches);
     clearBanner();
   } catch (error) {
     if (current === state) showBanner(`Could not open the conversation: ${describe(error)}`);
     return;
   }
   updateComposer();
-  ui.input.focus();
+  if (!focus?.()) ui.input.focus();
   for (const view of state.waiting) waitForDecision(state, view);
   document.body.dataset.conversation = id; // loaded (tests wait on this)
 }
@@ -92,7 +111,7 @@ function renderHistory(state, turns, activeReplyId) {
   const parked = new Set(turns.filter((t) => t.status === "awaiting_approval").map((t) => t.reply_id || t.id));
   for (const turn of turns) {
     if (turn.role === "user") {
-      ui.messages.append(userMessage(turn.content).element);
+      ui.messages.append(newUserMessage(state, turn.content, turn.id).element);
       continue;
     }
     const replyId = turn.reply_id || turn.id;
@@ -119,7 +138,14 @@ function newReplyView(state, replyId) {
   return new ReplyView(replyId, {
     loadMemories: () => loadMemories(replyId),
     onDecide: (view, call, verb, body) => decideCall(state, view, call, verb, body),
+    onRegenerate: (view) => versions.regenerate(state, view),
   });
+}
+
+function newUserMessage(state, text, turnId = null) {
+  const message = userMessage(text, { turnId, onEdit: (id, edited) => versions.edit(state, id, edited) });
+  if (turnId) state.userMessages.set(turnId, message);
+  return message;
 }
 
 /** The memory.retrieved payload of a finished reply: its events replay, then the stream ends. */
@@ -133,11 +159,6 @@ async function loadMemories(replyId) {
   return payload;
 }
 
-function showTitle(title) {
-  ui.title.textContent = title || "Untitled";
-  document.title = `${title || "Untitled"} — chatmem`;
-}
-
 async function createConversation() {
   sidebar.setOpen(false);
   try {
@@ -149,67 +170,55 @@ async function createConversation() {
   }
 }
 
-// Rename: an inline form in the header; Enter saves, Escape cancels.
-function startRename() {
-  if (!current) return;
-  ui.renameInput.value = current.conversation?.title || "";
-  ui.renameForm.hidden = false;
-  ui.title.hidden = true;
-  ui.rename.hidden = true;
-  ui.renameInput.focus();
-  ui.renameInput.select();
-}
-
-function endRename() {
-  ui.renameForm.hidden = true;
-  ui.title.hidden = false;
-  ui.rename.hidden = false;
-  ui.rename.focus();
-}
-
-async function saveRename(state, title) {
-  try {
-    state.conversation = await withAuth(() => api.renameConversation(state.id, title));
-    if (current === state) showTitle(state.conversation.title);
-    await sidebar.refresh();
-  } catch (error) {
-    showBanner(`Could not rename: ${describe(error)}`);
-  }
-}
-
 // --- messages and replies ---------------------------------------------------------------
 
 async function sendMessage(text) {
   const state = current;
   const waiting = state.waiting.size > 0;
-  const message = userMessage(text);
+  const message = newUserMessage(state, text);
   ui.messages.append(message.element);
   if (waiting || state.live.size > 0) message.note(busyNote(waiting, api.config?.on_busy));
   scrollToEnd();
+  const request = (key, onEvent, signal) => api.sendMessage(state.id, text, key, onEvent, signal);
+  const error = await streamReply(state, request, (started) => {
+    message.note("");
+    message.setTurn(started.user_turn_id);
+    state.userMessages.set(started.user_turn_id, message);
+    // Accepted while a reply waited: the server ended that one (on_busy=interrupt); show how.
+    for (const parked of state.waiting) catchUp(state, parked);
+    titleBar.fromFirstMessage(state, text);
+  });
+  if (error) notSent(message, text, error, waiting);
+}
+
+/**
+ * Draw the reply a POST answers with (`request(key, onEvent, signal)`) from its events,
+ * calling `onStarted(turn.started data)` first, and follow it to its end. The error when the
+ * server refused it (nothing started), else null.
+ */
+async function streamReply(state, request, onStarted) {
   const key = idempotencyKey();
   let view = null;
   const onEvent = (event) => {
     if (event.event === "turn.started" && !view) {
-      message.note("");
+      onStarted(event.data);
       view = addReplyView(state, event.data.reply_id);
       state.live.add(view);
-      // Accepted while a reply waited: the server ended that one (on_busy=interrupt); show how.
-      for (const parked of state.waiting) catchUp(state, parked);
       updateComposer();
-      autoTitle(state, text);
     }
     view?.apply(event);
     scrollToEnd();
   };
   try {
-    await withAuth(() => api.sendMessage(state.id, text, key, onEvent, state.aborter.signal));
+    await withAuth(() => request(key, onEvent, state.aborter.signal));
   } catch (error) {
-    if (error.name === "AbortError") return;
-    if (!view) return notSent(message, text, error, waiting);
+    if (error.name === "AbortError") return null;
+    if (!view) return error;
     // Started, then the stream broke: the reply goes on server-side; resume below.
   }
   if (view && !view.finished && !view.parked) await followToEnd(state, view);
   else afterReply(state, view);
+  return null;
 }
 
 function notSent(message, text, error, waiting) {
@@ -378,14 +387,6 @@ async function reloadAfterUnknownEnd(state) {
   if (current === state) await openConversation(state.id);
 }
 
-/** An untitled conversation is named after its first message (the person can rename it). */
-async function autoTitle(state, text) {
-  const title = text.replace(/\s+/g, " ").trim().slice(0, 60);
-  if (!title || state.conversation?.title || state.titling) return;
-  state.titling = true;
-  await saveRename(state, title);
-}
-
 async function stopReply() {
   const state = current;
   // A streaming reply first; otherwise the one waiting for a decision (Stop ends it).
@@ -411,6 +412,14 @@ function updateComposer() {
   const streaming = (current?.live.size || 0) > 0;
   const waiting = !streaming && (current?.waiting.size || 0) > 0;
   showComposerState(streaming, waiting, api.config?.on_busy);
+  // Versions change only while nothing streams or waits (the server answers 409 otherwise);
+  // Regenerate is offered on the last reply alone, once it has ended.
+  enableBranchActions(ui.messages, Boolean(current) && !isBusy(current));
+  const replies = [...ui.messages.querySelectorAll(".reply")];
+  replies.forEach((reply, i) => {
+    const ended = !["streaming", "awaiting_approval"].includes(reply.dataset.status);
+    reply.querySelector(".regenerate").hidden = i !== replies.length - 1 || !ended;
+  });
 }
 
 function scrollToEnd() {
@@ -450,15 +459,6 @@ function wire() {
   });
   ui.stop.addEventListener("click", stopReply);
   ui.newChat.addEventListener("click", createConversation);
-  ui.rename.addEventListener("click", startRename);
-  ui.renameForm.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    endRename();
-    if (current) await saveRename(current, ui.renameInput.value.trim());
-  });
-  ui.renameInput.addEventListener("keydown", (event) => {
-    if (event.key === "Escape") endRename();
-  });
   window.addEventListener("hashchange", () => {
     const id = idFromHash();
     if (id && id !== current?.id) openConversation(id);

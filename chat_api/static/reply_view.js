@@ -34,12 +34,14 @@ let viewCounter = 0;
 export class ReplyView {
   /**
    * `loadMemories()` (optional) fetches the memory.retrieved payload of a finished reply;
-   * `onDecide(view, call, verb, body)` (optional) sends a person's approve/reject decision.
+   * `onDecide(view, call, verb, body)` (optional) sends a person's approve/reject decision;
+   * `onRegenerate(view)` (optional) answers the reply's user message again.
    */
-  constructor(replyId, { loadMemories, onDecide } = {}) {
+  constructor(replyId, { loadMemories, onDecide, onRegenerate } = {}) {
     this.replyId = replyId;
     this.loadMemories = loadMemories;
     this.onDecide = onDecide;
+    this.onRegenerate = onRegenerate;
     this.lastEventId = 0;
     this.finished = false;
     this.parked = false; // waits for a decision on a tool call; no stream carries it meanwhile
@@ -70,7 +72,17 @@ export class ReplyView {
     this.memoriesButton.setAttribute("aria-expanded", "false");
     this.memoriesButton.setAttribute("aria-controls", `${this.id}-memories`);
     this.memoriesButton.addEventListener("click", () => this.toggleMemories());
-    head.append(this.modelLabel, this.statusLabel, this.memoriesButton);
+    // Shown by the page on the active branch's last reply only (the server's rule).
+    this.regenerateButton = document.createElement("button");
+    this.regenerateButton.type = "button";
+    this.regenerateButton.className = "regenerate";
+    this.regenerateButton.textContent = "Regenerate";
+    this.regenerateButton.setAttribute("aria-label", "Regenerate this reply");
+    this.regenerateButton.dataset.branchAction = "regenerate";
+    this.regenerateButton.hidden = true;
+    this.regenerateButton.addEventListener("click", () => this.onRegenerate?.(this));
+    const slot = div("branch-slot");
+    head.append(this.modelLabel, this.statusLabel, slot, this.memoriesButton, this.regenerateButton);
 
     this.body = div("reply-body");
     this.errorLine = document.createElement("p");
