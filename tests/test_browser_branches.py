@@ -128,6 +128,7 @@ def test_regenerate_gives_a_second_reply_and_the_switcher_goes_back_to_the_first
     expect_ui(switcher(first_reply)).to_have_count(0)  # one version only: no switcher
 
     first_reply.get_by_role("button", name="Regenerate this reply").click()
+    expect_ui(tab.locator("#composer-input")).to_be_focused()  # the button pressed gives way
     # The new reply streams in where the old one was (which stays on its branch).
     tab.wait_for_function(
         "id => { const r = [...document.querySelectorAll('.reply')];"
@@ -226,6 +227,16 @@ def test_edit_a_message_inline_replaces_what_follows_and_the_old_version_stays_r
     tab.keyboard.press("Enter")
     expect_ui(tab.locator(".edit-form .message-note")).to_have_text("A message cannot be empty.")
     assert len(branches(api, conversation_id)["items"]) == 2
+    tab.keyboard.press("Escape")
+
+    # A switch that cannot reach the server is said, and the version shown stays as it was.
+    tab.route("**/branches/*/activate", lambda route: route.abort())
+    tab.locator(".message.user").nth(1).get_by_role("button", name="Next version").click()
+    banner = tab.locator("#banner")
+    expect_ui(banner).to_contain_text("Could not switch versions: The server cannot be reached")
+    expect_ui(position).to_have_text("1 / 2")
+    assert user_texts(tab) == ["I live in Lyon", "recommend a bakery"]
+    assert branches(api, conversation_id)["active_branch_id"] == conversation_id
 
 
 def test_version_actions_are_disabled_while_a_reply_streams_and_a_refusal_is_said(
