@@ -55,17 +55,7 @@ async def accept_message(
     """Store the user turn and a streaming assistant turn, and start the reply."""
 
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
-        user_turn, _ = await begin_reply(
-            session,
-            conversation,
-            content=content,
-            reply_id=reply_id,
-            idempotency_key=idempotency_key,
-            model=services.provider.model,
-            owner_tag=services.process_id,
-        )
-        await record_finished_turn(session, user_turn)
-        return user_turn, content
+        return await _store_message(services, session, conversation, reply_id, content, idempotency_key)
 
     return await start_reply(
         services,
@@ -76,6 +66,28 @@ async def accept_message(
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
     )
+
+
+async def _store_message(
+    services: Services,
+    session: AsyncSession,
+    conversation: Conversation,
+    reply_id: uuid.UUID,
+    content: str,
+    idempotency_key: str | None,
+) -> Started:
+    """The user's message (recorded for memory) and the reply's streaming turn, on the active branch."""
+    user_turn, _ = await begin_reply(
+        session,
+        conversation,
+        content=content,
+        reply_id=reply_id,
+        idempotency_key=idempotency_key,
+        model=services.provider.model,
+        owner_tag=services.process_id,
+    )
+    await record_finished_turn(session, user_turn)
+    return user_turn, content
 
 
 async def regenerate_reply(
@@ -134,17 +146,7 @@ async def edit_message(
         parent, fork_seq = await edit_point(session, conversation, current)
         branch = await create_branch(session, conversation, parent=parent, fork_seq=fork_seq)
         await activate_branch(session, conversation, branch)
-        user_turn, _ = await begin_reply(
-            session,
-            conversation,
-            content=content,
-            reply_id=reply_id,
-            idempotency_key=idempotency_key,
-            model=services.provider.model,
-            owner_tag=services.process_id,
-        )
-        await record_finished_turn(session, user_turn)
-        return user_turn, content
+        return await _store_message(services, session, conversation, reply_id, content, idempotency_key)
 
     return await start_reply(
         services,
