@@ -162,17 +162,23 @@ def take_for_resume(turn: Turn, owner_tag: str) -> None:
 
 
 async def expired_turns(session: AsyncSession, limit: int = 50) -> list[Turn]:
-    """Parked turns with a call past its approval timeout, locked (others skip them)."""
+    """Parked turns with a call past its approval timeout, locked (others skip them).
+
+    Not those of a deleted conversation: a rejection resumes the reply, and its other
+    calls would run for a conversation nobody can see any more.
+    """
     rows = await session.execute(
         select(Turn)
+        .join(Conversation, Conversation.id == Turn.conversation_id)
         .where(
             Turn.status == TurnStatus.AWAITING_APPROVAL,
             Turn.approval_expires_at.is_not(None),
             Turn.approval_expires_at <= func.now(),
+            Conversation.deleted_at.is_(None),
         )
         .order_by(Turn.approval_expires_at)
         .limit(limit)
-        .with_for_update(skip_locked=True)
+        .with_for_update(of=Turn, skip_locked=True)
     )
     return list(rows.scalars())
 

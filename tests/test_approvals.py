@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,10 @@ import pytest
 from sqlalchemy import func, select
 
 from chat_api.app import create_app
+from chat_api.approvals import ApprovalTimeouts
 from chat_api.tools import Tool, ToolConfigError, ToolRegistry, configured_registry, default_registry
 from memory.db import Database
-from memory.models import ToolInvocation
+from memory.models import ToolInvocation, Turn
 from tests.conftest import TEST_SECRET, LiveServer
 from tests.fake_openai import FakeOpenAI, ToolCall
 from tests.fake_openai import Reply as FakeReply
@@ -494,3 +496,33 @@ async def test_a_regenerated_reply_resumes_with_the_user_message_of_its_own_bran
         assert recalled.data["query"] == ASK
         assert resumed[-1].event == "turn.completed"
     assert len(runs) == 1
+
+
+async def test_a_timeout_does_not_resume_a_reply_in_a_deleted_conversation(start_server: Any) -> None:
+    """A rejection resumes the reply; in a deleted conversation nothing may run any more."""
+    runs: list[dict[str, Any]] = []
+    # The server's own sweep runs once at start, then not for an hour: the test sweeps itself.
+    server: LiveServer = await start_server(
+        tools=transfer_tools(runs, timeout=0.01), approval_sweep_seconds=3600
+    )
+    async with server.client() as client:
+        deleted, kept = await new_conversation(client), await new_conversation(client)
+        gone = required(await park(client, deleted))
+        waiting = required(await park(client, kept))
+        assert (await client.delete(f"/v1/conversations/{deleted}")).status_code == 204
+
+        async def both_expired() -> bool:
+            async with server.services.db.session() as session:
+                late = await session.execute(
+                    select(func.count()).where(Turn.approval_expires_at <= func.now())
+                )
+                return late.scalar_one() == 2
+
+        await wait_until(both_expired)
+        assert await ApprovalTimeouts(server.services, interval_seconds=3600).sweep_once() == 1
+        resumed = (await client.get(f"/v1/turns/{waiting['turn_id']}")).json()
+        assert resumed["tool_calls"][0]["state"] == "rejected"
+    async with server.services.db.session() as session:
+        parked = await session.get(Turn, uuid.UUID(gone["turn_id"]))
+        assert parked is not None and parked.status == "awaiting_approval"
+    assert runs == []
