@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 
 from tests.conftest import free_port
 
@@ -115,6 +116,13 @@ class ChatmemUp:
                 self.proc.kill()
                 self.proc.wait(10)
         shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> ChatmemUp:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
     def client(self) -> httpx.Client:
         """The API as the page's user (the embedded installation's token)."""
@@ -220,3 +228,24 @@ def stored_turn(api: httpx.Client, turn_id: str) -> dict[str, Any]:
 
 def shot(page: Page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=False)
+
+
+# --- fixtures shared by the browser test modules (each defines its own `server`) -------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with launch_chromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture
+def api(server: ChatmemUp) -> Iterator[httpx.Client]:
+    with server.client() as client:
+        yield client
+
+
+@pytest.fixture
+def page(browser: Browser, server: ChatmemUp) -> Iterator[tuple[Page, PageWatch]]:
+    with watched_page(browser, server) as opened:
+        yield opened

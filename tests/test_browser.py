@@ -30,7 +30,6 @@ from playwright.sync_api import expect as expect_ui  # noqa: E402
 from tests.browser_support import (  # noqa: E402
     PHONE,
     PageWatch,
-    launch_chromium,
     new_chat,
     new_page,
     open_chat,
@@ -39,7 +38,6 @@ from tests.browser_support import (  # noqa: E402
     shot,
     stored_turn,
     wait_finished,
-    watched_page,
 )
 
 
@@ -56,30 +54,8 @@ def is_whole_demo_reply(text: str, user_text: str) -> bool:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ChatmemUp]:
-    up = ChatmemUp(DEMO_TOKENS_PER_SECOND=10, CHECKPOINT_INTERVAL_MS=200)
-    up.start()
-    try:
+    with ChatmemUp(DEMO_TOKENS_PER_SECOND=10, CHECKPOINT_INTERVAL_MS=200) as up:
         yield up
-    finally:
-        up.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture
-def api(server: ChatmemUp) -> Iterator[httpx.Client]:
-    with server.client() as client:
-        yield client
-
-
-@pytest.fixture
-def page(browser: Browser, server: ChatmemUp) -> Iterator[tuple[Page, PageWatch]]:
-    with watched_page(browser, server) as opened:
-        yield opened
 
 
 # --- helpers -------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from playwright.sync_api import expect as expect_ui  # noqa: E402
 
 from tests.browser_support import (  # noqa: E402
     PageWatch,
-    launch_chromium,
     new_chat,
     open_chat,
     reply_text,
@@ -63,41 +62,16 @@ def approval_server(runs_log: Path, **settings: Any) -> ChatmemUp:
 
 @pytest.fixture(scope="module")
 def server(runs_log: Path) -> Iterator[ChatmemUp]:
-    up = approval_server(runs_log)
-    up.start()
-    try:
+    with approval_server(runs_log) as up:
         yield up
-    finally:
-        up.stop()
 
 
 @pytest.fixture(scope="module")
 def timeout_server(runs_log: Path) -> Iterator[ChatmemUp]:
     """Silence counts as a rejection after 3 s, checked every 0.2 s."""
-    up = approval_server(runs_log, TOOL_APPROVAL_TIMEOUTS='{"transfer_funds": 3}', APPROVAL_SWEEP_SECONDS=0.2)
-    up.start()
-    try:
+    timeouts = '{"transfer_funds": 3}'
+    with approval_server(runs_log, TOOL_APPROVAL_TIMEOUTS=timeouts, APPROVAL_SWEEP_SECONDS=0.2) as up:
         yield up
-    finally:
-        up.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture
-def api(server: ChatmemUp) -> Iterator[httpx.Client]:
-    with server.client() as client:
-        yield client
-
-
-@pytest.fixture
-def page(browser: Browser, server: ChatmemUp) -> Iterator[tuple[Page, PageWatch]]:
-    with watched_page(browser, server) as opened:
-        yield opened
 
 
 # --- helpers -------------------------------------------------------------------------------

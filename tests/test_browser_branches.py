@@ -17,12 +17,11 @@ _missing = browser_missing()
 if _missing:
     pytest.skip(_missing, allow_module_level=True)
 
-from playwright.sync_api import Browser, Locator, Page  # noqa: E402
+from playwright.sync_api import Locator, Page  # noqa: E402
 from playwright.sync_api import expect as expect_ui  # noqa: E402
 
 from tests.browser_support import (  # noqa: E402
     PageWatch,
-    launch_chromium,
     new_chat,
     open_chat,
     reply_text,
@@ -30,7 +29,6 @@ from tests.browser_support import (  # noqa: E402
     shot,
     stored_turn,
     wait_finished,
-    watched_page,
 )
 
 # --- fixtures -------------------------------------------------------------------------------
@@ -38,30 +36,8 @@ from tests.browser_support import (  # noqa: E402
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ChatmemUp]:
-    up = ChatmemUp(DEMO_TOKENS_PER_SECOND=40, CHECKPOINT_INTERVAL_MS=200)
-    up.start()
-    try:
+    with ChatmemUp(DEMO_TOKENS_PER_SECOND=40, CHECKPOINT_INTERVAL_MS=200) as up:
         yield up
-    finally:
-        up.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture
-def api(server: ChatmemUp) -> Iterator[httpx.Client]:
-    with server.client() as client:
-        yield client
-
-
-@pytest.fixture
-def page(browser: Browser, server: ChatmemUp) -> Iterator[tuple[Page, PageWatch]]:
-    with watched_page(browser, server) as opened:
-        yield opened
 
 
 # --- helpers -------------------------------------------------------------------------------
