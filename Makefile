@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test check lint typecheck bench-small browser-deps docs clean
+.PHONY: run test check lint typecheck bench-small browser-deps js-deps docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,14 +23,21 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 run: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/chatmem up
 
-## Install the test dependencies (and headless Chromium) and run lint and every test.
-test: $(VENV)/.installed-test browser-deps
+## Install the test dependencies (headless Chromium, the JS protocol clients) and run lint, mypy and every test.
+test: $(VENV)/.installed-test browser-deps js-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy chat_api memory indexer
 	HF_HUB_OFFLINE=1 $(BIN)/pytest
 
 browser-deps:
 	@bash scripts/install-browser.sh || echo "warning: headless Chromium could not be installed; browser tests will be skipped"
+
+# The protocols' own JavaScript clients (`ai`, `openai`), pinned by tests/js/package-lock.json.
+js-deps: tests/js/node_modules/.package-lock.json
+
+tests/js/node_modules/.package-lock.json: tests/js/package.json tests/js/package-lock.json
+	cd tests/js && npm ci --no-audit --no-fund --loglevel=error
 
 check: test typecheck
 
@@ -45,4 +52,4 @@ docs: $(VENV)/.installed
 	$(BIN)/python -m chat_api.settings_doc --write README.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache test-artifacts bench/results
+	rm -rf $(VENV) tests/js/node_modules .pytest_cache .ruff_cache .mypy_cache test-artifacts bench/results
