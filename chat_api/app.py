@@ -158,6 +158,7 @@ def create_app(
                     db,
                     RetentionPolicy.from_settings(settings),
                     interval_seconds=settings.retention_interval_seconds,
+                    lock_timeout_ms=settings.background_lock_timeout_ms,
                 ).run(stop),
                 name="retention",
             ),

@@ -1,14 +1,16 @@
 """The embedded transport: the indexer claims outbox rows straight from Postgres.
 
-A batch is claimed with ``FOR UPDATE SKIP LOCKED`` in a transaction that stays open until
-the batch is committed or abandoned. The row locks are the lease: several indexers never
-take the same row, and a crashed indexer's locks vanish with its connection, so its rows
-are claimed again at once, with no lease column and no timeout to tune. Marking the rows
-consumed happens in that transaction, after the pipeline's own transaction committed the
-memory rows; a crash in between redelivers rows that the idempotent upsert absorbs.
+A batch is claimed as a lease (see `indexer/outbox_claims.py`): one short transaction
+stamps the rows and commits, the pipeline embeds and writes with no transaction of the
+queue open, and `commit` marks the rows consumed in another short transaction (with the
+batch's dead letters). Several indexers never take the same unexpired row; a crashed
+indexer's rows are claimed again once its lease runs out, and a crash between the
+pipeline's commit and the mark redelivers rows that the idempotent upsert absorbs.
+Every transaction here carries the background lock timeout, so none waits forever.
 
-Attempt counts are kept in process (see `indexer/worker.py`): a count written in the
-claiming transaction would be rolled back by the very crash it should count.
+Attempt counts: the claim counts every delivery in the row (it survives a crash); the
+worker counts failures in process (see `indexer/worker.py`) and writes the figure it
+dead-letters with.
 """
 
 from __future__ import annotations
@@ -22,29 +24,19 @@ from typing import Any
 import asyncpg
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncTransaction
 
 from memory.config import Settings
 from memory.db import Database, asyncpg_dsn
 from memory.outbox import NOTIFY_CHANNEL
 
+from .outbox_claims import CLAIM_FOR_INDEXER, LeaseKeeper, OutboxClaims
 from .transport import Message
 
 log = logging.getLogger(__name__)
 
-CLAIM = text(
-    """
-    SELECT id, conversation_id, payload, attempts FROM outbox
-    WHERE consumed_at IS NULL AND dead_at IS NULL AND id <> ALL(:mine)
-    ORDER BY id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-    """
-)
-
 MARK_CONSUMED = text(
     """
-    UPDATE outbox SET consumed_at = now(), attempts = attempts + 1
+    UPDATE outbox SET consumed_at = now(), claimed_until = NULL, claim_token = NULL
     WHERE id = ANY(:ids) AND dead_at IS NULL
     """
 )
@@ -55,7 +47,8 @@ INSERT_DEAD_LETTER = text(
 ).bindparams(bindparam("payload", type_=JSONB))
 
 MARK_DEAD = text(
-    "UPDATE outbox SET dead_at = now(), last_error = :error, attempts = :attempts WHERE id = :id"
+    "UPDATE outbox SET dead_at = now(), last_error = :error, attempts = :attempts, claimed_until = NULL "
+    "WHERE id = :id"
 )
 
 
@@ -111,29 +104,29 @@ class PgQueueConsumer:
     def __init__(self, db: Database, settings: Settings) -> None:
         self._db = db
         self._poll_seconds = settings.relay_poll_seconds
+        self._lock_timeout_ms = settings.background_lock_timeout_ms
         self._listener = OutboxListener(db.url)
-        self._conn: AsyncConnection | None = None
-        self._tx: AsyncTransaction | None = None
+        self._claims = OutboxClaims(
+            db,
+            lease_seconds=settings.outbox_lease_seconds,
+            lock_timeout_ms=settings.background_lock_timeout_ms,
+        )
+        self._leases = LeaseKeeper(self._claims)
+        # Dead letters of the batch in hand, written with its commit.
+        self._dead: list[tuple[Message, str]] = []
 
     async def start(self) -> None:
-        """Start listening for new outbox rows."""
+        """Start listening for new outbox rows, and renewing the leases this consumer holds."""
         await self._listener.start()
+        self._leases.start()
 
     async def poll_batch(self, max_records: int, timeout: float) -> list[Message]:
-        """Claim up to `max_records` unconsumed rows; the claim holds until commit or abandon."""
-        if self._conn is not None:
-            raise RuntimeError("poll_batch called with a batch still open")
+        """Lease up to `max_records` unconsumed rows (live turns first, fair across users)."""
         deadline = time.monotonic() + timeout
         claimed: list[Message] = []
         while True:
-            if self._conn is None:
-                self._conn = await self._db.engine.connect()
-                self._tx = await self._conn.begin()
-            # Our own locks do not make SKIP LOCKED skip a row: exclude what this batch holds.
-            mine = [m.handle for m in claimed]
-            rows = (
-                await self._conn.execute(CLAIM, {"limit": max_records - len(claimed), "mine": mine})
-            ).all()
+            rows = await self._claims.claim(CLAIM_FOR_INDEXER, max_records - len(claimed))
+            self._leases.held.update(row.id for row in rows)
             claimed.extend(
                 Message(
                     payload=row.payload, handle=row.id, attempts=row.attempts, key=str(row.conversation_id)
@@ -142,56 +135,47 @@ class PgQueueConsumer:
             )
             remaining = deadline - time.monotonic()
             if len(claimed) >= max_records or remaining <= 0:
-                break
-            if not claimed:
-                # Hold no transaction while idle.
-                await self._release()
+                return claimed
             await self._listener.wait(min(remaining, self._poll_seconds))
-        if not claimed:
-            await self._release()
-        return claimed
 
     async def commit(self, messages: Sequence[Message]) -> None:
-        """Mark the batch consumed and release the claim."""
-        if self._conn is None:
-            return
+        """Mark the batch consumed (and its dead letters dead) in one transaction."""
         ids = [m.handle for m in messages]
-        await self._conn.execute(MARK_CONSUMED, {"ids": ids})
-        assert self._tx is not None
-        await self._tx.commit()
-        await self._release()
+        dead, self._dead = self._dead, []
+        async with self._db.transaction(lock_timeout_ms=self._lock_timeout_ms) as session:
+            for message, error in dead:
+                await session.execute(
+                    INSERT_DEAD_LETTER,
+                    {"outbox_id": message.handle, "payload": message.payload, "error": error},
+                )
+                await session.execute(
+                    MARK_DEAD, {"id": message.handle, "error": error, "attempts": message.attempts}
+                )
+            if ids:
+                await session.execute(MARK_CONSUMED, {"ids": ids})
+        self._leases.held.difference_update(ids)
 
     async def abandon(self, messages: Sequence[Message]) -> None:
-        """Roll the claim back: the rows are claimable again at once."""
-        await self._release()
+        """Give the batch back: the rows are claimable again at once."""
+        ids = [m.handle for m in messages]
+        self._dead = [(m, e) for m, e in self._dead if m.handle not in ids]
+        self._leases.held.difference_update(ids)
+        await self._claims.release(ids)
 
     async def dead_letter(self, message: Message, error: str) -> None:
-        """Copy the row to dead_letters and mark it dead (takes effect at commit)."""
-        if self._conn is None:
-            raise RuntimeError("dead_letter needs an open batch")
-        await self._conn.execute(
-            INSERT_DEAD_LETTER, {"outbox_id": message.handle, "payload": message.payload, "error": error}
-        )
-        await self._conn.execute(
-            MARK_DEAD, {"id": message.handle, "error": error, "attempts": message.attempts}
-        )
+        """Park the message with its error; written (dead_letters row, outbox row dead) at commit."""
+        self._dead.append((message, error))
 
     async def stop(self) -> None:
-        """Abandon any open batch and stop listening."""
+        """Give back what is still leased and stop listening."""
         try:
-            await self._release()
+            await self._leases.stop()
+            held, self._dead = sorted(self._leases.held), []
+            self._leases.held.clear()
+            if held:
+                try:
+                    await self._claims.release(held)
+                except Exception:  # the database is away: the leases run out by themselves
+                    log.warning("indexer: could not release %d leased outbox rows", len(held), exc_info=True)
         finally:
             await self._listener.stop()
-
-    async def _release(self) -> None:
-        conn, tx = self._conn, self._tx
-        self._conn = self._tx = None
-        if conn is None:
-            return
-        try:
-            if tx is not None and tx.is_active:
-                await tx.rollback()
-        except Exception:  # the connection may be the thing that broke; closing is all that is left
-            log.debug("rollback of an abandoned claim failed", exc_info=True)
-        finally:
-            await conn.close()

@@ -309,7 +309,7 @@ class IndexPipeline:
         records = list(latest.values())
         conversation_ids = sorted({str(r.conversation_id) for r in records})
 
-        async with self._db.transaction() as session:
+        async with self._db.transaction(lock_timeout_ms=self._settings.background_lock_timeout_ms) as session:
             seen = {
                 row.id: row for row in await session.execute(READ_CONVERSATIONS, {"ids": conversation_ids})
             }
@@ -328,7 +328,7 @@ class IndexPipeline:
         vectors = await self._embedder.embed([c.memory_text for c in chunks]) if chunks else []
         rows = await asyncio.to_thread(self._rows, chunks, vectors)
 
-        async with self._db.transaction() as session:
+        async with self._db.transaction(lock_timeout_ms=self._settings.background_lock_timeout_ms) as session:
             locked = {
                 row.id: row for row in await session.execute(LOCK_CONVERSATIONS, {"ids": conversation_ids})
             }

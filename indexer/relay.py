@@ -1,14 +1,15 @@
 """The outbox relay: publishes finished turns to Kafka and marks them only after the acks.
 
-Rows are claimed with ``FOR UPDATE SKIP LOCKED`` in a transaction held while the batch is
-published, so several relays share the outbox without taking the same row twice. The
-rows are marked published in that transaction once the broker acknowledged every record
-(idempotent producer, ``acks=all``); a relay that dies after the acks and before the
-commit leaves the rows unmarked, they are published again, and the indexer's upsert
-absorbs the duplicate. When Kafka is unreachable nothing is marked, chat goes on writing
-rows, and the relay retries with exponential backoff until the backlog drains.
+Rows are claimed as leases (see `indexer/outbox_claims.py`: fair across users, live turns
+before imported history, committed at once), so no transaction is open while the batch
+is published and a user's erasure never waits on the broker. The rows are marked
+published in a short transaction once the broker acknowledged every record (idempotent
+producer, ``acks=all``); a relay that dies after the acks and before the mark leaves the
+rows unmarked, they are published again when the lease runs out, and the indexer's upsert
+absorbs the duplicate. When Kafka is unreachable the lease is given back, chat goes on
+writing rows, and the relay retries with exponential backoff until the backlog drains.
 
-Ordering: one relay publishes rows in id order with key = conversation id, so a
+Ordering: one relay publishes rows in id order per user with key = conversation id, so a
 conversation's turns land in one partition in order. With several relays, turns of one
 conversation may interleave; the watermark only moves forward (GREATEST), so this can
 make it run ahead of a turn that is still in flight, never backwards.
@@ -17,6 +18,7 @@ make it run ahead of a turn that is still in flight, never backwards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -27,21 +29,14 @@ from memory.config import Settings
 from memory.db import Database
 
 from . import metrics
+from .outbox_claims import CLAIM_FOR_RELAY, LeaseKeeper, OutboxClaims
 from .pg_queue import OutboxListener
 
 log = logging.getLogger(__name__)
 
-CLAIM_UNPUBLISHED = text(
-    """
-    SELECT id, conversation_id, payload FROM outbox
-    WHERE published_at IS NULL AND consumed_at IS NULL AND dead_at IS NULL
-    ORDER BY id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-    """
+MARK_PUBLISHED = text(
+    "UPDATE outbox SET published_at = now(), claimed_until = NULL, claim_token = NULL WHERE id = ANY(:ids)"
 )
-
-MARK_PUBLISHED = text("UPDATE outbox SET published_at = now(), attempts = attempts + 1 WHERE id = ANY(:ids)")
 
 # A record the broker has not acknowledged in this long counts as failed (aiokafka default: 40 s).
 REQUEST_TIMEOUT_MS = 10_000
@@ -75,6 +70,12 @@ class OutboxRelay:
         self._settings = settings
         self._backoff_base = backoff_base_seconds
         self._backoff_max = backoff_max_seconds
+        self._claims = OutboxClaims(
+            db,
+            lease_seconds=settings.outbox_lease_seconds,
+            lock_timeout_ms=settings.background_lock_timeout_ms,
+        )
+        self._leases = LeaseKeeper(self._claims)
         self.published = 0
 
     async def _open_producer(self) -> AIOKafkaProducer:
@@ -93,12 +94,12 @@ class OutboxRelay:
 
     async def publish_once(self, producer: AIOKafkaProducer) -> int:
         """Publish one batch of unpublished rows; returns how many were published and marked."""
-        async with self._db.transaction() as session:
-            rows = (
-                await session.execute(CLAIM_UNPUBLISHED, {"limit": self._settings.relay_batch_size})
-            ).all()
-            if not rows:
-                return 0
+        rows = await self._claims.claim(CLAIM_FOR_RELAY, self._settings.relay_batch_size)
+        if not rows:
+            return 0
+        ids = [row.id for row in rows]
+        self._leases.held.update(ids)
+        try:
             # send() only enqueues; the futures resolve when the broker acknowledged (acks=all).
             acks = [
                 await producer.send(
@@ -109,7 +110,16 @@ class OutboxRelay:
                 for row in rows
             ]
             await asyncio.gather(*acks)
-            await session.execute(MARK_PUBLISHED, {"ids": [row.id for row in rows]})
+        except Exception:
+            # Kafka away: give the rows back for the next try (if the database is what failed,
+            # the lease runs out instead).
+            self._leases.held.difference_update(ids)
+            with contextlib.suppress(Exception):
+                await self._claims.release(ids)
+            raise
+        async with self._db.transaction(lock_timeout_ms=self._settings.background_lock_timeout_ms) as session:
+            await session.execute(MARK_PUBLISHED, {"ids": ids})
+        self._leases.held.difference_update(ids)
         self.published += len(rows)
         metrics.RELAY_PUBLISHED.inc(len(rows))
         return len(rows)
@@ -118,6 +128,7 @@ class OutboxRelay:
         """Relay until `stop` is set: woken by NOTIFY, polling as a fallback, backing off on errors."""
         listener = OutboxListener(self._db.url)
         await listener.start()
+        self._leases.start()
         producer: AIOKafkaProducer | None = None
         delay = self._backoff_base
         try:
@@ -144,6 +155,7 @@ class OutboxRelay:
                     await wait_for_wake_or_stop(listener, stop, self._settings.relay_poll_seconds)
         finally:
             try:
+                await self._leases.stop()
                 if producer is not None:
                     await _close_quietly(producer)
             finally:

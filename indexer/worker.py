@@ -56,6 +56,7 @@ _TRANSIENT_ASYNCPG = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.TransactionRollbackError,  # deadlock, serialization failure
+    asyncpg.LockNotAvailableError,  # the background lock timeout: the batch is retried
     asyncpg.CannotConnectNowError,
     asyncpg.TooManyConnectionsError,
 )

@@ -172,6 +172,22 @@ class Settings(BaseSettings):
     indexer_batch_size: int = Field(256, ge=1, description="Most turns per indexer batch.")
     indexer_batch_wait_ms: int = Field(200, ge=0, description="Longest wait to fill a batch.")
     indexer_max_attempts: int = Field(3, ge=1, description="Attempts before a message is dead-lettered.")
+    outbox_lease_seconds: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "How long a claimed outbox batch is reserved for the indexer or relay that claimed it (renewed "
+            "while it works); a crashed worker's batch is claimed again after this."
+        ),
+    )
+    background_lock_timeout_ms: int = Field(
+        5000,
+        ge=1,
+        description=(
+            "Longest wait for a row lock in background work (indexer, relay, retention); the batch is "
+            "retried after it."
+        ),
+    )
     chunk_chars: int = Field(1200, ge=100, description="Longest chunk of a turn.")
     chunk_overlap_chars: int = Field(200, ge=0, description="Overlap between chunks.")
     redact_pii: bool = Field(True, description="Redact PII before embedding/indexing.")

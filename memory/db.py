@@ -27,6 +27,8 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SCOPE_TRANSACTION = text(
     f"SELECT set_config('role', '{TENANT_ROLE}', true), set_config('{TENANT_SETTING}', :tenant, true)"
 )
+# Transaction-local too: a background transaction never waits for a lock forever.
+SET_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :timeout, true)")
 
 
 class TenantScopedSession(Session):
@@ -72,9 +74,15 @@ class Database:
         )
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncSession]:
-        """A session inside one transaction: committed on success, rolled back on error."""
+    async def transaction(self, *, lock_timeout_ms: int | None = None) -> AsyncIterator[AsyncSession]:
+        """A session inside one transaction: committed on success, rolled back on error.
+
+        With `lock_timeout_ms`, a statement that waits longer for a lock fails with
+        ``lock_not_available`` (background work retries its batch; see indexer/worker.py).
+        """
         async with self.sessions() as session, session.begin():
+            if lock_timeout_ms is not None:
+                await session.execute(SET_LOCK_TIMEOUT, {"timeout": f"{int(lock_timeout_ms)}ms"})
             yield session
 
     @asynccontextmanager

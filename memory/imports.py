@@ -59,11 +59,12 @@ INSERT_TURNS = text(
 )
 
 # Imported turns are user or assistant turns, completed: every one is recorded (see memory.outbox).
+# Priority 1: imported history is indexed after the live turns waiting (see indexer/outbox_claims.py).
 INSERT_OUTBOX = text(
     """
-    INSERT INTO outbox (tenant_id, user_id, conversation_id, turn_id, payload)
+    INSERT INTO outbox (tenant_id, user_id, conversation_id, turn_id, payload, priority)
     SELECT CAST(:tenant_id AS text), CAST(:user_id AS text), CAST(:conversation_id AS uuid), o.turn_id,
-           CAST(o.payload AS jsonb)
+           CAST(o.payload AS jsonb), 1
     FROM unnest(CAST(:turn_ids AS uuid[]), CAST(:payloads AS text[]))
          WITH ORDINALITY AS o(turn_id, payload, n)
     ORDER BY o.n  -- outbox ids in seq order: consumers see a conversation's turns in order

@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -252,12 +253,25 @@ class OutboxRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     dead_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # A consumer's lease on the row (see indexer/outbox_claims.py): committed, never a held lock.
+    claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    claim_token: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
+    # 0: a live turn; 1: imported history, indexed after every live turn waiting.
+    priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
 
     __table_args__ = (
         Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
         Index("ix_outbox_unconsumed", "id", postgresql_where=text("consumed_at IS NULL AND dead_at IS NULL")),
         Index("ix_outbox_conversation", "conversation_id"),
         Index("ix_outbox_created", "created_at"),
+        Index(
+            "ix_outbox_pending_fair",
+            "tenant_id",
+            "user_id",
+            "priority",
+            "id",
+            postgresql_where=text("consumed_at IS NULL AND dead_at IS NULL"),
+        ),
     )
 
 

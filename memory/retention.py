@@ -228,16 +228,25 @@ async def delete_conversations(session: AsyncSession, conversation_ids: Sequence
 class RetentionJob:
     """Expires and purges in batches; `run` repeats it every interval until stopped."""
 
-    def __init__(self, db: Database, policy: RetentionPolicy, *, interval_seconds: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        policy: RetentionPolicy,
+        *,
+        interval_seconds: float,
+        lock_timeout_ms: int | None = 5000,
+    ) -> None:
         self.db = db
         self.policy = policy
         self.interval = interval_seconds
+        # No batch waits for a lock forever; one that times out is retried at the next pass.
+        self.lock_timeout_ms = lock_timeout_ms
 
     async def _batches(self, statement: Any, params: dict[str, Any]) -> int:
         """Run a batch statement until a batch comes back short; returns rows touched."""
         total = 0
         while True:
-            async with self.db.transaction() as session:
+            async with self.db.transaction(lock_timeout_ms=self.lock_timeout_ms) as session:
                 result = await session.execute(statement, {**params, "limit": self.policy.batch_size})
                 count = int(getattr(result, "rowcount", 0) or 0)
             total += count
@@ -248,7 +257,7 @@ class RetentionJob:
         """Soft-delete a batch of rows and the memory rows of those rows, in one transaction, until done."""
         total = 0
         while True:
-            async with self.db.transaction() as session:
+            async with self.db.transaction(lock_timeout_ms=self.lock_timeout_ms) as session:
                 rows = await session.execute(statement, {**params, "limit": self.policy.batch_size})
                 ids = [row.id for row in rows]
                 if ids:
@@ -266,7 +275,7 @@ class RetentionJob:
                 EXPIRE_CONVERSATIONS, EXPIRE_MEMORY_OF_CONVERSATIONS, group
             )
         lookback = 2 * self.interval + DAY_SECONDS
-        async with self.db.transaction() as session:
+        async with self.db.transaction(lock_timeout_ms=self.lock_timeout_ms) as session:
             result = await session.execute(EXPIRE_LATE_MEMORY, {"lookback": lookback})
             counts["memory_items"] += int(getattr(result, "rowcount", 0) or 0)
         return counts
@@ -276,13 +285,13 @@ class RetentionJob:
         counts: Counter[str] = Counter()
         grace = {"grace": self.policy.grace_days * DAY_SECONDS, "limit": self.policy.batch_size}
         while True:
-            async with self.db.transaction() as session:
+            async with self.db.transaction(lock_timeout_ms=self.lock_timeout_ms) as session:
                 ids = [row.id for row in await session.execute(PURGEABLE_CONVERSATIONS, grace)]
                 counts += await delete_conversations(session, ids)
             if len(ids) < self.policy.batch_size:
                 break
         while True:
-            async with self.db.transaction() as session:
+            async with self.db.transaction(lock_timeout_ms=self.lock_timeout_ms) as session:
                 rows = list(await session.execute(PURGEABLE_TURNS, grace))
                 if rows:
                     params = {

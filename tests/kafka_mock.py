@@ -36,7 +36,7 @@ class _Lines(logging.Handler):
 class MockKafkaCluster:
     """One librdkafka mock cluster, alive as long as this object is."""
 
-    def __init__(self, brokers: int = 3) -> None:
+    def __init__(self, brokers: int = 3, *, rtt_ms: int = 0) -> None:
         import confluent_kafka
 
         self._handler = _Lines()
@@ -44,9 +44,11 @@ class MockKafkaCluster:
         self._logger.addHandler(self._handler)
         self._logger.setLevel(logging.DEBUG)
         self._logger.propagate = False
-        self._client = confluent_kafka.Producer(
-            {"test.mock.num.brokers": brokers, "debug": "mock", "logger": self._logger}
-        )
+        config = {"test.mock.num.brokers": brokers, "debug": "mock", "logger": self._logger}
+        if rtt_ms:
+            # Every broker answers this much later: a window the tests can act in, deterministically.
+            config["test.mock.broker.rtt"] = rtt_ms
+        self._client = confluent_kafka.Producer(config)
         self.bootstrap_servers = self._find_bootstrap(timeout=15.0)
 
     def _find_bootstrap(self, timeout: float) -> str:
@@ -86,6 +88,16 @@ def kafka_cluster() -> Iterator[MockKafkaCluster]:
 def kafka_bootstrap(kafka_cluster: MockKafkaCluster) -> str:
     """The mock cluster's bootstrap.servers."""
     return kafka_cluster.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def slow_kafka_bootstrap() -> Iterator[str]:
+    """A second mock cluster whose brokers answer 1.5 s late (a publish takes that long at least)."""
+    cluster = MockKafkaCluster(brokers=1, rtt_ms=1500)
+    try:
+        yield cluster.bootstrap_servers
+    finally:
+        cluster.close()
 
 
 class TcpGate:

@@ -60,6 +60,7 @@ def child(role: str, settings: Settings) -> Iterator[subprocess.Popen[bytes]]:
         "kafka_topic",
         "kafka_dlq_topic",
         "kafka_group_id",
+        "outbox_lease_seconds",
     ):
         value = getattr(settings, field)
         if value:
@@ -95,7 +96,8 @@ async def waiting_on_lock(db: Database, statement_start: str) -> bool:
 async def test_indexer_killed_mid_batch_loses_nothing_and_duplicates_nothing(
     db: Database, pg_url: str
 ) -> None:
-    settings = test_settings(pg_url)
+    # A short lease: the killed indexer's rows come back once it runs out.
+    settings = test_settings(pg_url, outbox_lease_seconds=2)
     _, turns = await chat_turns(db, [memorable(i) for i in range(50)])
     async with table_locked(db, "memory_items"):
         with child("indexer", settings) as proc:
@@ -104,8 +106,9 @@ async def test_indexer_killed_mid_batch_loses_nothing_and_duplicates_nothing(
             )
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
-    # The killed batch left nothing behind, and its claim died with its connection.
+    # The killed batch left nothing behind; its lease stays until it runs out.
     assert await scalar(db, "SELECT count(*) FROM memory_items") == 0
+    assert await scalar(db, "SELECT count(*) FROM outbox WHERE claimed_until IS NOT NULL") > 0
     worker = IndexerWorker(db, settings, HashEmbedder(dim=384))
 
     async def all_consumed() -> bool:
@@ -221,11 +224,20 @@ async def _none_unpublished(db: Database) -> bool:
     return await scalar(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
 
 
-async def test_relay_killed_between_publish_and_mark(db: Database, pg_url: str, kafka_bootstrap: str) -> None:
-    settings = kafka_test_settings(pg_url, kafka_bootstrap)
+async def test_relay_killed_between_publish_and_mark(
+    db: Database, pg_url: str, slow_kafka_bootstrap: str
+) -> None:
+    # The relay's claim is a committed lease, so the kill point is set after it: the brokers
+    # answer 1.5 s late, the test locks the table while the relay waits for its acks, and the
+    # relay's mark then waits on that lock. The lease is short, so the rows come back soon.
+    kafka_bootstrap = slow_kafka_bootstrap
+    settings = kafka_test_settings(pg_url, kafka_bootstrap, outbox_lease_seconds=2)
     await chat_turns(db, [memorable(i) for i in range(30)])
-    async with table_locked(db, "outbox"):
-        with child("relay", settings) as proc:
+    with child("relay", settings) as proc:
+        await eventually(
+            lambda: _claimed(db, 30), 60, "the relay's lease on every row (committed before it publishes)"
+        )
+        async with table_locked(db, "outbox"):
             await eventually(
                 lambda: waiting_on_lock(db, "UPDATE outbox SET published_at"), 60, "the relay's mark"
             )
@@ -242,6 +254,10 @@ async def test_relay_killed_between_publish_and_mark(db: Database, pg_url: str, 
     assert await topic_size(kafka_bootstrap, settings.kafka_topic) == 60  # every turn delivered twice
     assert await scalar(db, "SELECT count(*) FROM memory_items") == 30
     assert await scalar(db, "SELECT count(DISTINCT turn_id) FROM memory_items") == 30
+
+
+async def _claimed(db: Database, count: int) -> bool:
+    return await scalar(db, "SELECT count(*) FROM outbox WHERE claim_token IS NOT NULL") == count
 
 
 async def _topic_consumed(db: Database, bootstrap: str, settings: Settings) -> bool:

@@ -1,0 +1,212 @@
+"""No deadlock, ever, between background work and user actions.
+
+Found: ``DELETE /v1/users/me`` while the Postgres-queue indexer worked on that user's turns
+never returned. The indexer's claim transaction sat idle holding outbox row locks while it
+embedded; the erasure's ``DELETE FROM outbox`` waited on it; the indexer's next lock on the
+conversations waited on the erasure. Postgres could not see the cycle (one wait was in the
+application), and indexing stopped for every tenant. Claims are committed leases now, and
+no transaction stays open across embedding (indexer/outbox_claims.py).
+
+The indexer is made to stop inside its embedding on cue (`GatedEmbedder`), so the user
+action lands exactly where the deadlock was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from indexer.kafka_transport import KafkaQueueConsumer
+from indexer.relay import OutboxRelay
+from indexer.worker import IndexerWorker
+from memory.config import Settings
+from memory.conversations import Owner
+from memory.db import Database
+from memory.embeddings import HashEmbedder
+from memory.retention import RetentionJob, RetentionPolicy
+from tests.conftest import LiveServer
+from tests.test_indexer import chat_turns, eventually, memorable, scalar, test_settings
+from tests.test_transport_contract import kafka_test_settings
+
+# Every user action must answer within this, whatever the indexer is doing.
+REQUEST_BOUND_SECONDS = 15.0
+TABLES = ("conversations", "turns", "turn_events", "tool_invocations", "outbox", "memory_items")
+
+
+class GatedEmbedder:
+    """The deterministic test embedder, held inside `embed` until the test opens the gate."""
+
+    dim = 384
+
+    def __init__(self) -> None:
+        self._inner = HashEmbedder(dim=self.dim)
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.entered.set()
+        await self.gate.wait()
+        return await self._inner.embed(texts)
+
+
+class WorkingEmbedder:
+    """The deterministic test embedder taking a real model's time per batch (a busy indexer)."""
+
+    dim = 384
+
+    def __init__(self, seconds_per_batch: float = 0.05) -> None:
+        self._inner = HashEmbedder(dim=self.dim)
+        self._seconds = seconds_per_batch
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        await asyncio.sleep(self._seconds)  # simulated encode time, not a wait for a condition
+        return await self._inner.embed(texts)
+
+
+async def rows_of(db: Database, owner: Owner) -> dict[str, int]:
+    """Rows per table of one user (read unscoped, as an operator would)."""
+    async with db.transaction() as session:
+        return {
+            table: (
+                await session.execute(
+                    text(f"SELECT count(*) FROM {table} WHERE tenant_id = :t AND user_id = :u"),
+                    {"t": owner.tenant_id, "u": owner.user_id},
+                )
+            ).scalar_one()
+            for table in TABLES
+        }
+
+
+@asynccontextmanager
+async def running(*parts: Any) -> AsyncIterator[None]:
+    """Run indexer workers / relays (anything with `run(stop)`) for the block, then stop them."""
+    stop = asyncio.Event()
+    tasks = [asyncio.ensure_future(part.run(stop)) for part in parts]
+    try:
+        yield
+        for task in tasks:
+            if task.done():
+                task.result()  # a crashed worker fails the test
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+
+async def test_deleting_a_user_while_the_indexer_embeds_their_turns_does_not_deadlock(
+    server: LiveServer, db: Database, pg_url: str
+) -> None:
+    victim, bystander = Owner("t1", "u1"), Owner("t2", "u2")
+    await chat_turns(db, [memorable(i) for i in range(20)], owner=victim)
+    embedder = GatedEmbedder()
+    worker = IndexerWorker(db, test_settings(pg_url), embedder)
+    async with running(worker):
+        await asyncio.wait_for(embedder.entered.wait(), 20)  # the indexer holds the batch, mid-embed
+        async with server.client(tenant=victim.tenant_id, user=victim.user_id) as client:
+            async with asyncio.timeout(REQUEST_BOUND_SECONDS):
+                assert (await client.delete("/v1/users/me")).status_code == 204
+        embedder.gate.set()
+        # The batch in hand finds no conversation and writes nothing; the next tenant goes on.
+        await chat_turns(db, [memorable(99)], owner=bystander)
+        await eventually(lambda: _indexed(db, bystander, 1), 20, "the bystander's turn indexed")
+    assert await rows_of(db, victim) == dict.fromkeys(TABLES, 0)
+
+
+async def _indexed(db: Database, owner: Owner, count: int) -> bool:
+    found = await scalar(
+        db,
+        "SELECT count(*) FROM memory_items WHERE tenant_id = :t AND user_id = :u",
+        t=owner.tenant_id,
+        u=owner.user_id,
+    )
+    return bool(found >= count)
+
+
+async def _aged_deleted_conversation(db: Database, owner: Owner, turns: int) -> uuid.UUID:
+    """A conversation deleted long ago, its turns still waiting in the outbox: the purge's work."""
+    conversation_id, _ = await chat_turns(db, [memorable(i) for i in range(turns)], owner=owner)
+    async with db.transaction() as session:
+        await session.execute(
+            text("UPDATE conversations SET deleted_at = now() - interval '30 days' WHERE id = :id"),
+            {"id": conversation_id},
+        )
+    return conversation_id
+
+
+async def _conversation_rows(db: Database, conversation_id: uuid.UUID) -> int:
+    total = 0
+    for table in ("turns", "outbox", "memory_items"):
+        total += await scalar(
+            db, f"SELECT count(*) FROM {table} WHERE conversation_id = :c", c=conversation_id
+        )
+    total += await scalar(db, "SELECT count(*) FROM conversations WHERE id = :c", c=conversation_id)
+    return int(total)
+
+
+async def _one_round(server: LiveServer, db: Database, round_no: int) -> None:
+    """User deletion, conversation deletion and the purge at once, while the indexer is busy."""
+    leaving = Owner("t-leaving", f"u{round_no}")
+    tidying = Owner("t-tidy", f"u{round_no}")
+    purged = Owner("t-purge", f"u{round_no}")
+    bystander = Owner("t-bystander", f"u{round_no}")
+    await chat_turns(db, [memorable(i) for i in range(30)], owner=leaving)
+    deleted_conversation, _ = await chat_turns(db, [memorable(i) for i in range(30)], owner=tidying)
+    purged_conversation = await _aged_deleted_conversation(db, purged, 30)
+
+    async def delete_user() -> None:
+        async with server.client(tenant=leaving.tenant_id, user=leaving.user_id) as client:
+            assert (await client.delete("/v1/users/me")).status_code == 204
+
+    async def delete_conversation() -> None:
+        async with server.client(tenant=tidying.tenant_id, user=tidying.user_id) as client:
+            response = await client.delete(f"/v1/conversations/{deleted_conversation}")
+            assert response.status_code == 204
+
+    async def purge() -> None:
+        await RetentionJob(db, RetentionPolicy(grace_days=0), interval_seconds=3600).purge()
+
+    async with asyncio.timeout(REQUEST_BOUND_SECONDS):
+        await asyncio.gather(delete_user(), delete_conversation(), purge())
+    # Nothing half-deleted: the user and the purged conversation are gone whole.
+    assert await rows_of(db, leaving) == dict.fromkeys(TABLES, 0)
+    assert await _conversation_rows(db, purged_conversation) == 0
+    # The deleted conversation is hidden from its owner whatever the indexer did meanwhile.
+    async with server.client(tenant=tidying.tenant_id, user=tidying.user_id) as client:
+        assert (await client.get(f"/v1/conversations/{deleted_conversation}")).status_code == 404
+    # Another tenant's new turn is still indexed promptly.
+    await chat_turns(db, [memorable(round_no)], owner=bystander)
+    await eventually(lambda: _indexed(db, bystander, 1), 20, "the bystander's turn indexed")
+
+
+@pytest.mark.parametrize("transport", ["postgres", "kafka"])
+async def test_deletions_and_the_purge_race_a_busy_indexer_without_a_stuck_request(
+    transport: str, server: LiveServer, db: Database, pg_url: str, request: pytest.FixtureRequest
+) -> None:
+    settings: Settings
+    parts: list[Any]
+    if transport == "postgres":
+        settings = test_settings(pg_url, indexer_batch_size=8, outbox_lease_seconds=5)
+        parts = [IndexerWorker(db, settings, WorkingEmbedder())]
+    else:
+        settings = kafka_test_settings(
+            pg_url, request.getfixturevalue("kafka_bootstrap"), indexer_batch_size=8, outbox_lease_seconds=5
+        )
+        parts = [
+            OutboxRelay(db, settings),
+            IndexerWorker(db, settings, WorkingEmbedder(), consumer=KafkaQueueConsumer(settings)),
+        ]
+    async with running(*parts):
+        for round_no in range(6):
+            await _one_round(server, db, round_no)
+    # Whatever is left pending belongs to nobody who still exists, or was delivered.
+    pending_for_live = await scalar(
+        db,
+        "SELECT count(*) FROM outbox o JOIN conversations c ON c.id = o.conversation_id"
+        " WHERE c.deleted_at IS NULL AND o.consumed_at IS NULL AND o.published_at IS NULL",
+    )
+    assert pending_for_live == 0
