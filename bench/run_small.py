@@ -25,6 +25,7 @@ SMALL_RUNS: dict[str, list[str]] = {
     "stop_latency": ["--stops", "4"],
     "retrieval_latency": ["--rows", "3000", "--queries", "10"],
     "indexer_throughput": ["--turns", "32", "--lag-seconds", "2"],
+    "indexer_fairness": ["--import-turns", "40", "--probes", "2"],
     "load_streams": ["--streams", "4"],
     "memory_eval": ["--limit-conversations", "1", "--data", str(LOCOMO)],
 }

@@ -38,6 +38,10 @@ from memory.models import EMBEDDING_DIM
 from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.redaction import redact
 
+# Texts per encode call of the indexer: small enough that a query queued behind one waits
+# tens of milliseconds, large enough to keep the encoder's batching (see _embed).
+EMBED_SLICE = 16
+
 # Metadata keys holding the caption of a shared photo (LoCoMo's `blip_caption`).
 CAPTION_KEYS = ("image_caption", "blip_caption")
 
@@ -297,6 +301,14 @@ class IndexPipeline:
             for c, vector in zip(chunks, vectors, strict=True)
         ]
 
+    async def _embed(self, texts: list[str]) -> list[list[float]]:
+        # In slices: a query embedding for a waiting reply (same encoder in `chatmem up`) joins the
+        # next slice instead of waiting behind a whole batch of bulk history.
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), EMBED_SLICE):
+            vectors.extend(await self._embedder.embed(texts[start : start + EMBED_SLICE]))
+        return vectors
+
     async def index(self, payloads: Sequence[dict[str, Any]]) -> IndexResult:
         """Index a batch in one transaction; raises PoisonPayload if any payload is invalid."""
         result = IndexResult()
@@ -325,7 +337,7 @@ class IndexPipeline:
                 )
                 previous = {row.turn_id: row for row in rows_before}
         chunks = await asyncio.to_thread(self._chunks, wanted, previous)
-        vectors = await self._embedder.embed([c.memory_text for c in chunks]) if chunks else []
+        vectors = await self._embed([c.memory_text for c in chunks])
         rows = await asyncio.to_thread(self._rows, chunks, vectors)
 
         async with self._db.transaction(lock_timeout_ms=self._settings.background_lock_timeout_ms) as session:

@@ -169,7 +169,14 @@ class Settings(BaseSettings):
             "a core to the event loop and Postgres; more stall each other when the cores are busy."
         ),
     )
-    indexer_batch_size: int = Field(256, ge=1, description="Most turns per indexer batch.")
+    indexer_batch_size: int = Field(
+        32,
+        ge=1,
+        description=(
+            "Most turns per indexer batch. A live turn waits behind at most one batch of imported "
+            "history, so keep it small; larger batches barely raise throughput."
+        ),
+    )
     indexer_batch_wait_ms: int = Field(200, ge=0, description="Longest wait to fill a batch.")
     indexer_max_attempts: int = Field(3, ge=1, description="Attempts before a message is dead-lettered.")
     outbox_lease_seconds: float = Field(
