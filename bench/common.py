@@ -93,9 +93,17 @@ class Server:
     """`chatmem serve` in its own process, so the load generator does not share its event loop."""
 
     def __init__(
-        self, database_url: str, *, with_workers: bool = False, prefix: Sequence[str] = (), **env: Any
+        self,
+        database_url: str,
+        *,
+        with_workers: bool = False,
+        prefix: Sequence[str] = (),
+        args: Sequence[str] = (),
+        **env: Any,
     ) -> None:
         self.with_workers = with_workers
+        # Appended to `chatmem serve`, e.g. ["--workers", "2"].
+        self.args = list(args)
         # Prepended to the server's command line, e.g. a profiler: ["py-spy", "record", ..., "--"].
         self.prefix = list(prefix)
         self.port = free_port()
@@ -116,7 +124,8 @@ class Server:
     async def __aenter__(self) -> Server:
         self.proc = subprocess.Popen(
             [*self.prefix, sys.executable, "-m", "chat_api.cli", "serve", "--port", str(self.port)]
-            + (["--with-workers"] if self.with_workers else []),
+            + (["--with-workers"] if self.with_workers else [])
+            + self.args,
             env=self.env,
             cwd=ROOT,
         )

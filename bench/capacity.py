@@ -1,0 +1,201 @@
+"""Capacity: the highest rate of new messages one server sustains while replies accumulate.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/capacity.py [--rates 5 10 20 40 80] [--seconds 20]
+        [--memory none user] [--tokens-per-second 20] [--workers 1]
+
+One `chatmem serve` (embedded Postgres, demo model streaming each reply at
+`--tokens-per-second`, so a reply lasts several seconds and open streams pile up as they
+would in production). For each memory setting and each rate, new messages arrive as a
+Poisson stream for `--seconds`, each in a conversation of its own (many users), and each
+client reads its reply to the end. Per arrival: accept (until the response headers) and
+time to first token (until the first `message.delta`). The sustainable rate is the highest
+rate whose accept p99 < 250 ms and time-to-first-token p99 < 1 s. Also the server's CPU
+milliseconds per accepted message (the server's processes only, not Postgres or this
+client) and the most streams open at once.
+
+`--workers N` runs `chatmem serve --workers N` (N processes behind one port); the CPU
+figure is then the sum over the processes. The load generator runs in this process and
+costs CPU too: on a 2-core machine it competes with the server, which the figures include.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from common import Server, database, headers, percentile, print_table, write_json
+
+ACCEPT_P99_MS = 250.0
+TTFT_P99_MS = 1000.0
+
+
+def server_cpu_seconds(pid: int) -> float:
+    """CPU time of the server process and its children (the workers of --workers N)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+class Arrivals:
+    """What the clients measured during one rate step."""
+
+    def __init__(self) -> None:
+        self.accept: list[float] = []
+        self.ttft: list[float] = []
+        self.errors = 0
+        self.open = 0
+        self.most_open = 0
+
+
+async def one_message(client: httpx.AsyncClient, i: int, scope: str, seen: Arrivals) -> None:
+    started = time.perf_counter()
+    try:
+        created = await client.post("/v1/conversations", json={"memory_mode": "persistent"})
+        created.raise_for_status()
+        cid = created.json()["id"]
+        started = time.perf_counter()
+        async with client.stream(
+            "POST",
+            f"/v1/conversations/{cid}/messages",
+            json={"content": f"message {i}: what did I say about my trip to Lisbon?", "memory_scope": scope},
+        ) as response:
+            seen.accept.append(time.perf_counter() - started)
+            if response.status_code != 200:
+                seen.errors += 1
+                return
+            seen.open += 1
+            seen.most_open = max(seen.most_open, seen.open)
+            first = False
+            try:
+                async for line in response.aiter_lines():
+                    if not first and line == "event: message.delta":
+                        seen.ttft.append(time.perf_counter() - started)
+                        first = True
+            finally:
+                seen.open -= 1
+    except httpx.HTTPError:
+        seen.errors += 1
+
+
+async def step(url: str, pid: int, rate: float, seconds: float, scope: str, users: int) -> dict[str, Any]:
+    """Poisson arrivals at `rate`/s for `seconds`; waits for every reply to end."""
+    seen = Arrivals()
+    rng = random.Random(f"{rate}-{scope}")
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
+    clients = [
+        httpx.AsyncClient(base_url=url, headers=headers(user=f"cap-{scope}-{u}"), timeout=120, limits=limits)
+        for u in range(users)
+    ]
+    cpu_before = server_cpu_seconds(pid)
+    tasks: list[asyncio.Task[None]] = []
+    started = time.perf_counter()
+    next_at = 0.0
+    i = 0
+    while next_at < seconds:
+        delay = started + next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one_message(clients[i % users], i, scope, seen)))
+        i += 1
+        next_at += rng.expovariate(rate)
+    await asyncio.gather(*tasks)
+    cpu = server_cpu_seconds(pid) - cpu_before
+    for client in clients:
+        await client.aclose()
+    accepted = len(seen.ttft)
+    accept_ms = [a * 1000 for a in seen.accept]
+    ttft_ms = [t * 1000 for t in seen.ttft]
+    row = {
+        "memory": scope,
+        "rate": rate,
+        "sent": i,
+        "errors": seen.errors,
+        "most_open": seen.most_open,
+        "accept_p50_ms": round(percentile(accept_ms, 50), 1),
+        "accept_p99_ms": round(percentile(accept_ms, 99), 1),
+        "ttft_p50_ms": round(percentile(ttft_ms, 50), 1),
+        "ttft_p99_ms": round(percentile(ttft_ms, 99), 1),
+        "cpu_ms_per_message": round(cpu * 1000 / accepted, 1) if accepted else float("nan"),
+    }
+    row["sustained"] = (
+        seen.errors == 0 and row["accept_p99_ms"] < ACCEPT_P99_MS and row["ttft_p99_ms"] < TTFT_P99_MS
+    )
+    return row
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    with database(args.database_url) as url:
+        env = {
+            "DEMO_TOKENS_PER_SECOND": args.tokens_per_second,
+            "DEMO_FIRST_TOKEN_DELAY_SECONDS": 0,
+            "MAX_RUNNING_REPLIES_PER_USER": 0,
+            "DB_POOL_SIZE": args.pool_size,
+        }
+        extra = ["--workers", str(args.workers)] if args.workers > 1 else []
+        async with Server(url, args=extra, **env) as server:
+            for scope in args.memory:
+                for rate in args.rates:
+                    row = await step(server.url, server.pid, rate, args.seconds, scope, args.users)
+                    rows.append(row)
+                    print(row, flush=True)
+                    if not row["sustained"] and not args.all_rates:
+                        break  # higher rates only fail harder
+    best = {
+        scope: max((r["rate"] for r in rows if r["memory"] == scope and r["sustained"]), default=0.0)
+        for scope in args.memory
+    }
+    print_table(
+        f"capacity (workers={args.workers}, replies at {args.tokens_per_second} tokens/s; "
+        f"sustained: accept p99 < {ACCEPT_P99_MS:.0f} ms and TTFT p99 < {TTFT_P99_MS:.0f} ms)",
+        rows,
+        [
+            "memory",
+            "rate",
+            "sent",
+            "errors",
+            "most_open",
+            "accept_p50_ms",
+            "accept_p99_ms",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "cpu_ms_per_message",
+            "sustained",
+        ],
+    )
+    print(f"\nhighest sustained rate (messages/s): {best}")
+    return {"benchmark": "capacity", "workers": args.workers, "sustained_rate": best, "results": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rates", type=float, nargs="+", default=[5, 10, 20, 30, 40, 60, 80, 100])
+    parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per rate step")
+    parser.add_argument("--memory", nargs="+", default=["none", "user"], choices=["none", "user"])
+    parser.add_argument("--tokens-per-second", type=float, default=20.0)
+    parser.add_argument("--users", type=int, default=50, help="users the arrivals are spread over")
+    parser.add_argument("--workers", type=int, default=1, help="chatmem serve --workers N")
+    parser.add_argument("--pool-size", type=int, default=20)
+    parser.add_argument("--all-rates", action="store_true", help="go on past the first unsustained rate")
+    parser.add_argument("--database-url")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/capacity.json"))
+    args = parser.parse_args()
+    write_json(args.out, asyncio.run(run(args)))
+
+
+if __name__ == "__main__":
+    main()
