@@ -1,4 +1,8 @@
-"""The Kafka transport: a consumer group on the turns topic, offsets committed by hand.
+"""The Kafka transport: a consumer group on the turns topics, offsets committed by hand.
+
+Two topics: live turns, and imported history (see indexer/relay.py). Each poll takes live
+turns first and reads history only when no live turn is waiting, so a big import never
+sits between a user and their new turn's memory.
 
 Offsets are committed only after the batch's memory rows are committed in Postgres. When
 a rebalance takes partitions away mid-batch, the revocation waits (bounded) for the batch
@@ -72,6 +76,7 @@ class KafkaQueueConsumer:
         if not self._bootstrap:
             raise ValueError("KafkaQueueConsumer needs KAFKA_BOOTSTRAP_SERVERS")
         self._topic = settings.kafka_topic
+        self._history_topic = settings.history_topic
         self._dlq_topic = settings.kafka_dlq_topic
         self._group = settings.kafka_group_id
         self._consumer: AIOKafkaConsumer | None = None
@@ -92,7 +97,7 @@ class KafkaQueueConsumer:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
-        self._consumer.subscribe([self._topic], listener=_WaitForBatch(self))
+        self._consumer.subscribe([self._topic, self._history_topic], listener=_WaitForBatch(self))
         try:
             await self._consumer.start()
         except BaseException:
@@ -100,7 +105,7 @@ class KafkaQueueConsumer:
             raise
 
     async def poll_batch(self, max_records: int, timeout: float) -> list[Message]:
-        """Up to `max_records` records, waiting at most `timeout` seconds in all."""
+        """Up to `max_records` records, live turns first, waiting at most `timeout` seconds in all."""
         assert self._consumer is not None, "start() first"
         deadline = time.monotonic() + timeout
         batch: list[Message] = []
@@ -108,11 +113,17 @@ class KafkaQueueConsumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            fetched = await self._consumer.getmany(
-                timeout_ms=max(1, int(remaining * 1000)), max_records=max_records - len(batch)
-            )
+            live = [tp for tp in self._consumer.assignment() if tp.topic == self._topic]
+            fetched = await self._consumer.getmany(*live, timeout_ms=0, max_records=max_records - len(batch))
+            if not any(fetched.values()):
+                # Nothing live is waiting: history, or whatever arrives first.
+                fetched = await self._consumer.getmany(
+                    timeout_ms=max(1, int(remaining * 1000)), max_records=max_records - len(batch)
+                )
             for records in fetched.values():
                 batch.extend(decode_record(r) for r in records)
+            if batch and any(m.handle[0] == self._history_topic for m in batch):
+                break  # a batch of history goes as it is, so a live turn waits at most one batch
         if batch:
             self._in_flight = batch
             self._batch_done.clear()

@@ -69,7 +69,7 @@ def _fair_claim(pending: str) -> TextClause:
             claim_token = CAST(:token AS uuid),
             attempts = o.attempts + 1
         FROM chosen c WHERE o.id = c.id
-        RETURNING o.id, o.conversation_id, o.payload, o.attempts - 1 AS attempts
+        RETURNING o.id, o.conversation_id, o.payload, o.priority, o.attempts - 1 AS attempts
         """
     )
 
@@ -98,6 +98,8 @@ class ClaimedRow:
     id: int
     conversation_id: uuid.UUID
     payload: dict[str, Any]
+    # 0: a live turn; 1: imported history.
+    priority: int
     # Claims of this row before this one (crashes, abandoned batches).
     attempts: int
 
@@ -119,7 +121,7 @@ class OutboxClaims:
                     statement, {"limit": limit, "lease": self.lease_seconds, "token": str(self.token)}
                 )
             ).all()
-        claimed = [ClaimedRow(r.id, r.conversation_id, r.payload, r.attempts) for r in rows]
+        claimed = [ClaimedRow(r.id, r.conversation_id, r.payload, r.priority, r.attempts) for r in rows]
         claimed.sort(key=lambda r: r.id)  # RETURNING has no order; a conversation's turns go in order
         return claimed
 

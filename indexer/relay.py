@@ -9,6 +9,9 @@ rows unmarked, they are published again when the lease runs out, and the indexer
 absorbs the duplicate. When Kafka is unreachable the lease is given back, chat goes on
 writing rows, and the relay retries with exponential backoff until the backlog drains.
 
+Imported history goes to its own topic (``KAFKA_HISTORY_TOPIC``), which the indexer reads
+only while the topic of live turns has nothing waiting: a big import never delays a live turn.
+
 Ordering: one relay publishes rows in id order per user with key = conversation id, so a
 conversation's turns land in one partition in order. With several relays, turns of one
 conversation may interleave; the watermark only moves forward (GREATEST), so this can
@@ -103,7 +106,7 @@ class OutboxRelay:
             # send() only enqueues; the futures resolve when the broker acknowledged (acks=all).
             acks = [
                 await producer.send(
-                    self._settings.kafka_topic,
+                    self._settings.history_topic if row.priority else self._settings.kafka_topic,
                     json.dumps(row.payload, separators=(",", ":")).encode(),
                     key=str(row.conversation_id).encode(),
                 )

@@ -151,6 +151,13 @@ class Settings(BaseSettings):
     # --- queue ---------------------------------------------------------------------
     kafka_bootstrap_servers: str | None = Field(None, description="Kafka brokers; unset: Postgres queue.")
     kafka_topic: str = Field("chatmem.turns", description="Topic of finished turns.")
+    kafka_history_topic: str | None = Field(
+        None,
+        description=(
+            "Topic of imported history, consumed only while the topic of live turns has nothing waiting "
+            "(default: KAFKA_TOPIC + '.history')."
+        ),
+    )
     kafka_dlq_topic: str = Field("chatmem.turns.dlq", description="Dead-letter topic.")
     kafka_group_id: str = Field("chatmem-indexer", description="Indexer consumer group.")
     relay_poll_seconds: float = Field(1.0, gt=0, description="Relay polling fallback interval.")
@@ -234,6 +241,11 @@ class Settings(BaseSettings):
         if self.llm_provider == "openai" and not self.llm_base_url and not self.llm_api_key:
             raise ValueError("LLM_PROVIDER=openai needs LLM_BASE_URL or LLM_API_KEY")
         return self
+
+    @property
+    def history_topic(self) -> str:
+        """The Kafka topic of imported history."""
+        return self.kafka_history_topic or f"{self.kafka_topic}.history"
 
     @cached_property
     def embedded(self) -> bool:
