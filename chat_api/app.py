@@ -27,6 +27,7 @@ from chat_api.recall import build_recall
 from chat_api.replies import ReplyRegistry
 from chat_api.routes import branches, conversations, health, imports, messages, page, turns, users
 from chat_api.routes import memory as memory_routes
+from chat_api.routes import memory_items as memory_item_routes
 from chat_api.runner import ReplyRunner
 from chat_api.services import Services, process_id
 from chat_api.signals import Signals
@@ -210,7 +211,7 @@ def create_app(
     for public in (health.router, page.router):
         app.include_router(public)
     limited = [Depends(enforce_request_rate)]
-    routers = (conversations, messages, turns, branches, memory_routes, imports, users)
+    routers = (conversations, messages, turns, branches, memory_routes, memory_item_routes, imports, users)
     for module in routers:
         app.include_router(module.router, dependencies=limited)
     return app

@@ -49,7 +49,7 @@ def memory_item_json(memory: RecalledMemory, *, chunk_index: bool = False) -> di
     hit = memory.hit
     item: dict[str, Any] = {
         "turn_id": str(hit.turn_id),
-        "conversation_id": str(hit.conversation_id),
+        "conversation_id": str(hit.conversation_id) if hit.conversation_id else None,
         "conversation_title": memory.conversation_title,
         "role": hit.role,
         "name": hit.name,

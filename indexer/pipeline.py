@@ -100,6 +100,8 @@ UPSERT_ITEM = text(
         on_active_branch = EXCLUDED.on_active_branch, indexed_at = now()
     WHERE (memory_items.text, memory_items.name, memory_items.metadata, memory_items.on_active_branch)
           IS DISTINCT FROM (EXCLUDED.text, EXCLUDED.name, EXCLUDED.metadata, EXCLUDED.on_active_branch)
+      -- A user's correction or forgetting of this item outlives reprocessing (memory/memory_items.py).
+      AND memory_items.edited_at IS NULL AND memory_items.forgotten_at IS NULL
     """
 ).bindparams(bindparam("metadata", type_=JSONB(none_as_null=True)))
 
@@ -108,7 +110,7 @@ DELETE_STALE_CHUNKS = text(
     """
     DELETE FROM memory_items m
     USING unnest(CAST(:turn_ids AS uuid[]), CAST(:counts AS int[])) AS t(turn_id, n)
-    WHERE m.turn_id = t.turn_id AND m.chunk_index >= t.n
+    WHERE m.turn_id = t.turn_id AND m.chunk_index >= t.n AND m.edited_at IS NULL AND m.forgotten_at IS NULL
     """
 )
 

@@ -275,15 +275,24 @@ class OutboxRow(Base):
     )
 
 
+class MemoryItemSource:
+    """Where a memory item came from."""
+
+    TURN = "turn"  # the indexer, from a finished turn
+    STATED = "stated"  # the user, directly (POST /v1/memory/items): no turn behind it
+
+
 class MemoryItem(Base):
-    """One embedded chunk of a finished turn: the long-term memory."""
+    """One embedded chunk of a finished turn, or a fact the user stated: the long-term memory."""
 
     __tablename__ = "memory_items"
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     tenant_id: Mapped[str] = mapped_column(String(128))
     user_id: Mapped[str] = mapped_column(String(128))
-    conversation_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    # None for a stated fact made outside any conversation.
+    conversation_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
+    # A stated fact has no turn: this is then its own random id (keeps one memory per "turn").
     turn_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
     chunk_index: Mapped[int] = mapped_column(Integer)
     turn_seq: Mapped[int] = mapped_column(Integer)
@@ -292,7 +301,8 @@ class MemoryItem(Base):
     text: Mapped[str] = mapped_column(Text)
     # Words, plus CJK character bigrams, so 'simple' full-text search works for Chinese.
     search_terms: Mapped[Any] = mapped_column(TSVECTOR)
-    embedding: Mapped[Any] = mapped_column(Vector(EMBEDDING_DIM))
+    # None only on a forgotten item's tombstone.
+    embedding: Mapped[Any] = mapped_column(Vector(EMBEDDING_DIM), nullable=True)
     turn_created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     external_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB, nullable=True)
@@ -301,9 +311,22 @@ class MemoryItem(Base):
     indexed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     # Expired with its turn: invisible to search now, purged after the grace period.
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    source: Mapped[str] = mapped_column(String(16), default=MemoryItemSource.TURN, server_default="turn")
+    # The user corrected the text: the indexer never overwrites it (memory/memory_items.py).
+    edited_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # The user forgot it: a tombstone (deleted_at set, text emptied) the indexer never revives.
+    forgotten_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
         UniqueConstraint("turn_id", "chunk_index", name="uq_memory_turn_chunk"),
+        Index(
+            "ix_memory_owner_listed",
+            "tenant_id",
+            "user_id",
+            "turn_created_at",
+            "id",
+            postgresql_where=sql_text("deleted_at IS NULL"),
+        ),
         Index("ix_memory_owner", "tenant_id", "user_id"),
         Index("ix_memory_conversation", "conversation_id"),
         # sqlalchemy.text, not the `text` column above.

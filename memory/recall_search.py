@@ -323,11 +323,18 @@ async def rank_memories(
     if indexed:
         rows = await session.execute(
             LIVE_CONVERSATIONS,
-            {"ids": list({h.conversation_id for h in indexed}), "tenant_id": tenant_id, "user_id": user_id},
+            {
+                "ids": list({h.conversation_id for h in indexed if h.conversation_id is not None}),
+                "tenant_id": tenant_id,
+                "user_id": user_id,
+            },
         )
         titles = {row.id: row.title for row in rows}
+    # A fact the user stated outside any conversation has none (memory/memory_items.py).
     found = [
-        RecalledMemory(h, titles[h.conversation_id], True) for h in indexed if h.conversation_id in titles
+        RecalledMemory(h, titles.get(h.conversation_id) if h.conversation_id else None, True)
+        for h in indexed
+        if h.conversation_id is None or h.conversation_id in titles
     ]
     fresh_titles = {t.turn_id: t.conversation_title for t in unindexed}
     found += [

@@ -164,6 +164,8 @@ PURGE_MEMORY = text(
     f"""
     DELETE FROM memory_items WHERE id IN (
         SELECT id FROM memory_items WHERE deleted_at < {_OLDER_THAN_GRACE}
+          -- a forgotten item's tombstone stays while its turn does (memory/memory_items.py)
+          AND forgotten_at IS NULL
         LIMIT :limit FOR UPDATE SKIP LOCKED
     )
     """

@@ -177,7 +177,8 @@ class MemoryHit:
     """One remembered turn (its best chunk) and how it was found."""
 
     turn_id: uuid.UUID
-    conversation_id: uuid.UUID
+    # None for a fact the user stated outside any conversation.
+    conversation_id: uuid.UUID | None
     chunk_index: int
     role: str
     name: str | None

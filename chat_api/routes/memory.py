@@ -34,7 +34,7 @@ class MemorySearch(Strict):
 
 class MemoryItemOut(BaseModel):
     turn_id: uuid.UUID
-    conversation_id: uuid.UUID
+    conversation_id: uuid.UUID | None
     conversation_title: str | None
     chunk_index: int
     role: str

@@ -1,0 +1,128 @@
+"""The memory operations every client surface shares: the items API and the MCP tools.
+
+Each operation acts for one owner and commits its own transaction before it returns, so
+the next reply, on any replica, already sees the change (retrieval reads Postgres).
+
+Search goes through ``MemoryAccess.search`` only: it is the one place here that calls the
+chat's retrieval (``MemoryRecaller.search``, the function ``POST /v1/memory/search`` and
+the ``recall_memory`` tool use), so a new retrieval composition reaches the items list
+and the MCP ``search_memory`` tool by changing this one call.
+
+A stated fact or a correction is stored the way the indexer stores a turn's chunk:
+redacted when ``REDACT_PII`` is on, embedded and keyword-indexed as ``memory_text``
+(date in front), so it ranks like any other memory.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from chat_api.recall import MemoryRecaller
+from chat_api.services import Services
+from chat_api.text_checks import check_text
+from memory.conversations import Owner
+from memory.embeddings import Embedder
+from memory.keywords import memory_search_terms, memory_text
+from memory.memory_items import (
+    MAX_ITEM_CHARS,
+    Embedded,
+    StoredMemory,
+    correct_item,
+    forget_item,
+    get_item,
+    items_by_key,
+    remember_fact,
+)
+from memory.redaction import redact
+
+MAX_QUERY_CHARS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class FoundMemory:
+    """One search result: the stored item, or a finished turn the indexer has not reached yet."""
+
+    item: StoredMemory | None
+    text: str
+    score: float
+    role: str
+    created_at: datetime
+    conversation_id: uuid.UUID | None
+    conversation_title: str | None
+
+
+class MemoryAccess:
+    """Search, remember, correct and forget one owner's memory items."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.settings = services.settings
+
+    @property
+    def _embedder(self) -> Embedder:
+        embedder: Embedder = self.services.extras["embedder"]
+        return embedder
+
+    async def _embedded(self, text: str, *, name: str | None, created_at: datetime) -> Embedded:
+        body = redact(text) if self.settings.redact_pii else text
+        searched = memory_text(body, name=name, created_at=created_at)
+        [vector] = await self._embedder.embed([searched])
+        return Embedded(text=body, vector=list(vector), terms=memory_search_terms(searched))
+
+    async def search(
+        self, owner: Owner, query: str, *, k: int, conversation_id: uuid.UUID | None = None
+    ) -> list[FoundMemory]:
+        """The owner's ``k`` best memories for ``query``, as the chat's retrieval ranks them."""
+        check_text(query, field="query", max_chars=MAX_QUERY_CHARS)
+        recaller: MemoryRecaller = self.services.extras["memory_recaller"]
+        found = await recaller.search(owner, query, k=k, scope_conversation=conversation_id, rewrite=False)
+        async with self.services.db.session() as session:
+            stored = await items_by_key(
+                session, owner, [(m.hit.turn_id, m.hit.chunk_index) for m in found.memories if m.indexed]
+            )
+        results = []
+        for memory in found.memories:
+            item = stored.get((memory.hit.turn_id, memory.hit.chunk_index)) if memory.indexed else None
+            if memory.indexed and item is None:
+                continue  # forgotten or switched off between the search and this read
+            results.append(
+                FoundMemory(
+                    item=item,
+                    text=memory.hit.text,
+                    score=memory.hit.score,
+                    role=memory.hit.role,
+                    created_at=memory.hit.turn_created_at,
+                    conversation_id=memory.hit.conversation_id,
+                    conversation_title=memory.conversation_title,
+                )
+            )
+        return results
+
+    async def remember(
+        self, owner: Owner, text: str, *, conversation_id: uuid.UUID | None = None
+    ) -> StoredMemory:
+        """Store a fact the user states directly; recalled from the next reply on."""
+        check_text(text, field="text", max_chars=MAX_ITEM_CHARS)
+        now = datetime.now(UTC)
+        embedded = await self._embedded(text.strip(), name=None, created_at=now)
+        async with self.services.db.transaction() as session:
+            return await remember_fact(
+                session, owner, embedded, created_at=now, conversation_id=conversation_id
+            )
+
+    async def correct(self, owner: Owner, item_id: int, text: str) -> StoredMemory:
+        """Replace an item's text (re-embedded); its turn stays as it was said."""
+        check_text(text, field="text", max_chars=MAX_ITEM_CHARS)
+        async with self.services.db.session() as session:
+            item = await get_item(session, owner, item_id)
+        # Embedded with no connection held: the encoder may be busy with replies.
+        embedded = await self._embedded(text.strip(), name=item.name, created_at=item.created_at)
+        async with self.services.db.transaction() as session:
+            return await correct_item(session, owner, item_id, embedded)
+
+    async def forget(self, owner: Owner, item_id: int) -> None:
+        """Forget one item for good (NotFound unless it is the owner's and visible)."""
+        async with self.services.db.transaction() as session:
+            await forget_item(session, owner, item_id)
