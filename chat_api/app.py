@@ -18,6 +18,7 @@ from chat_api.auth import TokenVerifier
 from chat_api.checkpoint import Checkpointer
 from chat_api.errors import install_error_handlers
 from chat_api.limits import BodyLimit
+from chat_api.mcp_server import install_mcp
 from chat_api.observability import install_observability
 from chat_api.prompting import Prompter
 from chat_api.providers.base import ChatProvider
@@ -164,6 +165,7 @@ def create_app(
                 name="retention",
             ),
         ]
+        loops.append(asyncio.create_task(app.state.mcp.run(stop), name="mcp"))
         loops += [asyncio.create_task(worker(services, stop)) for worker in workers or []]
         try:
             with contextlib.suppress(TimeoutError):
@@ -214,4 +216,5 @@ def create_app(
     routers = (conversations, messages, turns, branches, memory_routes, memory_item_routes, imports, users)
     for module in routers:
         app.include_router(module.router, dependencies=limited)
+    app.state.mcp = install_mcp(app)
     return app

@@ -1,4 +1,4 @@
-"""The `chatmem` command: up, serve, token, db upgrade, import, users delete, relay, indexer."""
+"""The `chatmem` command: up, serve, token, db upgrade, import, mcp, users delete, relay, indexer."""
 
 from __future__ import annotations
 
@@ -261,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     importer = sub.add_parser("import", help="import a ChatGPT export or a JSON Lines file of turns")
     add_import_arguments(importer)
     importer.set_defaults(func=cmd_import)
+
+    from chat_api.mcp_stdio import add_mcp_arguments, run_mcp_command  # imports this module too
+
+    mcp = sub.add_parser("mcp", help="serve the memory tools to an MCP client over stdio")
+    add_mcp_arguments(mcp)
+    mcp.set_defaults(func=run_mcp_command)
 
     users = sub.add_parser("users", help="user accounts")
     users_sub = users.add_subparsers(dest="users_command", required=True)

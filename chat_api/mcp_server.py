@@ -1,0 +1,204 @@
+"""MCP: a person's chatmem memory as tools for other clients (Claude Desktop, IDE agents, LibreChat).
+
+Three tools, defined once on the official SDK's ``MCPServer`` over a ``MemoryTools``
+backend, so both transports expose exactly the same thing:
+
+- ``search_memory(query, k)``: the best remembered items, as the chat's retrieval ranks them;
+- ``remember(fact)``: store a fact the person states ("I'm vegetarian");
+- ``forget(item_id)``: forget one item (ids come from ``search_memory``).
+
+Transports:
+
+- streamable HTTP at ``/mcp`` inside the API process (``McpEndpoint``). It is
+  authenticated like the API: a request without a valid bearer token gets the API's 401
+  before the SDK sees it, and every tool call acts for the token's tenant and user (in
+  that tenant's row-level-security scope) through ``chat_api.memory_access``. Stateless,
+  so any replica answers any request, and JSON responses (each call is one short answer).
+- stdio: ``chatmem mcp`` (``chat_api/mcp_stdio.py``), which talks to a running chatmem
+  over the same HTTP API.
+
+A domain failure (unknown item, empty fact) is a tool error the model can read
+(``is_error``), not a protocol error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from fastapi import FastAPI
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from chat_api.auth import AuthError
+from chat_api.errors import error_body
+from chat_api.memory_access import MemoryAccess
+from chat_api.routes.memory_items import MemoryItemRecord
+from chat_api.services import Services
+from memory.conversations import Owner
+from memory.errors import DomainError
+from memory.tenancy import tenant_scope
+
+T = TypeVar("T")
+
+MCP_PATH = "/mcp"
+DEFAULT_K = 8
+MAX_K = 50
+
+INSTRUCTIONS = (
+    "The user's long-term memory from chatmem: what they said in past conversations and facts they "
+    "asked to be remembered. search_memory before answering questions about the user; remember "
+    "only what the user states about themselves; forget takes an id from search_memory."
+)
+
+
+class MemoryTools(Protocol):
+    """What the MCP tools need: one person's memory, as the items API shows it (JSON objects)."""
+
+    async def search(self, query: str, k: int) -> list[dict[str, Any]]: ...
+
+    async def remember(self, fact: str) -> dict[str, Any]: ...
+
+    async def forget(self, item_id: int) -> None: ...
+
+
+def _quiet_server(name: str, instructions: str) -> MCPServer:
+    # MCPServer() calls logging.basicConfig(), which would install its own root handler and
+    # level in a process that has none yet (tests, `chatmem mcp`): a handler here makes it a no-op.
+    root = logging.getLogger()
+    guard = logging.NullHandler()
+    root.addHandler(guard)
+    try:
+        return MCPServer(name, instructions=instructions, version="0.1.0")
+    finally:
+        root.removeHandler(guard)
+
+
+def memory_mcp_server(backend: Callable[[Context], Awaitable[MemoryTools]]) -> MCPServer:
+    """The MCP server with chatmem's memory tools; ``backend`` gives the caller's memory per call."""
+    server = _quiet_server("chatmem", INSTRUCTIONS)
+
+    @server.tool()
+    async def search_memory(query: str, ctx: Context, k: int = DEFAULT_K) -> dict[str, Any]:
+        """Search the user's long-term memory; returns the best items (id, text, date, score), best first."""
+        if not 1 <= k <= MAX_K:
+            raise ToolError(f"k must be between 1 and {MAX_K}")
+        memory = await backend(ctx)
+        return {"query": query, "items": await _tool_call(memory.search(query, k))}
+
+    @server.tool()
+    async def remember(fact: str, ctx: Context) -> dict[str, Any]:
+        """Remember a fact the user states about themselves (e.g. "I'm vegetarian"); returns the new item."""
+        memory = await backend(ctx)
+        return await _tool_call(memory.remember(fact))
+
+    @server.tool()
+    async def forget(item_id: int, ctx: Context) -> dict[str, Any]:
+        """Forget one memory item for good (its id comes from search_memory)."""
+        memory = await backend(ctx)
+        await _tool_call(memory.forget(item_id))
+        return {"forgotten": item_id}
+
+    return server
+
+
+async def _tool_call(call: Awaitable[T]) -> T:
+    """The call's result; a domain error becomes a tool error with the same message."""
+    try:
+        return await call
+    except DomainError as exc:
+        raise ToolError(f"{exc.code}: {exc.message}") from exc
+
+
+class LocalMemory:
+    """One owner's memory in this process (the HTTP transport), in their tenant's scope."""
+
+    def __init__(self, services: Services, owner: Owner) -> None:
+        self.access = MemoryAccess(services)
+        self.owner = owner
+
+    async def search(self, query: str, k: int) -> list[dict[str, Any]]:
+        with tenant_scope(self.owner.tenant_id):
+            found = await self.access.search(self.owner, query, k=k)
+        return [
+            MemoryItemRecord.of(f.item, round(f.score, 4)).model_dump(mode="json")
+            for f in found
+            if f.item is not None
+        ]
+
+    async def remember(self, fact: str) -> dict[str, Any]:
+        with tenant_scope(self.owner.tenant_id):
+            item = await self.access.remember(self.owner, fact)
+        return MemoryItemRecord.of(item).model_dump(mode="json")
+
+    async def forget(self, item_id: int) -> None:
+        with tenant_scope(self.owner.tenant_id):
+            await self.access.forget(self.owner, item_id)
+
+
+def _owner(services: Services, headers: Headers | Any) -> Owner:
+    """The owner named by the request's bearer token, or AuthError (as chat_api.deps does)."""
+    scheme, _, token = str(headers.get("authorization", "") if headers else "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError("missing bearer token")
+    return services.verifier.verify(token.strip())
+
+
+class McpEndpoint:
+    """The ASGI app at ``/mcp``: the API's 401 without a valid token, else the SDK's streamable HTTP."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.server = memory_mcp_server(self._memory_of)
+        # Builds the session manager. No DNS-rebinding host check: a browser never sends our
+        # bearer token by itself, and the API behind a proxy is reached under any host name.
+        self.server.streamable_http_app(
+            stateless_http=True,
+            json_response=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        self._asgi = StreamableHTTPASGIApp(self.server.session_manager)
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.app.state.services
+        return services
+
+    async def _memory_of(self, ctx: Context) -> MemoryTools:
+        # Checked again per call: the SDK runs tools in its own tasks, not the request's.
+        try:
+            owner = _owner(self.services, ctx.headers)
+        except AuthError as exc:
+            raise ToolError(f"unauthorized: {exc}") from exc
+        return LocalMemory(self.services, owner)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve MCP requests until ``stop`` is set (a lifespan task of the API process)."""
+        async with self.server.session_manager.run():
+            await stop.wait()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                _owner(self.services, Headers(scope=scope))
+            except AuthError as exc:
+                body = error_body("unauthorized", str(exc))
+                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self._asgi(scope, receive, send)
+
+
+def install_mcp(app: FastAPI) -> McpEndpoint:
+    """Mount the MCP endpoint at /mcp; the caller runs ``endpoint.run(stop)`` in the lifespan."""
+    endpoint = McpEndpoint(app)
+    app.router.routes.append(Route(MCP_PATH, endpoint, methods=["GET", "POST", "DELETE"]))
+    return endpoint

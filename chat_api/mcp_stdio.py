@@ -1,0 +1,114 @@
+"""`chatmem mcp`: chatmem's memory tools over stdio, for MCP clients that launch a command.
+
+It serves the same tools as ``/mcp`` (``chat_api/mcp_server.py``) and acts through a
+running chatmem's HTTP API (``--url``), as ``chatmem import`` does: the tools then take
+exactly the path the API guarantees (validation, tenant and user scope, the same search),
+and it works against a remote deployment without database credentials.
+
+Identity: ``--token`` takes any token; otherwise one is minted from the installation's
+secret (``JWT_SECRET``, or the ``chatmem up`` data directory) for ``--tenant``/``--user``,
+fresh for every request, so a client that keeps this process for days never holds an
+expired token. Standard output carries only the protocol; logs go to standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+
+from chat_api.cli import DEFAULT_TENANT, DEFAULT_USER, CommandError, _settings
+from chat_api.mcp_server import MemoryTools, memory_mcp_server
+
+# Minted tokens live this long: each request gets a new one.
+MINTED_TOKEN_SECONDS = 300
+
+
+class ApiMemory:
+    """One person's memory through a chatmem's HTTP API (the items routes)."""
+
+    def __init__(self, client: httpx.AsyncClient, token: Callable[[], str]) -> None:
+        self.client = client
+        self.token = token
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        headers = {"Authorization": f"Bearer {self.token()}"}
+        try:
+            response = await self.client.request(method, path, headers=headers, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ToolError(f"chatmem is not reachable at {self.client.base_url}: {exc}") from exc
+        if response.status_code >= 400:
+            try:
+                error = response.json()["error"]
+                message = f"{error['code']}: {error['message']}"
+            except (ValueError, KeyError, TypeError):
+                message = f"HTTP {response.status_code}"
+            raise ToolError(message)
+        return response.json() if response.content else None
+
+    async def search(self, query: str, k: int) -> list[dict[str, Any]]:
+        page = await self._call("GET", "/v1/memory/items", params={"q": query, "limit": k})
+        return list(page["items"])
+
+    async def remember(self, fact: str) -> dict[str, Any]:
+        item: dict[str, Any] = await self._call("POST", "/v1/memory/items", json={"text": fact})
+        return item
+
+    async def forget(self, item_id: int) -> None:
+        await self._call("DELETE", f"/v1/memory/items/{item_id}")
+
+
+def token_source(args: argparse.Namespace) -> Callable[[], str]:
+    """A function giving the bearer token for each request; CommandError when there is none to be had."""
+    if args.token:
+        try:
+            jwt.decode(args.token, options={"verify_signature": False})
+        except jwt.PyJWTError as exc:
+            raise CommandError(f"--token is not a JWT: {exc}") from None
+        token = str(args.token)
+        return lambda: token
+    from chat_api.auth import issue_token, load_or_create_secret
+
+    settings = _settings(data_dir=args.data_dir)
+    if settings.jwt_secret is not None:
+        secret = settings.jwt_secret.get_secret_value()
+    else:
+        data_dir = settings.data_dir.expanduser()
+        if not (data_dir / "jwt_secret").exists():
+            raise CommandError(f"no installation in {data_dir}: pass --token, or --data-dir of `chatmem up`")
+        secret = load_or_create_secret(data_dir)
+    tenant, user = args.tenant or DEFAULT_TENANT, args.user or DEFAULT_USER
+    return lambda: issue_token(secret, tenant, user, ttl_seconds=MINTED_TOKEN_SECONDS)
+
+
+async def serve_stdio(url: str, token: Callable[[], str]) -> None:
+    """Serve the memory tools on stdin/stdout until the client closes them."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        memory = ApiMemory(client, token)
+
+        async def backend(_: Context) -> MemoryTools:
+            return memory
+
+        await memory_mcp_server(backend).run_stdio_async()
+
+
+def run_mcp_command(args: argparse.Namespace) -> None:
+    """The `chatmem mcp` command."""
+    url = (args.url or f"http://localhost:{_settings().port}").rstrip("/")
+    asyncio.run(serve_stdio(url, token_source(args)))
+
+
+def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `chatmem mcp` (for chat_api.cli.build_parser)."""
+    parser.add_argument("--url", help="a running chatmem (default http://localhost:PORT)")
+    parser.add_argument("--token", help="bearer token (otherwise minted from the installation's secret)")
+    parser.add_argument("--data-dir", type=Path, help="the `chatmem up` installation to mint a token for")
+    parser.add_argument("--tenant", help=f"tenant of a minted token (default {DEFAULT_TENANT!r})")
+    parser.add_argument("--user", help=f"user of a minted token (default {DEFAULT_USER!r})")

@@ -1,0 +1,136 @@
+"""The MCP memory tools through the official SDK's own client: streamable HTTP and `chatmem mcp` (stdio).
+
+A live server, the real Postgres; the stdio server is the real `chatmem mcp` command in a
+subprocess, talking to that server over HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import httpx2
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.conftest import LiveServer, token_for
+from tests.test_memory_recall import new_conversation, retrieved, say
+
+STATED = "I'm vegetarian and I keep bees on the roof."
+
+
+@asynccontextmanager
+async def http_client(server: LiveServer, tenant: str = "t1", user: str = "u1") -> AsyncIterator[Client]:
+    """The SDK's client over streamable HTTP, with the user's bearer token."""
+    headers = {"Authorization": f"Bearer {token_for(tenant, user)}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        async with Client(streamable_http_client(f"{server.base_url}/mcp", http_client=http)) as client:
+            yield client
+
+
+@asynccontextmanager
+async def stdio_client(server: LiveServer, *extra: str) -> AsyncIterator[Client]:
+    """The SDK's client launching `chatmem mcp` as a subprocess (this worktree's code)."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "chat_api.cli", "mcp", "--url", server.base_url, *extra],
+        env={k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "HF_HUB_OFFLINE", "JWT_SECRET")},
+        cwd=os.getcwd(),
+    )
+    async with Client(params, read_timeout_seconds=60) as client:
+        yield client
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+async def error_of(client: Client, tool: str, **arguments: Any) -> str:
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, result
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+async def exercise(client: Client, server: LiveServer) -> None:
+    """remember → search_memory finds it → the chat recalls it → forget → gone everywhere."""
+    tools = await client.list_tools()
+    assert {t.name for t in tools.tools} == {"search_memory", "remember", "forget"}
+    item = await call(client, "remember", fact=STATED)
+    assert item["text"] == STATED and item["source"] == "stated" and item["id"]
+    found = await call(client, "search_memory", query="vegetarian bees", k=3)
+    assert found["items"][0]["id"] == item["id"] and found["items"][0]["score"] > 0
+    async with server.client() as api:
+        events = await say(api, await new_conversation(api), "Am I vegetarian? Bees?")
+        assert STATED in [i["text"] for i in retrieved(events)["items"]]
+    assert await call(client, "forget", item_id=item["id"]) == {"forgotten": item["id"]}
+    assert (await call(client, "search_memory", query="vegetarian bees"))["items"] == []
+    assert "not_found" in await error_of(client, "forget", item_id=item["id"])
+    assert "invalid_input" in await error_of(client, "remember", fact="   ")
+    assert "k must be" in await error_of(client, "search_memory", query="bees", k=0)
+    async with server.client() as api:
+        assert (await api.get("/v1/memory/items")).json()["items"] == []
+
+
+async def test_tools_over_streamable_http(server: LiveServer) -> None:
+    async with http_client(server) as client:
+        await exercise(client, server)
+
+
+async def test_tools_over_stdio(server: LiveServer) -> None:
+    async with stdio_client(server, "--token", token_for("t1", "u1")) as client:
+        await exercise(client, server)
+
+
+async def test_stdio_mints_its_token_from_the_installation_secret(server: LiveServer) -> None:
+    os.environ["JWT_SECRET"] = server.services.settings.jwt_secret.get_secret_value()
+    try:
+        async with stdio_client(server, "--tenant", "t1", "--user", "u7") as client:
+            item = await call(client, "remember", fact=STATED)
+    finally:
+        del os.environ["JWT_SECRET"]
+    async with server.client("t1", "u7") as api:
+        assert (await api.get(f"/v1/memory/items/{item['id']}")).json()["text"] == STATED
+
+
+async def test_http_endpoint_is_authenticated_like_the_api(server: LiveServer) -> None:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    accept = {"Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(base_url=server.base_url) as anonymous:
+        missing = await anonymous.post("/mcp", json=initialize, headers=accept)
+        forged = await anonymous.post(
+            "/mcp", json=initialize, headers={**accept, "Authorization": "Bearer not-a-token"}
+        )
+    for response in (missing, forged):
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "unauthorized"
+        assert response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_each_user_sees_and_forgets_only_their_own_memory(server: LiveServer) -> None:
+    async with http_client(server, "t2", "u1") as other_tenant:
+        theirs = await call(other_tenant, "remember", fact=STATED)
+    async with http_client(server, "t1", "u2") as other_user:
+        neighbours = await call(other_user, "remember", fact=STATED)
+    async with http_client(server) as client:
+        assert (await call(client, "search_memory", query="vegetarian bees"))["items"] == []
+        for item in (theirs, neighbours):
+            assert "not_found" in await error_of(client, "forget", item_id=item["id"])
+    async with server.client("t2", "u1") as api:
+        assert (await api.get(f"/v1/memory/items/{theirs['id']}")).status_code == 200
