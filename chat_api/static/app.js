@@ -22,6 +22,7 @@ import { ApiError, NetworkError } from "./api.js";
 import { busyNote, refusedAsBusy, showComposerState } from "./composer.js";
 import { api, askForToken, clearBanner, describe, showBanner, waitToRetry, withAuth } from "./connection.js";
 import { enableBranchActions } from "./branches.js";
+import { MemoryView, RememberChatSwitch } from "./memory_view.js";
 import { ReplyView } from "./reply_view.js";
 import { Sidebar } from "./sidebar.js";
 import { TitleBar } from "./title.js";
@@ -66,6 +67,8 @@ function say(message) {
 
 const sidebar = new Sidebar(api, { onOpen: (id) => openConversation(id) });
 const titleBar = new TitleBar({ current: () => current, onSaved: () => sidebar.refresh() });
+const rememberChat = new RememberChatSwitch();
+new MemoryView();
 const versions = new Versions({
   messages: ui.messages,
   input: ui.input,
@@ -92,6 +95,7 @@ async function openConversation(id, focus) {
     if (current !== state) return;
     state.conversation = conversation;
     titleBar.show(conversation.title);
+    rememberChat.show(state);
     renderHistory(state, turns.items, conversation.active_reply_id);
     versions.show(state, turns.items, branches);
     clearBanner();
