@@ -1,7 +1,7 @@
 """Memory items a user controls: corrected, forgotten one by one, or stated directly
 
-Revision ID: 0012
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-11-23 10:00:00.000000
 
 ``memory_items`` gets:
@@ -23,8 +23,8 @@ table is already under the tenant policy (migration 0003): new columns need noth
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
