@@ -13,25 +13,25 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from chat_api.approvals import ApprovalTimeouts
 from chat_api.auth import TokenVerifier
-from chat_api.checkpoint import Checkpointer
 from chat_api.errors import install_error_handlers
 from chat_api.limits import BodyLimit
 from chat_api.mcp_server import install_mcp
 from chat_api.observability import install_observability
-from chat_api.prompting import Prompter
 from chat_api.providers.base import ChatProvider
 from chat_api.ratelimit import enforce_request_rate, install_rate_limits
-from chat_api.reaper import Reaper
 from chat_api.recall import build_recall
-from chat_api.replies import ReplyRegistry
+from chat_api.replies.approve import ApprovalTimeouts
+from chat_api.replies.checkpoint import Checkpointer
+from chat_api.replies.prompt import Prompter
+from chat_api.replies.reaper import Reaper
+from chat_api.replies.registry import ReplyRegistry
+from chat_api.replies.run import ReplyRunner
+from chat_api.replies.signals import Signals
 from chat_api.routes import branches, conversations, health, imports, messages, page, turns, users
 from chat_api.routes import memory as memory_routes
 from chat_api.routes import memory_items as memory_item_routes
-from chat_api.runner import ReplyRunner
 from chat_api.services import Services, process_id
-from chat_api.signals import Signals
 from chat_api.tools import ToolRegistry, configured_registry
 from memory.config import Settings
 from memory.db import Database

@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import text
 
 from chat_api.metrics import observe_recall, observe_retrieval, observe_rewrite
-from chat_api.prompting import MemoryRecall
-from chat_api.replies import Reply
+from chat_api.replies.prompt import MemoryRecall
+from chat_api.replies.reply import Reply
 from chat_api.services import Services
 from chat_api.tools import ToolContext
 from indexer.filters import is_low_information

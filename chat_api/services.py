@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chat_api.auth import TokenVerifier
-from chat_api.checkpoint import Checkpointer
-from chat_api.prompting import Prompter
 from chat_api.providers.base import ChatProvider
-from chat_api.reaper import Reaper
-from chat_api.replies import ReplyRegistry
-from chat_api.runner import ReplyRunner
-from chat_api.signals import Signals
+from chat_api.replies.checkpoint import Checkpointer
+from chat_api.replies.prompt import Prompter
+from chat_api.replies.reaper import Reaper
+from chat_api.replies.registry import ReplyRegistry
+from chat_api.replies.run import ReplyRunner
+from chat_api.replies.signals import Signals
 from chat_api.tools import ToolRegistry
 from memory.config import Settings
 from memory.db import Database

@@ -16,9 +16,9 @@ model sent is kept as `received_arguments`.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.conversations import Owner
 from memory.errors import NotAwaitingApproval, NotFound
 from memory.models import Conversation, ToolCallState, Turn, TurnStatus
+from memory.tool_calls import Approval, ToolCall, tool_calls_of
 
 APPROVED = "approved"
 REJECTED = "rejected"
@@ -53,17 +54,17 @@ class Decision:
     reason: str | None = None  # rejections only
 
 
-def waiting_calls(tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def waiting_calls(tool_calls: Sequence[ToolCall]) -> list[ToolCall]:
     """The calls of a turn that still wait for a decision."""
     return [call for call in tool_calls if call.get("state") == ToolCallState.AWAITING_APPROVAL]
 
 
-def earliest_expiry(tool_calls: list[dict[str, Any]]) -> datetime | None:
+def earliest_expiry(tool_calls: Sequence[ToolCall]) -> datetime | None:
     """When the first waiting call with a timeout runs out (None: no timeout)."""
     times = [
-        datetime.fromisoformat(call["approval"]["expires_at"])
+        datetime.fromisoformat(expires)
         for call in waiting_calls(tool_calls)
-        if (call.get("approval") or {}).get("expires_at")
+        if (expires := call.get("approval", {}).get("expires_at"))
     ]
     return min(times) if times else None
 
@@ -117,9 +118,9 @@ async def lock_turn(session: AsyncSession, owner: Owner, turn_id: uuid.UUID) -> 
     return turn
 
 
-def decide_call(turn: Turn, call_id: str, decision: Decision, now: datetime | None = None) -> dict[str, Any]:
+def decide_call(turn: Turn, call_id: str, decision: Decision, now: datetime | None = None) -> ToolCall:
     """Record the decision on a locked, parked turn; returns the decided call."""
-    calls = [dict(call) for call in turn.tool_calls or []]
+    calls = tool_calls_of(turn.tool_calls)
     call = next((c for c in calls if c.get("id") == call_id), None)
     if call is None:
         raise NotFound("tool call not found in this turn", turn_id=str(turn.id), call_id=call_id)
@@ -131,23 +132,21 @@ def decide_call(turn: Turn, call_id: str, decision: Decision, now: datetime | No
             turn_status=turn.status,
             call_state=call.get("state"),
         )
-    approval = dict(call.get("approval") or {})
-    approval.update(
-        decision=APPROVED if decision.approved else REJECTED,
-        by=decision.by,
-        decided_at=(now or datetime.now(UTC)).isoformat(),
-    )
+    approval = Approval(**call.get("approval", Approval()))
+    approval["decision"] = APPROVED if decision.approved else REJECTED
+    approval["by"] = decision.by
+    approval["decided_at"] = (now or datetime.now(UTC)).isoformat()
     if decision.approved:
         call["state"] = ToolCallState.READY
         if decision.arguments is not None and decision.arguments != call.get("arguments"):
-            call["received_arguments"] = call.get("arguments")
+            call["received_arguments"] = call.get("arguments", "")
             call["arguments"] = decision.arguments
             approval["arguments_edited"] = True
     else:
         call["state"] = ToolCallState.REJECTED
         approval["reason"] = decision.reason or ""
     call["approval"] = approval
-    turn.tool_calls = calls
+    turn.tool_calls = [dict(c) for c in calls]
     turn.approval_expires_at = earliest_expiry(calls)
     turn.updated_at = func.now()
     return call
@@ -187,29 +186,7 @@ def expired_call_ids(turn: Turn, now: datetime) -> list[str]:
     """The waiting calls of a turn whose timeout has passed."""
     return [
         call["id"]
-        for call in waiting_calls(turn.tool_calls or [])
+        for call in waiting_calls(tool_calls_of(turn.tool_calls))
         if (expires := (call.get("approval") or {}).get("expires_at"))
         and datetime.fromisoformat(expires) <= now
     ]
-
-
-async def parked_turn_of_reply(session: AsyncSession, reply_id: uuid.UUID) -> Turn | None:
-    """The reply's turn that waits for approval, locked; None if it is not parked."""
-    return (
-        await session.execute(
-            select(Turn)
-            .where(Turn.reply_id == reply_id, Turn.status == TurnStatus.AWAITING_APPROVAL)
-            .with_for_update()
-        )
-    ).scalar_one_or_none()
-
-
-def cancel_waiting_calls(turn: Turn) -> None:
-    """Stop ended a parked turn: its undecided calls never ran."""
-    calls = [dict(call) for call in turn.tool_calls or []]
-    for call in calls:
-        if call.get("state") in (ToolCallState.AWAITING_APPROVAL, ToolCallState.READY):
-            call["state"] = ToolCallState.CANCELLED
-            call["side_effect_may_have_happened"] = False
-    turn.tool_calls = calls
-    turn.approval_expires_at = None

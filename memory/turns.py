@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.conversations import Owner, allocate_seq
 from memory.errors import NotFound
 from memory.models import Conversation, Turn, TurnEventChunk, TurnStatus
-
-Event = tuple[int, str, dict[str, Any]]
+from memory.reply_state import Event
+from memory.tool_calls import ToolCall
 
 
 def _visible(owner: Owner):  # type: ignore[no-untyped-def]
@@ -230,14 +230,18 @@ async def finish_turn(
     *,
     status: str,
     content: str,
-    tool_calls: list[dict[str, Any]],
+    tool_calls: Sequence[ToolCall],
     last_event_id: int,
+    from_status: str = TurnStatus.STREAMING,
     **fields: Any,
 ) -> Turn | None:
-    """Move a streaming turn to its terminal status; None if it was no longer streaming."""
+    """Move a turn from `from_status` to `status`; None if it was no longer in `from_status`.
+
+    The turn as stored after the write is returned (also when this session already held it).
+    """
     result = await session.execute(
         update(Turn)
-        .where(Turn.id == turn_id, Turn.status == TurnStatus.STREAMING)
+        .where(Turn.id == turn_id, Turn.status == from_status)
         .values(
             status=status,
             content=content,
@@ -248,7 +252,7 @@ async def finish_turn(
             **fields,
         )
         .returning(Turn)
-        .execution_options(synchronize_session=False)
+        .execution_options(synchronize_session=False, populate_existing=True)
     )
     return result.scalar_one_or_none()
 
@@ -305,5 +309,5 @@ async def load_events(session: AsyncSession, reply_id: uuid.UUID, after: int) ->
     )
     out: list[Event] = []
     for chunk in rows.scalars():
-        out.extend((int(e[0]), str(e[1]), e[2]) for e in chunk if int(e[0]) > after)
+        out.extend(Event(int(e[0]), str(e[1]), e[2]) for e in chunk if int(e[0]) > after)
     return out

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from chat_api.app import create_app
-from chat_api.approvals import ApprovalTimeouts
+from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.tools import Tool, ToolConfigError, ToolRegistry, configured_registry, default_registry
 from memory.db import Database
 from memory.models import ToolInvocation, Turn

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any
 
-from chat_api.streaming import sse_frame, sse_stream
+from chat_api.replies import sse_frame, sse_stream
 from tests.conftest import LiveServer
 from tests.sse import SSEEvent, iter_sse, parse_sse
 

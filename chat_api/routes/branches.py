@@ -13,9 +13,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header
 from sse_starlette import EventSourceResponse
 
-from chat_api.control import edit_message, regenerate_reply
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.ratelimit import RateLimitsDep
+from chat_api.replies import edit_message, regenerate_reply
 from chat_api.routes.messages import reply_response
 from chat_api.schemas import (
     BranchList,

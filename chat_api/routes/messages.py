@@ -9,12 +9,11 @@ from typing import Annotated
 from fastapi import APIRouter, Header
 from sse_starlette import EventSourceResponse
 
-from chat_api.control import Accepted, accept_message, wait_reply_done
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.ratelimit import RateLimits, RateLimitsDep, held_while_streaming
+from chat_api.replies import Accepted, accept_message, sse_stream, wait_reply_done
 from chat_api.schemas import MessageCreate, ReplyOptions, ReplyOut, TurnOut
 from chat_api.services import Services
-from chat_api.streaming import sse_stream
 from chat_api.text_checks import check_text
 from memory.conversations import Owner
 from memory.turns import get_turn, reply_turns

@@ -10,13 +10,11 @@ from fastapi import APIRouter, Body, Header, Path, Query
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
-from chat_api.approvals import decide
-from chat_api.control import stop_reply, wait_reply_done
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.ratelimit import RateLimitsDep, held_while_streaming
+from chat_api.replies import decide, sse_stream, stop_reply, wait_reply_done
 from chat_api.routes.messages import SSE_HEADERS
 from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
-from chat_api.streaming import sse_stream
 from memory.approvals import Decision
 from memory.conversations import Owner
 from memory.errors import InvalidInput

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from chat_api.control import stop_reply
 from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.replies import stop_reply
 from chat_api.schemas import ErrorOut
 from memory.erasure import active_replies, delete_user, delete_user_dead_letters
 from memory.tenancy import unscoped

@@ -10,7 +10,7 @@ the one terminal status in one place:
                                      stream, cancelling a running tool) → interrupted_by_user;
 - the generation parked the turn   → awaiting_approval: a tool that needs a person was
                                      called; nothing ran, the stream ends, and the reply is
-                                     resumed later by `chat_api/approvals.py` (any process).
+                                     resumed later by `chat_api/replies/approve.py` (any process).
 
 Only then is the terminal state written, with a conditional UPDATE (`WHERE status =
 'streaming'`) so that the reaper and this runner can never both end a turn. The
@@ -25,17 +25,18 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from chat_api.checkpoint import Checkpointer, give_back, take_unpersisted
 from chat_api.metrics import observe_first_token, observe_reply_end
 from chat_api.observability import log_context
 from chat_api.providers.base import ChatProvider, ProviderError, StreamEnd, TextDelta, ToolCallDelta
-from chat_api.replies import Reply, ReplyRegistry
+from chat_api.replies.checkpoint import Checkpointer, give_back, take_unpersisted
+from chat_api.replies.prompt import Prompter
+from chat_api.replies.registry import ReplyRegistry
+from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.tools import (
     ToolContext,
     ToolRegistry,
@@ -49,19 +50,12 @@ from memory.conversations import get_conversation
 from memory.db import Database
 from memory.models import ToolCallState, TurnStatus
 from memory.outbox import record_finished_turn
-from memory.turns import add_turn, append_events, finish_turn, release_conversation
+from memory.reply_endings import Ending, LiveState, end_reply
+from memory.reply_state import TERMINAL_EVENT, Event, notify_done
+from memory.tool_calls import ToolCall
+from memory.turns import add_turn, append_events, finish_turn
 
 log = logging.getLogger(__name__)
-
-NOTIFY_DONE = text("SELECT pg_notify('chatmem_turn_done', :reply_id)")
-
-TERMINAL_EVENT = {
-    TurnStatus.COMPLETED: "turn.completed",
-    TurnStatus.INTERRUPTED_BY_USER: "turn.interrupted",
-    TurnStatus.INTERRUPTED_BY_ERROR: "turn.interrupted",
-    TurnStatus.FAILED: "turn.failed",
-    TurnStatus.AWAITING_APPROVAL: "turn.awaiting_approval",
-}
 
 # What a generation returns: it ran to the end, or it parked the turn for a person.
 FINISHED = "finished"
@@ -69,14 +63,6 @@ PARKED = "parked"
 
 # Stop reasons that count as the user's decision; any other (shutdown) is an error ending.
 USER_REASONS = frozenset({"user", "new_message", "client_disconnected"})
-
-
-@dataclass(frozen=True)
-class ReplyRequest:
-    """What the user asked for, as the runner needs it."""
-
-    user_text: str
-    memory_scope: str = "user"
 
 
 class ReplyRunner:
@@ -89,7 +75,7 @@ class ReplyRunner:
         settings: Settings,
         provider: ChatProvider,
         tools: ToolRegistry,
-        prompter: Any,
+        prompter: Prompter,
         checkpointer: Checkpointer,
         registry: ReplyRegistry,
         services: dict[str, Any] | None = None,
@@ -141,7 +127,7 @@ class ReplyRunner:
             if not generation.done():
                 generation.cancel()
             await asyncio.wait({generation})
-        error: dict[str, Any] | None = None
+        error: dict[str, str] | None = None
         if generation.cancelled():
             if reply.stop_reason in USER_REASONS:
                 status = TurnStatus.INTERRUPTED_BY_USER
@@ -254,7 +240,7 @@ class ReplyRunner:
                 tool_calls=reply.tool_calls,
                 last_event_id=len(reply.events),
                 usage=reply.usage or None,
-                prompt_version=getattr(self.prompter, "version", None),
+                prompt_version=self.prompter.version,
             )
             if turn is None:
                 raise RuntimeError("turn was ended by someone else")
@@ -305,7 +291,7 @@ class ReplyRunner:
                 },
             )
 
-    async def _run_one(self, reply: Reply, call: dict[str, Any]) -> tuple[Any, str]:
+    async def _run_one(self, reply: Reply, call: ToolCall) -> tuple[Any, str]:
         approval = call.get("approval") or {}
         if call["state"] == ToolCallState.REJECTED:
             timed_out = approval.get("by") == "timeout"
@@ -364,87 +350,75 @@ class ReplyRunner:
 
     # --- the ending -----------------------------------------------------------------
 
-    async def _finalize(self, reply: Reply, status: str, error: dict[str, Any] | None) -> None:
-        """Store the terminal status, content and events in one transaction, then tell followers."""
-        tool_calls = [dict(call) for call in reply.tool_calls]
-        if status not in (TurnStatus.COMPLETED, TurnStatus.AWAITING_APPROVAL):
-            for call in tool_calls:
-                if call["state"] in (ToolCallState.READY, ToolCallState.RUNNING):
-                    call["state"] = ToolCallState.CANCELLED
-        reason = reply.stop_reason if status == TurnStatus.INTERRUPTED_BY_USER else None
-        terminal_id = reply.next_event_id()
-        data: dict[str, Any] = {"reply_id": str(reply.id), "turn_id": str(reply.turn_id), "status": status}
-        if status == TurnStatus.AWAITING_APPROVAL:
-            data["call_ids"] = [c["id"] for c in tool_calls if c["state"] == ToolCallState.AWAITING_APPROVAL]
-        if reply.usage:
-            data["usage"] = reply.usage
-        if reason:
-            data["reason"] = reason
-        if error:
-            data["error"] = error
-        terminal = (terminal_id, TERMINAL_EVENT[status], data)
+    async def _finalize(self, reply: Reply, status: str, error: dict[str, str] | None) -> None:
+        """Store the ending (or the parking) with every event not stored yet, then tell followers."""
         claimed = take_unpersisted(reply)
-        pending = reply.events[claimed["_range"][0] :] if claimed else []
+        unsaved = reply.events[claimed["_range"][0] :] if claimed else []
         try:
             async with self.db.transaction() as session:
-                turn = None
                 if status == TurnStatus.AWAITING_APPROVAL:
-                    ended = await self._park(session, reply, tool_calls, terminal_id)
+                    terminal = await self._park(session, reply, unsaved)
                 else:
-                    turn = await finish_turn(
-                        session,
-                        reply.turn_id,
-                        status=status,
+                    reason = reply.stop_reason if status == TurnStatus.INTERRUPTED_BY_USER else None
+                    live = LiveState(
                         content=reply.content,
-                        tool_calls=tool_calls,
-                        last_event_id=terminal_id,
-                        usage=reply.usage or None,
-                        error=error,
-                        interrupt_reason=reason,
-                        prompt_version=getattr(self.prompter, "version", None),
+                        tool_calls=reply.tool_calls,
+                        last_event_id=len(reply.events),
+                        unsaved_events=unsaved,
+                        usage=reply.usage,
+                        prompt_version=self.prompter.version,
                     )
-                    ended = turn is not None
-                if ended:
-                    if turn is not None and status != TurnStatus.FAILED:
-                        await record_finished_turn(session, turn)
-                    await append_events(session, reply.id, reply.owner, [*pending, terminal])
-                    if status != TurnStatus.AWAITING_APPROVAL:
-                        # A parked reply keeps the conversation: nothing goes in behind it.
-                        await release_conversation(session, reply.conversation_id, reply.id)
-                    await session.execute(NOTIFY_DONE, {"reply_id": str(reply.id)})
+                    terminal = await end_reply(
+                        session, reply.turn_id, Ending(status, reason, error), live=live
+                    )
         except BaseException:
             if claimed:
                 give_back(reply, claimed)
             raise
-        if not ended:
+        if terminal is None:
             # The reaper (or a stop from a process that found us dead) ended it first; theirs stands.
             log.warning("reply %s was already ended elsewhere", reply.id)
             status = TurnStatus.INTERRUPTED_BY_ERROR
         else:
-            event = reply.publish(terminal[1], terminal[2])
-            assert event[0] == terminal_id
+            event = reply.publish(terminal.name, terminal.data)
+            assert event.id == terminal.id
         reply.persisted = len(reply.events)
         self.registry.remove(reply.id)
         reply.finish({"status": status, "turn_id": str(reply.turn_id), "reply_id": str(reply.id)})
         observe_reply_end(status, time.monotonic() - reply.started_at, reply.usage)
 
-    async def _park(
-        self, session: Any, reply: Reply, tool_calls: list[dict[str, Any]], terminal_id: int
-    ) -> bool:
-        """Store the parked turn with what the resume needs; False if it was ended elsewhere."""
-        request = reply.request
+    async def _park(self, session: AsyncSession, reply: Reply, unsaved: list[Event]) -> Event | None:
+        """Store the parked turn with what the resume needs; None if it was ended elsewhere.
+
+        Parking is not an ending: the conversation stays held, and a decision resumes the reply.
+        """
+        calls = reply.tool_calls
+        terminal_id = len(reply.events) + 1
         parked = await park_turn(
             session,
             reply.turn_id,
             content=reply.content,
-            tool_calls_json=json.dumps(tool_calls, ensure_ascii=False),
+            tool_calls_json=json.dumps(calls, ensure_ascii=False),
             last_event_id=terminal_id,
             usage_json=json.dumps(reply.usage or None),
-            prompt_version=getattr(self.prompter, "version", None),
-            meta_json=json.dumps({"memory_scope": getattr(request, "memory_scope", "user")}),
-            expires_at=earliest_expiry(tool_calls),
+            prompt_version=self.prompter.version,
+            meta_json=json.dumps({"memory_scope": reply.request.memory_scope}),
+            expires_at=earliest_expiry(calls),
         )
-        return parked
+        if not parked:
+            return None
+        data: dict[str, Any] = {
+            "reply_id": str(reply.id),
+            "turn_id": str(reply.turn_id),
+            "status": TurnStatus.AWAITING_APPROVAL,
+            "call_ids": [c["id"] for c in calls if c["state"] == ToolCallState.AWAITING_APPROVAL],
+        }
+        if reply.usage:
+            data["usage"] = reply.usage
+        terminal = Event(terminal_id, TERMINAL_EVENT[TurnStatus.AWAITING_APPROVAL], data)
+        await append_events(session, reply.id, reply.owner, [*unsaved, terminal])
+        await notify_done(session, reply.id)
+        return terminal
 
 
 def _json_object(raw: str) -> bool:

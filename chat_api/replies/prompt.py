@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from chat_api.replies import Reply
+from chat_api.replies.reply import Reply, ReplyRequest
 from memory.config import Settings
 from memory.context import BuiltContext, ContextBudget, MemoryItemView, TurnView, build_context
 from memory.db import Database
@@ -33,7 +33,7 @@ class Prompter:
     def version(self) -> str:
         return self.prompts.version
 
-    async def prepare(self, reply: Reply, request: Any) -> None:
+    async def prepare(self, reply: Reply, request: ReplyRequest) -> None:
         """Recall long-term memory once per reply and announce it to the client."""
         if self.recall is None or request.memory_scope == "none":
             return

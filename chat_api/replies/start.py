@@ -1,36 +1,37 @@
-"""Starting a reply, and stopping or waiting for one, on whichever process runs it."""
+"""Starting a reply: a new message, a regenerated answer, or an edited message.
+
+Each stores the reply's turns in one transaction with the conversation row locked, applies
+the busy policy (reject, interrupt the running reply, or wait for it), registers the
+reply in this process before commit and launches it. A request retried with the same
+Idempotency-Key reattaches to the reply it started.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from chat_api.approvals import end_parked_reply
-from chat_api.metrics import observe_stop
-from chat_api.reaper import end_stale_turns
-from chat_api.replies import Reply
-from chat_api.runner import ReplyRequest
-from chat_api.services import Services
-from chat_api.signals import Signals
+from chat_api.replies.reply import Reply, ReplyRequest
+from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
 from memory.branches import activate_branch, create_branch, edit_point, regenerate_point, user_turn_before
 from memory.conversations import Owner, get_conversation
 from memory.errors import ConversationBusy
-from memory.models import Conversation, Turn, TurnStatus
+from memory.models import Conversation, Turn
 from memory.outbox import record_finished_turn
 from memory.turns import begin_answer, begin_reply, find_by_idempotency_key, get_turn
 
-POLL_SECONDS = 0.25
+if TYPE_CHECKING:
+    from chat_api.services import Services
 
 
 @dataclass(frozen=True)
 class Accepted:
+    """A started reply: follow `reply_id`'s events; `reattached` when an Idempotency-Key found it."""
+
     reply_id: uuid.UUID
     user_turn_id: uuid.UUID
     reattached: bool
@@ -234,77 +235,3 @@ async def _answered(session: AsyncSession, earlier: Turn) -> uuid.UUID:
         return earlier.id
     user_turn = await user_turn_before(session, earlier)
     return user_turn.id if user_turn is not None else earlier.id
-
-
-async def reply_streaming(services: Services, reply_id: uuid.UUID) -> bool:
-    async with services.db.session() as session:
-        row = await session.execute(
-            select(Turn.id).where(Turn.reply_id == reply_id, Turn.status == TurnStatus.STREAMING).limit(1)
-        )
-        return row.first() is not None
-
-
-async def reply_parked(services: Services, reply_id: uuid.UUID) -> bool:
-    """True while the reply waits for a tool approval."""
-    async with services.db.session() as session:
-        row = await session.execute(
-            select(Turn.id)
-            .where(Turn.reply_id == reply_id, Turn.status == TurnStatus.AWAITING_APPROVAL)
-            .limit(1)
-        )
-        return row.first() is not None
-
-
-async def wait_reply_done(services: Services, reply_id: uuid.UUID, timeout: float | None) -> bool:
-    """Wait until the reply has ended (any process); False if the timeout passed first."""
-    local = services.registry.get(reply_id)
-    if local is not None:
-        try:
-            await asyncio.wait_for(local.finished.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
-    deadline = None if timeout is None else time.monotonic() + timeout
-    waiter = services.signals.done_waiter(reply_id)
-    try:
-        while await reply_streaming(services, reply_id):
-            remaining = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - time.monotonic())
-            if remaining <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), remaining)
-        return True
-    finally:
-        services.signals.forget_waiter(reply_id, waiter)
-
-
-async def stop_reply(services: Services, reply_id: uuid.UUID, *, reason: str = "user") -> bool:
-    """Stop the reply wherever it runs; True once it has ended (by this stop or before it)."""
-    started = time.monotonic()
-    ended = await _stop_reply(services, reply_id, reason)
-    observe_stop(time.monotonic() - started, ended=ended)
-    return ended
-
-
-async def _stop_reply(services: Services, reply_id: uuid.UUID, reason: str) -> bool:
-    local = services.registry.get(reply_id)
-    if local is not None:
-        local.request_stop(reason)
-    elif await end_parked_reply(services, reply_id, reason):
-        return True  # it waited for an approval: no process runs it, the ending is written here
-    elif await reply_streaming(services, reply_id):
-        await Signals.send_stop(services.db, reply_id, reason)
-    else:
-        return True
-    if await wait_reply_done(services, reply_id, services.settings.stop_wait_seconds):
-        return True
-    # Nobody answered: if the owner stopped heartbeating it is dead, and the stop is ours to store.
-    async with services.db.transaction() as session:
-        await end_stale_turns(
-            session,
-            older_than_seconds=services.settings.heartbeat_timeout_seconds,
-            status=TurnStatus.INTERRUPTED_BY_USER,
-            reply_id=reply_id,
-            reason=reason,
-        )
-    return not await reply_streaming(services, reply_id)

@@ -11,12 +11,22 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
+from memory.context import MemoryItemView
 from memory.conversations import Owner
 from memory.models import ToolCallState
+from memory.reply_state import Event
+from memory.tool_calls import ToolCall
 
-Event = tuple[int, str, dict[str, Any]]
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    """What the user asked for, as the runner needs it."""
+
+    user_text: str
+    memory_scope: str = "user"
 
 
 class Reply:
@@ -34,19 +44,19 @@ class Reply:
         self.persisted = 0  # events[:persisted] are in turn_events
         self.chars_since_checkpoint = 0
         self.content_parts: list[str] = []
-        self.tool_calls: list[dict[str, Any]] = []
+        self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
-        self.memories: list[Any] = []  # recalled once per reply, shown to every step
+        self.memories: list[MemoryItemView] = []  # recalled once per reply, shown to every step
         self.stop_requested = asyncio.Event()
         self.stop_reason: str | None = None
         self.finished = asyncio.Event()
         self.started_at = 0.0  # monotonic, set when the runner launches it (for metrics)
         self.final: dict[str, Any] | None = None
-        self.request: Any = None  # the runner's ReplyRequest, kept for parking and resuming
+        self.request = ReplyRequest(user_text="")  # set by the runner; kept for parking and resuming
         self._wake = asyncio.Event()
 
     def restore(
-        self, events: list[Event], turn_id: uuid.UUID, content: str, tool_calls: list[dict[str, Any]]
+        self, events: list[Event], turn_id: uuid.UUID, content: str, tool_calls: list[ToolCall]
     ) -> None:
         """Continue a parked reply: its stored events (ids go on from them) and its last turn."""
         if [event[0] for event in events] != list(range(1, len(events) + 1)):
@@ -55,7 +65,7 @@ class Reply:
         self.persisted = len(events)
         self.turn_id = turn_id
         self.content_parts = [content] if content else []
-        self.tool_calls = [dict(call) for call in tool_calls]
+        self.tool_calls = [ToolCall(**call) for call in tool_calls]
 
     # --- what the model produced -----------------------------------------------------
 
@@ -78,13 +88,13 @@ class Reply:
     def add_tool_delta(self, index: int, call_id: str | None, name: str | None, arguments: str) -> None:
         call = next((c for c in self.tool_calls if c["index"] == index), None)
         if call is None:
-            call = {
-                "index": index,
-                "id": call_id or f"call_{self.turn_id.hex[:8]}_{index}",
-                "name": name or "",
-                "arguments": "",
-                "state": ToolCallState.STREAMING,
-            }
+            call = ToolCall(
+                index=index,
+                id=call_id or f"call_{self.turn_id.hex[:8]}_{index}",
+                name=name or "",
+                arguments="",
+                state=ToolCallState.STREAMING,
+            )
             self.tool_calls.append(call)
         if call_id:
             call["id"] = call_id
@@ -107,7 +117,7 @@ class Reply:
 
     def publish(self, name: str, data: dict[str, Any]) -> Event:
         """Append an event and wake every follower."""
-        event = (len(self.events) + 1, name, data)
+        event = Event(len(self.events) + 1, name, data)
         self.events.append(event)
         self._wake.set()
         self._wake = asyncio.Event()
@@ -141,25 +151,3 @@ class Reply:
         if not self.stop_requested.is_set():
             self.stop_reason = reason
             self.stop_requested.set()
-
-
-class ReplyRegistry:
-    """The replies this process is running, by reply id."""
-
-    def __init__(self) -> None:
-        self._replies: dict[uuid.UUID, Reply] = {}
-
-    def add(self, reply: Reply) -> None:
-        self._replies[reply.id] = reply
-
-    def remove(self, reply_id: uuid.UUID) -> None:
-        self._replies.pop(reply_id, None)
-
-    def get(self, reply_id: uuid.UUID) -> Reply | None:
-        return self._replies.get(reply_id)
-
-    def all(self) -> list[Reply]:
-        return list(self._replies.values())
-
-    def __len__(self) -> int:
-        return len(self._replies)

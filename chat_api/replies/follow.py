@@ -22,18 +22,16 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-from sqlalchemy import select
-
-from chat_api.replies import Event, Reply
-from chat_api.runner import TERMINAL_EVENT
-from chat_api.services import Services
-from memory.models import Turn, TurnStatus
+from chat_api.replies.reply import Reply
+from memory.models import TurnStatus
+from memory.reply_state import PARKED_EVENT, TERMINAL_NAMES, Event, reply_state
 from memory.turns import load_events
 
-TERMINAL_NAMES = frozenset(TERMINAL_EVENT.values())
-# Ends a stream only when nothing follows it: a reply resumed after approval goes on past it.
-PARKED_EVENT = TERMINAL_EVENT[TurnStatus.AWAITING_APPROVAL]
+if TYPE_CHECKING:
+    from chat_api.services import Services
+
 DB_POLL_SECONDS = 0.5
 # Bounds one write when a follower is far behind (e.g. resuming a long reply from the start).
 MAX_EVENTS_PER_WRITE = 256
@@ -42,11 +40,9 @@ SEP = "\r\n"
 
 
 async def _reply_over(services: Services, reply_id: uuid.UUID) -> bool:
+    # A parked reply counts as over here: its log ends with `turn.awaiting_approval`.
     async with services.db.session() as session:
-        streaming = await session.execute(
-            select(Turn.id).where(Turn.reply_id == reply_id, Turn.status == TurnStatus.STREAMING).limit(1)
-        )
-        return streaming.first() is None
+        return await reply_state(session, reply_id) != TurnStatus.STREAMING
 
 
 async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> AsyncIterator[list[Event]]:
@@ -71,7 +67,9 @@ async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> A
                 break  # a chunk committed out of order: wait for the gap to fill
             batch.append(event)
             expected += 1
-            if event[1] in TERMINAL_NAMES and not (event[1] == PARKED_EVENT and event is not events[-1]):
+            # The parked event ends the stream only when nothing follows it: a reply resumed
+            # after approval goes on past it.
+            if event.name in TERMINAL_NAMES and not (event.name == PARKED_EVENT and event is not events[-1]):
                 ended = True
                 break
         if batch:

@@ -8,9 +8,9 @@ exactly as if it had never stopped: the calls run (or their rejection becomes th
 result), the next model step streams, and event ids go on from the stored log. So a
 decision made after every process restarted works the same as one made a second later.
 
-Stopping a parked reply needs no runner at all: `end_parked_reply` writes the ending
-under the same row lock, so a stop and an approval racing each other leave exactly one
-outcome.
+Stopping a parked reply needs no runner at all: `memory.reply_endings.end_parked_reply`
+writes the ending under the same row lock, so a stop and an approval racing each other
+leave exactly one outcome.
 """
 
 from __future__ import annotations
@@ -20,35 +20,33 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.metrics import observe_approval
-from chat_api.replies import Reply
-from chat_api.runner import ReplyRequest
-from chat_api.services import Services
+from chat_api.replies.reply import Reply, ReplyRequest
 from memory.approvals import (
     Decision,
-    cancel_waiting_calls,
     decide_call,
     expired_call_ids,
     expired_turns,
     lock_turn,
-    parked_turn_of_reply,
     take_for_resume,
     waiting_calls,
 )
 from memory.branches import user_turn_before
 from memory.conversations import Owner
-from memory.models import Turn, TurnStatus
-from memory.outbox import record_finished_turn
-from memory.turns import append_events, load_events, release_conversation
+from memory.models import Turn
+from memory.reply_state import Event
+from memory.tool_calls import tool_calls_of
+from memory.turns import append_events, load_events
+
+if TYPE_CHECKING:
+    from chat_api.services import Services
 
 log = logging.getLogger(__name__)
-
-NOTIFY_DONE = text("SELECT pg_notify('chatmem_turn_done', :reply_id)")
 
 
 # A reply rebuilt from its parked turn, and what its runner needs to continue it.
@@ -105,13 +103,13 @@ async def _record(session: AsyncSession, turn: Turn, call_ids: list[str], decisi
         turn.last_event_id += 1
         observe_approval("approved" if decision.approved else "rejected", decision.by)
         name = "tool_call.approved" if decision.approved else "tool_call.rejected"
-        events.append((turn.last_event_id, name, data))
+        events.append(Event(turn.last_event_id, name, data))
     await append_events(session, turn.reply_id or turn.id, Owner(turn.tenant_id, turn.user_id), events)
 
 
 async def _resume_if_decided(services: Services, session: AsyncSession, turn: Turn) -> Resumed | None:
     """No call left waiting: take the turn back to streaming and rebuild its reply here."""
-    if waiting_calls(turn.tool_calls or []):
+    if waiting_calls(tool_calls_of(turn.tool_calls)):
         return None
     take_for_resume(turn, services.process_id)
     await session.flush()
@@ -119,7 +117,7 @@ async def _resume_if_decided(services: Services, session: AsyncSession, turn: Tu
     events = await load_events(session, reply_id, 0)
     user_turn = await _user_turn(session, turn)
     reply = Reply(reply_id, Owner(turn.tenant_id, turn.user_id), turn.conversation_id, user_turn.id)
-    reply.restore(events, turn.id, turn.content or "", turn.tool_calls or [])
+    reply.restore(events, turn.id, turn.content or "", tool_calls_of(turn.tool_calls))
     reply.usage = dict(turn.usage or {})
     scope = (turn.meta or {}).get("memory_scope") or services.settings.memory_scope
     # Registered before commit, like a new reply: a stop sent the moment the turn is
@@ -134,29 +132,6 @@ async def _user_turn(session: AsyncSession, turn: Turn) -> Turn:
     if found is None:
         raise RuntimeError(f"turn {turn.id} answers no user message")
     return found
-
-
-async def end_parked_reply(services: Services, reply_id: uuid.UUID, reason: str) -> bool:
-    """Stop a reply that waits for approval: `interrupted_by_user`; False if it was not parked."""
-    async with services.db.transaction() as session:
-        turn = await parked_turn_of_reply(session, reply_id)
-        if turn is None:
-            return False
-        cancel_waiting_calls(turn)
-        turn.status = TurnStatus.INTERRUPTED_BY_USER
-        turn.interrupt_reason = reason
-        turn.completed_at = func.now()
-        turn.updated_at = func.now()
-        turn.last_event_id += 1
-        await session.flush()
-        await session.refresh(turn)
-        await record_finished_turn(session, turn)
-        data = {"reply_id": str(reply_id), "turn_id": str(turn.id), "status": turn.status, "reason": reason}
-        owner = Owner(turn.tenant_id, turn.user_id)
-        await append_events(session, reply_id, owner, [(turn.last_event_id, "turn.interrupted", data)])
-        await release_conversation(session, turn.conversation_id, reply_id)
-        await session.execute(NOTIFY_DONE, {"reply_id": str(reply_id)})
-    return True
 
 
 class ApprovalTimeouts:

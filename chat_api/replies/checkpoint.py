@@ -15,8 +15,10 @@ from typing import Any
 
 from sqlalchemy import text
 
-from chat_api.replies import Reply, ReplyRegistry
+from chat_api.replies.registry import ReplyRegistry
+from chat_api.replies.reply import Reply
 from memory.db import Database
+from memory.reply_state import NOTIFY_CHECKPOINT
 from memory.turns import CHECKPOINT_TURN, HEARTBEAT
 
 log = logging.getLogger(__name__)
@@ -28,7 +30,6 @@ INSERT_EVENTS = text(
     ON CONFLICT (reply_id, first_id) DO NOTHING
     """
 )
-NOTIFY_CHECKPOINT = text("SELECT pg_notify('chatmem_checkpoint', '')")
 # A checkpoint is lossy by design (one interval); waiting for its WAL flush buys nothing and
 # would queue every tick behind the disk. Turn endings and accepted messages stay synchronous.
 ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")

@@ -1,9 +1,7 @@
 """Cross-process signals over Postgres LISTEN/NOTIFY: no extra infrastructure.
 
-Channels: `chatmem_stop` (payload `reply_id:reason`, acted on by whichever process runs
-the reply), `chatmem_turn_done` (payload `reply_id`, wakes stop requests and resumers
-waiting elsewhere) and `chatmem_checkpoint` (wakes resumers following a reply that
-runs on another process). One dedicated connection per process, reconnected on loss.
+The channels are named in `memory/reply_state.py`, which also sends on them. One
+dedicated connection per process, reconnected on loss.
 """
 
 from __future__ import annotations
@@ -15,14 +13,12 @@ import uuid
 from typing import Any
 
 import asyncpg
-from sqlalchemy import text
 
-from chat_api.replies import ReplyRegistry
-from memory.db import Database, asyncpg_dsn
+from chat_api.replies.registry import ReplyRegistry
+from memory.db import asyncpg_dsn
+from memory.reply_state import CHECKPOINT_CHANNEL, DONE_CHANNEL, STOP_CHANNEL
 
 log = logging.getLogger(__name__)
-
-NOTIFY_STOP = text("SELECT pg_notify('chatmem_stop', :payload)")
 
 
 class Signals:
@@ -34,14 +30,6 @@ class Signals:
         self._done_waiters: dict[uuid.UUID, list[asyncio.Event]] = {}
         self._wake = asyncio.Event()
         self.connected = asyncio.Event()
-
-    # --- sending --------------------------------------------------------------------
-
-    @staticmethod
-    async def send_stop(db: Database, reply_id: uuid.UUID, reason: str) -> None:
-        """Ask whichever process runs the reply to stop it."""
-        async with db.transaction() as session:
-            await session.execute(NOTIFY_STOP, {"payload": f"{reply_id}:{reason}"})
 
     # --- waiting --------------------------------------------------------------------
 
@@ -90,9 +78,9 @@ class Signals:
                 conn = await asyncpg.connect(self.dsn)
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await conn.add_listener("chatmem_stop", self._on_stop)
-                await conn.add_listener("chatmem_turn_done", self._on_done)
-                await conn.add_listener("chatmem_checkpoint", self._on_checkpoint)
+                await conn.add_listener(STOP_CHANNEL, self._on_stop)
+                await conn.add_listener(DONE_CHANNEL, self._on_done)
+                await conn.add_listener(CHECKPOINT_CHANNEL, self._on_checkpoint)
                 self.connected.set()
                 delay = 0.2
                 stop_wait = asyncio.create_task(stop.wait())

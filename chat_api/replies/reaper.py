@@ -1,0 +1,50 @@
+"""Ends replies left `streaming` by a process that died, so none stays streaming forever.
+
+Any number of API processes run this safely at once: the ending is
+`memory.reply_endings.end_stale_replies`, which claims rows with `FOR UPDATE SKIP LOCKED`
+and touches only turns whose heartbeat is older than the timeout. The turn keeps its last
+checkpointed content; the stored event log gets its terminal event, so a client resuming
+the stream sees it end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from memory.db import Database
+from memory.reply_endings import end_stale_replies
+
+log = logging.getLogger(__name__)
+
+
+class Reaper:
+    """The periodic loop."""
+
+    def __init__(
+        self, db: Database, *, timeout_seconds: float, interval_seconds: float, process_id: str | None = None
+    ) -> None:
+        self.db = db
+        self.timeout = timeout_seconds
+        self.interval = interval_seconds
+        self.process_id = process_id
+
+    async def reap_once(self) -> int:
+        """End every stale reply now; returns how many."""
+        async with self.db.transaction() as session:
+            ended = await end_stale_replies(
+                session, older_than_seconds=self.timeout, spare_owner=self.process_id
+            )
+        if ended:
+            log.warning("reaper ended %d turn(s) of dead processes", len(ended))
+        return len(ended)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.reap_once()
+            except Exception:
+                log.exception("reaper pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.interval)

@@ -1,0 +1,91 @@
+"""Stopping a reply, or waiting for its end, on whichever process runs it.
+
+A reply running here is stopped in memory; one running on another process is asked over
+`chatmem_stop`; a parked one (no process runs it) is ended right here. Each of those
+endings is `memory.reply_endings.end_reply`; if the owner does not answer within
+STOP_WAIT_SECONDS and its heartbeat is stale, it is dead, and the stop ends the reply itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from chat_api.metrics import observe_stop
+from memory.models import TurnStatus
+from memory.reply_endings import Ending, end_parked_reply, end_stale_replies
+from memory.reply_state import notify_stop, reply_state
+
+if TYPE_CHECKING:
+    from chat_api.services import Services
+
+POLL_SECONDS = 0.25
+
+
+async def _state(services: Services, reply_id: uuid.UUID) -> str | None:
+    async with services.db.session() as session:
+        return await reply_state(session, reply_id)
+
+
+async def reply_parked(services: Services, reply_id: uuid.UUID) -> bool:
+    """True while the reply waits for a tool approval."""
+    return await _state(services, reply_id) == TurnStatus.AWAITING_APPROVAL
+
+
+async def wait_reply_done(services: Services, reply_id: uuid.UUID, timeout: float | None) -> bool:
+    """Wait until the reply has ended (any process); False if the timeout passed first."""
+    local = services.registry.get(reply_id)
+    if local is not None:
+        try:
+            await asyncio.wait_for(local.finished.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+    deadline = None if timeout is None else time.monotonic() + timeout
+    waiter = services.signals.done_waiter(reply_id)
+    try:
+        while await _state(services, reply_id) == TurnStatus.STREAMING:
+            remaining = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - time.monotonic())
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), remaining)
+        return True
+    finally:
+        services.signals.forget_waiter(reply_id, waiter)
+
+
+async def stop_reply(services: Services, reply_id: uuid.UUID, *, reason: str = "user") -> bool:
+    """Stop the reply wherever it runs; True once it has ended (by this stop or before it)."""
+    started = time.monotonic()
+    ended = await _stop_reply(services, reply_id, reason)
+    observe_stop(time.monotonic() - started, ended=ended)
+    return ended
+
+
+async def _stop_reply(services: Services, reply_id: uuid.UUID, reason: str) -> bool:
+    local = services.registry.get(reply_id)
+    if local is not None:
+        local.request_stop(reason)
+    else:
+        async with services.db.transaction() as session:
+            # A parked reply has no process: its ending is written here, under the row lock.
+            if await end_parked_reply(session, reply_id, reason) is not None:
+                return True
+            if await reply_state(session, reply_id) != TurnStatus.STREAMING:
+                return True
+            await notify_stop(session, reply_id, reason)  # sent at commit
+    if await wait_reply_done(services, reply_id, services.settings.stop_wait_seconds):
+        return True
+    # Nobody answered: if the owner stopped heartbeating it is dead, and the stop is ours to store.
+    async with services.db.transaction() as session:
+        await end_stale_replies(
+            session,
+            older_than_seconds=services.settings.heartbeat_timeout_seconds,
+            ending=Ending(TurnStatus.INTERRUPTED_BY_USER, reason=reason),
+            reply_id=reply_id,
+        )
+    return await _state(services, reply_id) != TurnStatus.STREAMING

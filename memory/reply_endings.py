@@ -1,0 +1,178 @@
+"""The one way a reply ends: `end_reply`, in the caller's transaction.
+
+Every terminal transition of a reply goes through it, whoever notices the end:
+
+| who calls | status |
+| --- | --- |
+| the runner: the model finished (also after an approval was decided or timed out) | `completed` |
+| the runner: stop, a new message, the client leaving | `interrupted_by_user` |
+| the runner: the provider failed, the server shut down | `interrupted_by_error` or `failed` |
+| the reaper: the owning process died (heartbeat stale) | `interrupted_by_error` |
+| a stop whose owner is dead | `interrupted_by_user` |
+| a stop of a parked reply (no process runs it) | `interrupted_by_user` |
+
+It is conditional on the turn's status (`WHERE status = from_status`), so two enders racing
+each other (stop and completion, a runner and the reaper) leave exactly one ending: the
+loser gets None and writes nothing. In the same transaction it settles the open tool
+calls, writes the outbox row, appends the terminal event after any events not yet stored,
+releases the conversation and notifies `chatmem_turn_done`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from memory.conversations import Owner
+from memory.models import Turn, TurnStatus
+from memory.outbox import record_finished_turn
+from memory.reply_state import TERMINAL_EVENT, Event, notify_done
+from memory.tool_calls import ToolCall, settle_open_calls, tool_calls_of
+from memory.turns import append_events, finish_turn, release_conversation
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a reply ends: its terminal status, and why."""
+
+    status: str
+    reason: str | None = None  # interrupted_by_user: user, new_message, client_disconnected
+    error: dict[str, str] | None = None  # interrupted_by_error and failed: code and message
+
+    def __post_init__(self) -> None:
+        if self.status not in TurnStatus.TERMINAL:
+            raise ValueError(f"{self.status!r} is not an ending")
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """What the process running a reply holds that its turn row does not have yet."""
+
+    content: str
+    tool_calls: list[ToolCall]
+    last_event_id: int  # of the last event published; the terminal event comes next
+    unsaved_events: Sequence[Event] = ()  # published but not stored yet
+    usage: dict[str, int] = field(default_factory=dict)
+    prompt_version: str | None = None
+
+
+async def end_reply(
+    session: AsyncSession,
+    turn_id: uuid.UUID,
+    ending: Ending,
+    *,
+    from_status: str = TurnStatus.STREAMING,
+    live: LiveState | None = None,
+) -> Event | None:
+    """End the reply whose current turn is `turn_id`, if that turn is still in `from_status`.
+
+    Without `live` the turn ends with what is stored (its last checkpoint). Returns the
+    terminal event, stored with the rest of the ending (the caller publishes it to live
+    followers after commit), or None when the turn had already left `from_status`.
+    """
+    values: dict[str, Any] = {}
+    unsaved: Sequence[Event] = ()
+    if live is None:
+        stored = (
+            await session.execute(
+                select(Turn).where(Turn.id == turn_id, Turn.status == from_status).with_for_update()
+            )
+        ).scalar_one_or_none()
+        if stored is None:
+            return None
+        content, calls, last_event_id = (
+            stored.content or "",
+            tool_calls_of(stored.tool_calls),
+            stored.last_event_id,
+        )
+    else:
+        content, calls, last_event_id = live.content, live.tool_calls, live.last_event_id
+        unsaved = live.unsaved_events
+        values.update(usage=live.usage or None, prompt_version=live.prompt_version)
+    terminal_id = last_event_id + 1
+    turn = await finish_turn(
+        session,
+        turn_id,
+        status=ending.status,
+        content=content,
+        tool_calls=settle_open_calls(calls, ending.status),
+        last_event_id=terminal_id,
+        from_status=from_status,
+        error=ending.error,
+        interrupt_reason=ending.reason if ending.status == TurnStatus.INTERRUPTED_BY_USER else None,
+        approval_expires_at=None,
+        **values,
+    )
+    if turn is None:
+        return None
+    await record_finished_turn(session, turn)
+    reply_id = turn.reply_id or turn.id
+    data: dict[str, Any] = {"reply_id": str(reply_id), "turn_id": str(turn.id), "status": ending.status}
+    if live is not None and live.usage:
+        data["usage"] = live.usage
+    if turn.interrupt_reason:
+        data["reason"] = turn.interrupt_reason
+    if ending.error:
+        data["error"] = ending.error
+    terminal = Event(terminal_id, TERMINAL_EVENT[ending.status], data)
+    await append_events(session, reply_id, Owner(turn.tenant_id, turn.user_id), [*unsaved, terminal])
+    await release_conversation(session, turn.conversation_id, reply_id)
+    await notify_done(session, reply_id)
+    return terminal
+
+
+PROCESS_DIED = {"code": "process_died", "message": "the process generating this reply stopped responding"}
+
+
+async def end_stale_replies(
+    session: AsyncSession,
+    *,
+    older_than_seconds: float,
+    ending: Ending = Ending(TurnStatus.INTERRUPTED_BY_ERROR, error=PROCESS_DIED),
+    reply_id: uuid.UUID | None = None,
+    limit: int = 100,
+    spare_owner: str | None = None,
+) -> list[Event]:
+    """End the replies whose streaming turn's heartbeat is older than the cutoff; their terminal events.
+
+    Rows are claimed with `FOR UPDATE SKIP LOCKED`, so any number of processes run this at
+    once. `spare_owner` is the caller's own process id: its turns are alive by definition
+    (a heartbeat can be late when the database is slow; the process is not dead).
+    """
+    cutoff = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than_seconds)
+    query = (
+        select(Turn.id)
+        .where(Turn.status == TurnStatus.STREAMING, Turn.heartbeat_at < cutoff)
+        .order_by(Turn.heartbeat_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    if reply_id is not None:
+        query = query.where(Turn.reply_id == reply_id)
+    if spare_owner is not None:
+        query = query.where(Turn.owner.is_distinct_from(spare_owner))
+    ended = []
+    for turn_id in list((await session.execute(query)).scalars()):
+        if (terminal := await end_reply(session, turn_id, ending)) is not None:
+            ended.append(terminal)
+    return ended
+
+
+async def end_parked_reply(session: AsyncSession, reply_id: uuid.UUID, reason: str) -> Event | None:
+    """Stop a reply that waits for approval (its undecided calls never run); None if it was not parked."""
+    parked = (
+        await session.execute(
+            select(Turn.id)
+            .where(Turn.reply_id == reply_id, Turn.status == TurnStatus.AWAITING_APPROVAL)
+            .with_for_update()
+        )
+    ).scalar_one_or_none()
+    if parked is None:
+        return None
+    ending = Ending(TurnStatus.INTERRUPTED_BY_USER, reason=reason)
+    return await end_reply(session, parked, ending, from_status=TurnStatus.AWAITING_APPROVAL)
