@@ -20,7 +20,7 @@ from chat_api.mcp_server import install_mcp
 from chat_api.observability import install_observability
 from chat_api.providers.base import ChatProvider
 from chat_api.ratelimit import enforce_request_rate, install_rate_limits
-from chat_api.recall import build_recall
+from chat_api.recall import MemoryRecaller
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.replies.checkpoint import Checkpointer
 from chat_api.replies.prompt import Prompter
@@ -114,7 +114,6 @@ def create_app(
             upkeep_db, registry, interval_ms=settings.checkpoint_interval_ms, chars=settings.checkpoint_chars
         )
         prompter = Prompter(db, settings, prompts)
-        extras: dict[str, Any] = {"process_id": pid, "embedder": model}
         services = Services(
             settings=settings,
             db=db,
@@ -139,12 +138,16 @@ def create_app(
                 prompter=prompter,
                 checkpointer=checkpointer,
                 registry=registry,
-                services=extras,
+                process_id=pid,
             ),
             process_id=pid,
-            extras=extras,
+            embedder=model,
         )
-        prompter.recall = build_recall(services)
+        # The recaller reads through the services (prompt window, rewriter, database).
+        recaller = MemoryRecaller(services, model)
+        services.recaller = recaller
+        prompter.recall = recaller.recall_for_reply
+        services.runner.memory_search = recaller.tool_search
         app.state.services = services
         stop = asyncio.Event()
         loops = [

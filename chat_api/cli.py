@@ -63,7 +63,7 @@ def _embedded_workers(settings: Settings) -> list[Any]:
 
     async def indexer(services: Any, stop: asyncio.Event) -> None:
         # Shares the API's model: one copy of the weights per process.
-        await IndexerWorker(services.db, settings, services.extras["embedder"]).run(stop)
+        await IndexerWorker(services.db, settings, services.embedder).run(stop)
 
     async def relay(services: Any, stop: asyncio.Event) -> None:
         await OutboxRelay(services.db, settings).run(stop)

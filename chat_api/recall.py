@@ -1,9 +1,9 @@
 """Long-term memory for each reply: rewrite the question, search the user's memory.
 
-Before the first token of every reply the prompter calls the function ``build_recall``
-returns. It reads the conversation's prompt window once (for the rewriter's history and
-for the turns retrieval must not return again), rewrites the message into a standalone
-query inside the rewrite time box, then searches in one transaction that also stores
+Before the first token of every reply the prompter calls ``MemoryRecaller.recall_for_reply``
+with the reply's prompt window (read once, and sent to the first model step too: the
+rewriter's history, and the turns retrieval must not return again). It rewrites the
+message into a standalone query inside the rewrite time box, then searches in one transaction that also stores
 the query on the reply's first assistant turn, so every retrieval can be audited later.
 
 The same ``MemoryRecaller`` serves the ``recall_memory`` tool and ``/v1/memory/search``.
@@ -18,22 +18,23 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
 from chat_api.metrics import observe_recall, observe_retrieval, observe_rewrite
-from chat_api.replies.prompt import MemoryRecall
 from chat_api.replies.reply import Reply
-from chat_api.services import Services
 from chat_api.tools import ToolContext
-from indexer.filters import is_low_information
-from memory.context import MemoryItemView
+from memory.context import MemoryItemView, PromptWindow
 from memory.conversations import Owner
 from memory.embeddings import Embedder
+from memory.json_values import JsonObject
 from memory.recall_search import RecalledMemory, embed_for_recall, find_unindexed, rank_memories
-from memory.redaction import redact
+from memory.remembering import remembered_text
 from memory.rewrite import HistoryLine, Rewrite, rewrite_query
+
+if TYPE_CHECKING:
+    from chat_api.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,10 @@ ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 TOOL_RESULT_ITEMS = 8
 
 
-def memory_item_json(memory: RecalledMemory, *, chunk_index: bool = False) -> dict[str, Any]:
+def memory_item_json(memory: RecalledMemory, *, chunk_index: bool = False) -> JsonObject:
     """One recalled memory as the `memory.retrieved` event and the memory API show it."""
     hit = memory.hit
-    item: dict[str, Any] = {
+    item: JsonObject = {
         "turn_id": str(hit.turn_id),
         "conversation_id": str(hit.conversation_id) if hit.conversation_id else None,
         "conversation_title": memory.conversation_title,
@@ -98,9 +99,9 @@ class MemoryRecaller:
 
     def _prepare_text(self, body: str) -> str | None:
         # A turn the indexer would skip is not recalled before indexing either.
-        if is_low_information(body, extra_phrases=tuple(self.settings.low_information_extra)):
-            return None
-        return redact(body) if self.settings.redact_pii else body
+        return remembered_text(
+            body, redact_pii=self.settings.redact_pii, extra_phrases=self.settings.low_information_extra
+        )
 
     async def _rewrite(self, message: str, history: Sequence[HistoryLine]) -> Rewrite:
         provider = self.services.provider
@@ -132,17 +133,19 @@ class MemoryRecaller:
         extra_exclude: Sequence[uuid.UUID] = (),
         rewrite: bool = True,
         store_query_on: uuid.UUID | None = None,
+        window: PromptWindow | None = None,
     ) -> RecallResult:
         """Rewrite (with the history of ``history_conversation``) and search the owner's memory."""
         started = time.perf_counter()
         latency: dict[str, float] = {}
         history: list[HistoryLine] = []
         exclude: set[uuid.UUID] = set(extra_exclude)
-        if history_conversation is not None:
-            built = await self.services.prompter.context_for(history_conversation)
-            history = history_lines(built.messages)
+        if window is None and history_conversation is not None:
+            window = await self.services.prompter.window_for(history_conversation)
+        if window is not None:  # the reply's own window, read once and shared with its first step
+            history = history_lines(window.messages)
             if exclude_window:
-                exclude.update(built.window_turn_ids)
+                exclude.update(window.turn_ids)
         latency["context"] = _ms_since(started)
         mark = time.perf_counter()
         if rewrite:
@@ -190,8 +193,8 @@ class MemoryRecaller:
         return RecallResult(result.query, result, memories, latency)
 
     async def recall_for_reply(
-        self, reply: Reply, user_text: str, scope: str
-    ) -> tuple[str, list[MemoryItemView], dict[str, Any]]:
+        self, reply: Reply, user_text: str, scope: str, window: PromptWindow
+    ) -> tuple[str, list[MemoryItemView], JsonObject]:
         """The prompter's recall: memories for the reply's prompt and the `memory.retrieved` payload.
 
         Time-boxed by RECALL_TIMEOUT_SECONDS: memory is an aid, and a reply that waits for it
@@ -205,10 +208,10 @@ class MemoryRecaller:
                     user_text,
                     k=self.settings.memory_top_k,
                     scope_conversation=reply.conversation_id if scope == "conversation" else None,
-                    history_conversation=reply.conversation_id,
                     exclude_window=True,
                     extra_exclude=[reply.user_turn_id],
                     store_query_on=reply.id,
+                    window=window,
                 )
         except TimeoutError:
             observe_recall("timeout")
@@ -235,19 +238,19 @@ class MemoryRecaller:
             )
             for m in found.memories
         ]
-        payload = {
+        payload: JsonObject = {
             "query": user_text,
             "rewritten_query": found.query,
             "rewrite": found.rewrite.method,
             "scope": scope,
             "items": [memory_item_json(m) for m in found.memories],
-            "latency_ms": found.latency_ms,
+            "latency_ms": {step: ms for step, ms in found.latency_ms.items()},
         }
         if found.rewrite.fallback_reason and found.rewrite.method == "heuristic":
             payload["rewrite_fallback"] = found.rewrite.fallback_reason
         return found.query, items, payload
 
-    async def tool_search(self, ctx: ToolContext, query: str) -> dict[str, Any]:
+    async def tool_search(self, ctx: ToolContext, query: str) -> JsonObject:
         """The `recall_memory` tool: the model's own query, the user's whole memory, minus the window."""
         if not query.strip():
             return {"query": query, "items": [], "note": "empty query"}
@@ -274,7 +277,7 @@ class MemoryRecaller:
         }
 
 
-def _without_memory(user_text: str, scope: str, code: str, message: str) -> dict[str, Any]:
+def _without_memory(user_text: str, scope: str, code: str, message: str) -> JsonObject:
     """The `memory.retrieved` payload of a reply that goes on without memory, saying why."""
     return {
         "query": user_text,
@@ -288,17 +291,6 @@ def _without_memory(user_text: str, scope: str, code: str, message: str) -> dict
 
 def _ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 2)
-
-
-def build_recall(services: Services) -> MemoryRecall | None:
-    """The recall function the prompter calls before each reply, or None when memory is off."""
-    embedder = services.extras.get("embedder")
-    if embedder is None:
-        return None
-    recaller = MemoryRecaller(services, embedder)
-    services.extras["memory_recaller"] = recaller
-    services.extras["memory_search"] = recaller.tool_search
-    return recaller.recall_for_reply
 
 
 def _rewrite_outcome(result: Rewrite) -> str:

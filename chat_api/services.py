@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chat_api.auth import TokenVerifier
 from chat_api.providers.base import ChatProvider
@@ -19,6 +19,10 @@ from chat_api.replies.signals import Signals
 from chat_api.tools import ToolRegistry
 from memory.config import Settings
 from memory.db import Database
+from memory.embeddings import Embedder
+
+if TYPE_CHECKING:
+    from chat_api.recall import MemoryRecaller
 
 
 def process_id() -> str:
@@ -28,6 +32,8 @@ def process_id() -> str:
 
 @dataclass
 class Services:
+    """Everything a request or a background loop of this process may use, typed."""
+
     settings: Settings
     db: Database
     verifier: TokenVerifier
@@ -40,4 +46,5 @@ class Services:
     prompter: Prompter
     runner: ReplyRunner
     process_id: str
-    extras: dict[str, Any] = field(default_factory=dict)
+    embedder: Embedder  # one copy of the model per process: retrieval and an in-process indexer
+    recaller: MemoryRecaller | None = None  # long-term memory; set once the services exist

@@ -14,9 +14,9 @@ import importlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import dataclass
+from datetime import UTC, datetime, tzinfo
+from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import select, update
@@ -26,21 +26,29 @@ from sqlalchemy.sql import func
 from memory.config import Settings
 from memory.conversations import Owner
 from memory.db import Database
+from memory.json_values import JsonObject, JsonValue
 from memory.models import ToolCallState, ToolInvocation
+
+
+class MemorySearch(Protocol):
+    """Searches the user's long-term memory for a tool (the `recall_memory` tool uses it)."""
+
+    async def __call__(self, ctx: ToolContext, query: str) -> JsonObject: ...
 
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool may know about the call it serves."""
+    """What a tool may know about the call it serves, and what it may use."""
 
     owner: Owner
     conversation_id: uuid.UUID
     turn_id: uuid.UUID
     db: Database
-    services: dict[str, Any] = field(default_factory=dict)
+    memory: MemorySearch | None = None  # None when long-term memory is off in this process
 
 
-ToolFunc = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+# A tool: its arguments (a JSON object) and context in, a JSON result out.
+ToolFunc = Callable[[JsonObject, ToolContext], Awaitable[JsonValue]]
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ class Tool:
 
     name: str
     description: str
-    parameters: dict[str, Any]
+    parameters: JsonObject
     func: ToolFunc
     side_effects: bool = False
     # The turn waits (`awaiting_approval`) until a person approves or rejects the call.
@@ -57,7 +65,7 @@ class Tool:
     # Waiting longer than this counts as a rejection (None: wait as long as it takes).
     approval_timeout_seconds: float | None = None
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self) -> JsonObject:
         """The OpenAI `tools` entry."""
         return {
             "type": "function",
@@ -93,18 +101,20 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
-    def schemas(self) -> list[dict[str, Any]]:
+    def schemas(self) -> list[JsonObject]:
         return [tool.schema() for tool in self._tools.values()]
 
     def __len__(self) -> int:
         return len(self._tools)
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: JsonValue) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def idempotency_key(owner: Owner, turn_id: uuid.UUID, call_index: int, name: str, arguments: Any) -> str:
+def idempotency_key(
+    owner: Owner, turn_id: uuid.UUID, call_index: int, name: str, arguments: JsonObject
+) -> str:
     """The key of one logical call: same tenant, turn, position, tool and arguments → same key."""
     raw = "\x1f".join([owner.tenant_id, str(turn_id), str(call_index), name, canonical_json(arguments)])
     return hashlib.sha256(raw.encode()).hexdigest()
@@ -113,12 +123,18 @@ def idempotency_key(owner: Owner, turn_id: uuid.UUID, call_index: int, name: str
 @dataclass
 class ToolOutcome:
     state: str
-    result: Any
+    result: JsonValue
     reused: bool = False
 
 
 async def begin_invocation(
-    db: Database, owner: Owner, turn_id: uuid.UUID, call_index: int, call_id: str, tool: Tool, arguments: Any
+    db: Database,
+    owner: Owner,
+    turn_id: uuid.UUID,
+    call_index: int,
+    call_id: str,
+    tool: Tool,
+    arguments: JsonObject,
 ) -> tuple[str, ToolOutcome | None]:
     """Claim the call's key: (key, None) means run the tool; otherwise the known outcome."""
     key = idempotency_key(owner, turn_id, call_index, tool.name, arguments)
@@ -153,7 +169,7 @@ async def begin_invocation(
         if row.state == ToolCallState.SUCCEEDED:
             return key, ToolOutcome(ToolCallState.SUCCEEDED, row.result, reused=True)
         if tool.side_effects:
-            note = {
+            note: JsonObject = {
                 "error": f"not run again: an earlier attempt ended {row.state}",
                 "side_effect_may_have_happened": row.side_effect_may_have_happened,
             }
@@ -163,7 +179,7 @@ async def begin_invocation(
         return key, None
 
 
-async def finish_invocation(db: Database, key: str, state: str, result: Any) -> None:
+async def finish_invocation(db: Database, key: str, state: str, result: JsonValue) -> None:
     """Record how the call ended."""
     async with db.transaction() as session:
         await session.execute(
@@ -190,21 +206,20 @@ async def cancel_invocation(db: Database, key: str, *, side_effect_may_have_happ
 # --- built-in tools --------------------------------------------------------------------
 
 
-async def _current_time(args: dict[str, Any], _: ToolContext) -> dict[str, Any]:
+async def _current_time(args: JsonObject, _: ToolContext) -> JsonObject:
     name = str(args.get("timezone") or "UTC")
     try:
-        zone: Any = ZoneInfo(name)
+        zone: tzinfo = ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
         return {"error": f"unknown timezone {name!r}"}
     now = datetime.now(UTC).astimezone(zone)
     return {"timezone": name, "iso": now.isoformat(timespec="seconds"), "weekday": now.strftime("%A")}
 
 
-async def _recall_memory(args: dict[str, Any], ctx: ToolContext) -> Any:
-    search = ctx.services.get("memory_search")
-    if search is None:
+async def _recall_memory(args: JsonObject, ctx: ToolContext) -> JsonObject:
+    if ctx.memory is None:
         return {"items": [], "note": "long-term memory is not available in this process"}
-    return await search(ctx, str(args.get("query") or ""))
+    return await ctx.memory(ctx, str(args.get("query") or ""))
 
 
 CURRENT_TIME = Tool(

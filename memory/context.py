@@ -372,6 +372,67 @@ def _memory_block(
     return prompts.render("memory_block", items="\n".join(lines)), kept
 
 
+@dataclass(frozen=True, slots=True)
+class PromptWindow:
+    """The sanitized recent window of a conversation, chosen once; memory is added per prompt.
+
+    Recall reads it (the rewriter's history, the turns retrieval must not return again)
+    and the reply's first model step is built from it: one read and one build per reply.
+    """
+
+    messages: list[dict[str, Any]]  # oldest first, without the system message
+    turn_ids: list[Any]  # the turns represented in `messages`, oldest first
+    tokens: int
+    dropped: dict[str, int]
+    current_conversation: Any
+    now: datetime
+
+
+def build_window(
+    turns: Sequence[TurnView], *, prompts: PromptSet, budget: ContextBudget, now: datetime | None = None
+) -> PromptWindow:
+    """The recent window the next prompt shows, within what the budget leaves after system and memory."""
+    now = now or datetime.now(UTC)
+    dropped: Counter[str] = Counter()
+    system_tokens = _message_tokens(prompts.render("system", date=now.date().isoformat()))
+    token_budget = budget.max_tokens - budget.reply_reserve - budget.memory_reserve - system_tokens
+    units, window_tokens = _select_window(turns, prompts, budget, token_budget, dropped)
+    messages: list[dict[str, Any]] = []
+    turn_ids: list[Any] = []
+    for unit in reversed(units):
+        messages.extend(unit.messages)
+        turn_ids.extend(unit.turn_ids)
+    current_conversation = turns[-1].conversation_id if turns else None
+    return PromptWindow(messages, turn_ids, window_tokens, dict(dropped), current_conversation, now)
+
+
+def prompt_from_window(
+    window: PromptWindow,
+    *,
+    prompts: PromptSet,
+    budget: ContextBudget,
+    memory: Sequence[MemoryItemView] = (),
+) -> BuiltContext:
+    """OpenAI chat messages: system (with the memories that fit), then the window."""
+    dropped: Counter[str] = Counter(window.dropped)
+    system_text = prompts.render("system", date=window.now.date().isoformat())
+    memory_text, memory_used = _memory_block(
+        memory, prompts, budget.memory_reserve, window.current_conversation, dropped
+    )
+    if memory_text is not None:
+        # One system message, not two: several OpenAI-compatible servers (chat templates of
+        # open models) accept a single leading system message only.
+        system_text = f"{system_text}\n\n{memory_text}"
+    return BuiltContext(
+        messages=[{"role": "system", "content": system_text}, *window.messages],
+        window_turn_ids=list(window.turn_ids),
+        prompt_version=prompts.version,
+        token_count=_message_tokens(system_text) + window.tokens + REPLY_PRIMING_TOKENS,
+        dropped=dict(dropped),
+        memory_used=memory_used,
+    )
+
+
 def build_context(
     turns: Sequence[TurnView],
     *,
@@ -381,33 +442,5 @@ def build_context(
     now: datetime | None = None,
 ) -> BuiltContext:
     """OpenAI chat messages for the next reply: system (with memories), then the sanitized recent window."""
-    now = now or datetime.now(UTC)
-    dropped: Counter[str] = Counter()
-    system_text = prompts.render("system", date=now.date().isoformat())
-    system_tokens = _message_tokens(system_text)
-    token_budget = budget.max_tokens - budget.reply_reserve - budget.memory_reserve - system_tokens
-    units, window_tokens = _select_window(turns, prompts, budget, token_budget, dropped)
-
-    current_conversation = turns[-1].conversation_id if turns else None
-    memory_text, memory_used = _memory_block(
-        memory, prompts, budget.memory_reserve, current_conversation, dropped
-    )
-    if memory_text is not None:
-        # One system message, not two: several OpenAI-compatible servers (chat templates of
-        # open models) accept a single leading system message only.
-        system_text = f"{system_text}\n\n{memory_text}"
-        system_tokens = _message_tokens(system_text)
-
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_text}]
-    window_turn_ids: list[Any] = []
-    for unit in reversed(units):
-        messages.extend(unit.messages)
-        window_turn_ids.extend(unit.turn_ids)
-    return BuiltContext(
-        messages=messages,
-        window_turn_ids=window_turn_ids,
-        prompt_version=prompts.version,
-        token_count=system_tokens + window_tokens + REPLY_PRIMING_TOKENS,
-        dropped=dict(dropped),
-        memory_used=memory_used,
-    )
+    window = build_window(turns, prompts=prompts, budget=budget, now=now)
+    return prompt_from_window(window, prompts=prompts, budget=budget, memory=memory)

@@ -29,6 +29,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.conversations import Owner
+from memory.json_values import JsonObject
 from memory.models import Turn, TurnStatus
 from memory.outbox import record_finished_turn
 from memory.reply_state import TERMINAL_EVENT, Event, notify_done
@@ -112,13 +113,13 @@ async def end_reply(
         return None
     await record_finished_turn(session, turn)
     reply_id = turn.reply_id or turn.id
-    data: dict[str, Any] = {"reply_id": str(reply_id), "turn_id": str(turn.id), "status": ending.status}
+    data: JsonObject = {"reply_id": str(reply_id), "turn_id": str(turn.id), "status": ending.status}
     if live is not None and live.usage:
-        data["usage"] = live.usage
+        data["usage"] = {name: count for name, count in live.usage.items()}
     if turn.interrupt_reason:
         data["reason"] = turn.interrupt_reason
     if ending.error:
-        data["error"] = ending.error
+        data["error"] = {key: text for key, text in ending.error.items()}
     terminal = Event(terminal_id, TERMINAL_EVENT[ending.status], data)
     await append_events(session, reply_id, Owner(turn.tenant_id, turn.user_id), [*unsaved, terminal])
     await release_conversation(session, turn.conversation_id, reply_id)

@@ -16,11 +16,12 @@ Channels:
 from __future__ import annotations
 
 import uuid
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memory.json_values import JsonObject
 from memory.models import Turn, TurnStatus
 
 STOP_CHANNEL = "chatmem_stop"
@@ -37,7 +38,7 @@ class Event(NamedTuple):
 
     id: int
     name: str
-    data: dict[str, Any]
+    data: JsonObject
 
 
 # The event that ends a reply's log, by the status it ended in. `turn.awaiting_approval`

@@ -25,6 +25,7 @@ from tests.fake_openai import FakeOpenAI, ToolCall
 from tests.fake_openai import Reply as FakeReply
 from tests.procs import ServerProcess
 from tests.sse import SSEEvent, collect
+from tests.support import new_conversation, wait_until
 
 ASK = '/tool transfer_funds {"amount": 5, "to": "bob"}'
 ASKED_ARGUMENTS = '{"amount": 5, "to": "bob"}'
@@ -52,12 +53,6 @@ def transfer_tools(runs: list[dict[str, Any]], timeout: float | None = None) -> 
     return tools
 
 
-async def new_conversation(client: httpx.AsyncClient) -> str:
-    r = await client.post("/v1/conversations", json={"title": "approvals"})
-    assert r.status_code == 201, r.text
-    return str(r.json()["id"])
-
-
 async def park(client: httpx.AsyncClient, cid: str, content: str = ASK) -> list[SSEEvent]:
     """Send a message whose reply calls the approval tool; the stream ends parked."""
     async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": content}) as r:
@@ -80,13 +75,6 @@ async def decide_streaming(client: httpx.AsyncClient, url: str, body: dict[str, 
 
 def approve_url(ask: dict[str, Any], verb: str = "approve") -> str:
     return f"/v1/turns/{ask['turn_id']}/tool_calls/{ask['call_id']}/{verb}"
-
-
-async def wait_until(predicate: Any, timeout: float = 15) -> Any:
-    async with asyncio.timeout(timeout):
-        while not (value := await predicate()):
-            await asyncio.sleep(0.05)
-    return value
 
 
 async def test_a_call_needing_approval_parks_the_turn_and_runs_nothing(

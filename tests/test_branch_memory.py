@@ -20,7 +20,8 @@ from memory.db import Database
 from memory.embeddings import HashEmbedder
 from memory.models import MemoryItem, OutboxRow
 from tests.conftest import LiveServer
-from tests.test_branches import new_conversation, send, turns
+from tests.support import new_conversation, wait_until
+from tests.test_branches import send, turns
 
 TEAL = "My favourite colour is teal, like the old harbour boats."
 CRIMSON = "My favourite colour is crimson, like the theatre curtains."
@@ -28,7 +29,7 @@ QUESTION = "what is my favourite colour?"
 
 
 def indexer_worker(services: Any, stop: asyncio.Event) -> Any:
-    return IndexerWorker(services.db, services.settings, services.extras["embedder"]).run(stop)
+    return IndexerWorker(services.db, services.settings, services.embedder).run(stop)
 
 
 async def recalled(client: httpx.AsyncClient) -> str:
@@ -39,12 +40,11 @@ async def recalled(client: httpx.AsyncClient) -> str:
 
 
 async def wait_indexed(client: httpx.AsyncClient, cid: str) -> None:
-    async with asyncio.timeout(30):
-        while True:
-            state = (await client.get(f"/v1/conversations/{cid}")).json()
-            if state["indexed_seq"] >= state["turn_count"]:
-                return
-            await asyncio.sleep(0.1)
+    async def indexed() -> bool:
+        state = (await client.get(f"/v1/conversations/{cid}")).json()
+        return bool(state["indexed_seq"] >= state["turn_count"])
+
+    await wait_until(indexed, 30, "every turn indexed")
 
 
 async def edit_first_message(client: httpx.AsyncClient, cid: str, content: str) -> None:

@@ -14,12 +14,7 @@ from memory.db import Database
 from memory.models import Branch, Turn
 from tests.conftest import LiveServer
 from tests.sse import SSEEvent, collect, iter_sse
-
-
-async def new_conversation(client: httpx.AsyncClient, title: str = "") -> str:
-    r = await client.post("/v1/conversations", json={"title": title})
-    assert r.status_code == 201, r.text
-    return str(r.json()["id"])
+from tests.support import new_conversation
 
 
 async def send(client: httpx.AsyncClient, cid: str, content: str) -> dict[str, Any]:

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tests.conftest import LiveServer
 from tests.sse import collect
-
-
-async def new_conversation(client: Any, **body: Any) -> str:
-    response = await client.post("/v1/conversations", json=body or {"title": "t"})
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
+from tests.support import new_conversation
 
 
 async def test_streamed_reply_is_persisted_with_increasing_event_ids(server: LiveServer) -> None:

@@ -14,7 +14,8 @@ import httpx
 
 from tests.conftest import LiveServer
 from tests.sse import SSEEvent, collect, iter_sse
-from tests.test_branches import new_conversation, turns
+from tests.support import new_conversation
+from tests.test_branches import turns
 
 Frame = tuple[int | None, str, Any]
 

@@ -19,14 +19,9 @@ from indexer.worker import IndexerWorker
 from memory.db import Database
 from memory.models import OutboxRow, Turn
 from tests.conftest import LiveServer, token_for
+from tests.support import new_conversation, wait_until
 
 EXPORT = Path(__file__).parent / "data" / "chatgpt_export_branches.json"
-
-
-async def new_conversation(client: httpx.AsyncClient, title: str = "imported") -> str:
-    response = await client.post("/v1/conversations", json={"title": title})
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
 
 
 async def history(client: httpx.AsyncClient, conversation_id: str) -> list[dict[str, Any]]:
@@ -240,7 +235,7 @@ async def test_cli_names_the_jsonl_line_of_a_bad_turn(server: LiveServer, tmp_pa
 
 
 def indexer_worker(services: Any, stop: asyncio.Event) -> Any:
-    return IndexerWorker(services.db, services.settings, services.extras["embedder"]).run(stop)
+    return IndexerWorker(services.db, services.settings, services.embedder).run(stop)
 
 
 async def test_5000_imported_turns_are_indexed_and_searchable(start_server: Callable[..., Any]) -> None:
@@ -265,12 +260,11 @@ async def test_5000_imported_turns_are_indexed_and_searchable(start_server: Call
         assert body["created"] == 5000
         assert body["last_seq"] == 5000
 
-        async with asyncio.timeout(180):
-            while True:
-                state = (await client.get(f"/v1/conversations/{conversation}")).json()
-                if state["indexed_seq"] >= body["last_seq"]:
-                    break
-                await asyncio.sleep(0.2)
+        async def indexed() -> dict[str, Any] | None:
+            state: dict[str, Any] = (await client.get(f"/v1/conversations/{conversation}")).json()
+            return state if state["indexed_seq"] >= body["last_seq"] else None
+
+        state = await wait_until(indexed, 180, "the import indexed", every=0.2)
         assert state["turn_count"] == 5000
 
         found = await client.post(

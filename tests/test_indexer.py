@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from memory.models import Conversation, MemoryItem, OutboxRow, Turn, TurnStatus
 from memory.outbox import PAYLOAD_VERSION, record_finished_turn, turn_payload
 from memory.redaction import redact
 from memory.turns import add_turn
+from tests.support import wait_until
 
 OWNER = Owner("tenant-a", "user-a")
 
@@ -38,17 +38,6 @@ def test_settings(pg_url: str, **overrides: Any) -> Settings:
 
 
 test_settings.__test__ = False  # type: ignore[attr-defined]
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float = 20.0, what: str = "condition"
-) -> None:
-    """Wait until `check()` is true, failing after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def chat_turns(
@@ -263,7 +252,7 @@ async def run_worker_until(
     stop = asyncio.Event()
     task = asyncio.ensure_future(worker.run(stop))
     try:
-        await eventually(lambda: _done_or_crashed(task, done), timeout, "the worker to finish")
+        await wait_until(lambda: _done_or_crashed(task, done), timeout, "the worker to finish")
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)

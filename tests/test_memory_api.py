@@ -7,7 +7,8 @@ from typing import Any
 import httpx
 
 from tests.conftest import LiveServer
-from tests.test_memory_recall import FACT, new_conversation, say
+from tests.support import new_conversation
+from tests.test_memory_recall import FACT, say
 
 
 def error_code(response: httpx.Response) -> str:

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 import httpx
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from indexer.pipeline import IndexPipeline
 from memory.config import Settings
@@ -24,15 +24,10 @@ from memory.rewrite import HistoryLine, clean_model_query, heuristic_rewrite
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.sse import SSEEvent, collect
+from tests.support import new_conversation
 
 FACT = "My sister Ingrid moved to Reykjavik last spring and keeps honeybees there."
 QUESTION = "Where does my sister Ingrid live now?"
-
-
-async def new_conversation(client: httpx.AsyncClient, title: str = "", **fields: Any) -> str:
-    r = await client.post("/v1/conversations", json={"title": title, **fields})
-    assert r.status_code == 201, r.text
-    return str(r.json()["id"])
 
 
 async def say(client: httpx.AsyncClient, cid: str, content: str, **fields: Any) -> list[SSEEvent]:
@@ -156,6 +151,31 @@ async def test_turns_in_the_prompt_window_are_not_recalled_again(start_server: A
     assert FACT in [item["text"] for item in items]  # outside the window: recalled
     assert all(item["turn_id"] not in window for item in items)
     assert "Ingrid sends her regards from the harbour." not in [item["text"] for item in items]
+
+
+async def test_the_prompt_window_is_read_once_per_reply_and_shared_by_recall_and_the_first_step(
+    server: LiveServer,
+) -> None:
+    """Recall read and built the window, then the first model step read and built it again."""
+    reads: list[str] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        # memory.turns.RECENT_TURNS, the window's one statement (the unindexed search also walks lineages)
+        if "unnest(b.lineage_ids" in statement and "indexed_seq" not in statement:
+            reads.append(statement)
+
+    engine = server.services.db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        async with server.client() as client:
+            cid = await new_conversation(client)
+            await say(client, cid, FACT)
+            reads.clear()
+            events = await say(client, cid, QUESTION)
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert "error" not in retrieved(events)  # memory was recalled, from that window
+    assert len(reads) == 1
 
 
 async def test_forget_all_memory_is_immediate_and_survives_the_indexer(

@@ -29,7 +29,8 @@ from memory.db import Database
 from memory.embeddings import HashEmbedder
 from tests.kafka_mock import TcpGate
 from tests.kafka_mock import topic_size as kafka_topic_size
-from tests.test_indexer import chat_turns, eventually, memorable, run_worker_until, scalar, test_settings
+from tests.support import wait_until
+from tests.test_indexer import chat_turns, memorable, run_worker_until, scalar, test_settings
 from tests.test_transport_contract import kafka_test_settings
 
 # The mock Kafka fixtures (`kafka_bootstrap`); conftest may register them for every module instead.
@@ -101,7 +102,7 @@ async def test_indexer_killed_mid_batch_loses_nothing_and_duplicates_nothing(
     _, turns = await chat_turns(db, [memorable(i) for i in range(50)])
     async with table_locked(db, "memory_items"):
         with child("indexer", settings) as proc:
-            await eventually(
+            await wait_until(
                 lambda: waiting_on_lock(db, "INSERT INTO memory_items"), 60, "the indexer's upsert"
             )
             proc.send_signal(signal.SIGKILL)
@@ -125,7 +126,7 @@ async def test_sigterm_finishes_the_batch_in_hand(db: Database, pg_url: str) -> 
     await chat_turns(db, [memorable(i) for i in range(20)])
     with child("indexer", settings) as proc:
         async with table_locked(db, "memory_items"):
-            await eventually(
+            await wait_until(
                 lambda: waiting_on_lock(db, "INSERT INTO memory_items"), 60, "the indexer's upsert"
             )
             proc.send_signal(signal.SIGTERM)
@@ -211,8 +212,8 @@ async def test_kafka_unreachable_while_100_turns_are_chatted(
             async def all_indexed() -> bool:
                 return await scalar(db, "SELECT count(*) FROM memory_items") >= 100
 
-            await eventually(all_indexed, 60, "the backlog to drain")
-            await eventually(lambda: _none_unpublished(db), 20, "every row marked published")
+            await wait_until(all_indexed, 60, "the backlog to drain")
+            await wait_until(lambda: _none_unpublished(db), 20, "every row marked published")
     finally:
         await gate.close()
     assert await scalar(db, "SELECT count(*) FROM memory_items") == 100
@@ -234,11 +235,11 @@ async def test_relay_killed_between_publish_and_mark(
     settings = kafka_test_settings(pg_url, kafka_bootstrap, outbox_lease_seconds=2)
     await chat_turns(db, [memorable(i) for i in range(30)])
     with child("relay", settings) as proc:
-        await eventually(
+        await wait_until(
             lambda: _claimed(db, 30), 60, "the relay's lease on every row (committed before it publishes)"
         )
         async with table_locked(db, "outbox"):
-            await eventually(
+            await wait_until(
                 lambda: waiting_on_lock(db, "UPDATE outbox SET published_at"), 60, "the relay's mark"
             )
             proc.send_signal(signal.SIGKILL)
@@ -247,8 +248,8 @@ async def test_relay_killed_between_publish_and_mark(
     assert await scalar(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 30  # never marked
 
     async with running(OutboxRelay(db, settings), IndexerWorker(db, settings, HashEmbedder(dim=384))):
-        await eventually(lambda: _none_unpublished(db), 30, "the rows published again")
-        await eventually(
+        await wait_until(lambda: _none_unpublished(db), 30, "the rows published again")
+        await wait_until(
             lambda: _topic_consumed(db, kafka_bootstrap, settings), 30, "the duplicates consumed"
         )
     assert await topic_size(kafka_bootstrap, settings.kafka_topic) == 60  # every turn delivered twice
@@ -283,7 +284,7 @@ async def test_undecodable_kafka_message_is_dead_lettered_and_the_rest_indexed(
         await producer.stop()
     await chat_turns(db, [memorable(i) for i in range(5)])
     async with running(OutboxRelay(db, settings), IndexerWorker(db, settings, HashEmbedder(dim=384))):
-        await eventually(
+        await wait_until(
             lambda: _count_is(db, "SELECT count(*) FROM memory_items", 5), 30, "the good turns indexed"
         )
     reader = AIOKafkaConsumer(

@@ -8,7 +8,8 @@ from typing import Any
 
 from memory.embeddings import HashEmbedder
 from tests.conftest import LiveServer
-from tests.test_memory_recall import FACT, QUESTION, new_conversation, reply_text, retrieved, say
+from tests.support import new_conversation
+from tests.test_memory_recall import FACT, QUESTION, reply_text, retrieved, say
 
 
 class GatedEmbedder(HashEmbedder):

@@ -19,7 +19,8 @@ from sqlalchemy import text
 from memory.db import Database
 from memory.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
-from tests.test_memory_recall import index_outbox, new_conversation, say
+from tests.support import new_conversation, wait_until
+from tests.test_memory_recall import index_outbox, say
 
 FACT = "My sister Ingrid moved to Reykjavik last spring and keeps honeybees there."
 LATER_FACT = "Ingrid also adopted a one-eyed cat called Pirate."
@@ -222,9 +223,11 @@ async def test_the_retention_job_runs_periodically_in_a_real_server(start_server
     async with server.client(tenant="t1") as client:
         await say(client, await new_conversation(client), FACT)
     await age(db, "UPDATE turns SET created_at = now() - interval '2 days'")
-    async with asyncio.timeout(10):
-        while await expired_turns(db, "t1") != (2, 0):
-            await asyncio.sleep(0.05)
+
+    async def expired() -> bool:
+        return await expired_turns(db, "t1") == (2, 0)
+
+    await wait_until(expired, 10, "the retention job to expire both turns")
 
 
 async def test_operator_cli_deletes_a_user(server: LiveServer, db: Database, pg_url: str) -> None:

@@ -15,14 +15,9 @@ from memory.models import OutboxRow, ToolInvocation, Turn
 from tests.conftest import LiveServer
 from tests.procs import server_process
 from tests.sse import SSEEvent, collect, iter_sse
+from tests.support import new_conversation, wait_until
 
 TERMINAL = {"turn.completed", "turn.interrupted", "turn.failed"}
-
-
-async def new_conversation(client: httpx.AsyncClient) -> str:
-    r = await client.post("/v1/conversations", json={"title": "stop tests"})
-    assert r.status_code == 201, r.text
-    return str(r.json()["id"])
 
 
 async def drain(stream: Any) -> list[SSEEvent]:
@@ -43,13 +38,12 @@ async def read_until(stream: Any, predicate: Any, into: list[SSEEvent]) -> None:
 
 async def wait_status(
     client: httpx.AsyncClient, turn_id: str, statuses: set[str], timeout: float = 15
-) -> dict:
-    async with asyncio.timeout(timeout):
-        while True:
-            turn = (await client.get(f"/v1/turns/{turn_id}")).json()
-            if turn["status"] in statuses:
-                return turn  # type: ignore[no-any-return]
-            await asyncio.sleep(0.05)
+) -> dict[str, Any]:
+    async def reached() -> dict[str, Any] | None:
+        turn: dict[str, Any] = (await client.get(f"/v1/turns/{turn_id}")).json()
+        return turn if turn["status"] in statuses else None
+
+    return await wait_until(reached, timeout, f"turn {turn_id} to reach {sorted(statuses)}")
 
 
 async def test_stop_mid_stream_keeps_every_delta_the_client_saw(start_server: Any, db: Database) -> None:

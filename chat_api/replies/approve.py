@@ -20,7 +20,7 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -38,6 +38,7 @@ from memory.approvals import (
 )
 from memory.branches import user_turn_before
 from memory.conversations import Owner
+from memory.json_values import JsonObject
 from memory.models import Turn
 from memory.reply_state import Event
 from memory.tool_calls import tool_calls_of
@@ -88,7 +89,7 @@ async def _record(session: AsyncSession, turn: Turn, call_ids: list[str], decisi
     events = []
     for call_id in call_ids:
         call = decide_call(turn, call_id, decision)
-        data: dict[str, Any] = {
+        data: JsonObject = {
             "reply_id": str(turn.reply_id or turn.id),
             "turn_id": str(turn.id),
             "call_id": call_id,

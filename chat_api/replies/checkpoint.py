@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from dataclasses import dataclass
 
 from sqlalchemy import text
 
@@ -35,29 +35,38 @@ INSERT_EVENTS = text(
 ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
 
-def take_unpersisted(reply: Reply) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Claimed:
+    """A run of a reply's events, claimed for one write: `events[start:end]`."""
+
+    start: int
+    end: int
+    last_id: int
+    chunk: dict[str, object]  # the INSERT_EVENTS parameters
+
+
+def take_unpersisted(reply: Reply) -> Claimed | None:
     """Claim the reply's events not yet persisted (synchronously, so two writers never overlap)."""
     start, end = reply.persisted, len(reply.events)
     if start == end:
         return None
     reply.persisted = end
     batch = reply.events[start:end]
-    return {
+    chunk: dict[str, object] = {
         "reply_id": reply.id,
-        "first_id": batch[0][0],
-        "last_id": batch[-1][0],
+        "first_id": batch[0].id,
+        "last_id": batch[-1].id,
         "tenant_id": reply.owner.tenant_id,
         "user_id": reply.owner.user_id,
         "events": json.dumps(batch, ensure_ascii=False),
-        "_range": (start, end),
     }
+    return Claimed(start, end, batch[-1].id, chunk)
 
 
-def give_back(reply: Reply, claimed: dict[str, Any]) -> None:
+def give_back(reply: Reply, claimed: Claimed) -> None:
     """A write failed: let the next tick retry the range, unless a later write already went on."""
-    start, end = claimed["_range"]
-    if reply.persisted == end:
-        reply.persisted = start
+    if reply.persisted == claimed.end:
+        reply.persisted = claimed.start
 
 
 class Checkpointer:
@@ -105,16 +114,14 @@ class Checkpointer:
                         "turn_id": reply.turn_id,
                         "content": reply.content,
                         "tool_calls": json.dumps(reply.tool_calls, ensure_ascii=False),
-                        "last_event_id": claimed["last_id"],
+                        "last_event_id": claimed.last_id,
                     }
                 )
         try:
             async with self.db.transaction() as session:
                 await session.execute(ASYNC_COMMIT)
                 if chunks:
-                    await session.execute(
-                        INSERT_EVENTS, [{k: v for k, v in c.items() if k != "_range"} for c in chunks]
-                    )
+                    await session.execute(INSERT_EVENTS, [c.chunk for c in chunks])
                     await session.execute(CHECKPOINT_TURN, turns)
                     await session.execute(NOTIFY_CHECKPOINT)
                 await session.execute(HEARTBEAT, {"ids": [r.turn_id for r in replies]})

@@ -1,19 +1,39 @@
-"""Builds each model step's prompt: recalled memory plus the sanitized recent window."""
+"""Builds each model step's prompt: recalled memory plus the sanitized recent window.
+
+The window is read and built once per reply before its first token: recall uses it (the
+rewriter's history, the turns retrieval must not return again) and the first model step
+is sent it, with the recalled memories. Later steps read the turns the reply added.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from chat_api.replies.reply import Reply, ReplyRequest
 from memory.config import Settings
-from memory.context import BuiltContext, ContextBudget, MemoryItemView, TurnView, build_context
+from memory.context import (
+    BuiltContext,
+    ContextBudget,
+    MemoryItemView,
+    PromptWindow,
+    TurnView,
+    build_window,
+    prompt_from_window,
+)
 from memory.db import Database
+from memory.json_values import JsonObject
 from memory.prompts import PromptSet
 from memory.turns import recent_turn_rows
 
-# (reply, user_text, scope) -> (rewritten query, memory items, event payload)
-MemoryRecall = Callable[[Reply, str, str], Awaitable[tuple[str, list[MemoryItemView], dict[str, Any]]]]
+
+class MemoryRecall(Protocol):
+    """Recalls memory for a reply: (rewritten query, memory items, `memory.retrieved` payload)."""
+
+    async def __call__(
+        self, reply: Reply, user_text: str, scope: str, window: PromptWindow
+    ) -> tuple[str, list[MemoryItemView], JsonObject]: ...
 
 
 class Prompter:
@@ -33,23 +53,36 @@ class Prompter:
     def version(self) -> str:
         return self.prompts.version
 
-    async def prepare(self, reply: Reply, request: ReplyRequest) -> None:
-        """Recall long-term memory once per reply and announce it to the client."""
-        if self.recall is None or request.memory_scope == "none":
-            return
-        _rewritten, items, payload = await self.recall(reply, request.user_text, request.memory_scope)
-        reply.memories = items
-        reply.publish("memory.retrieved", payload)
+    async def prepare(self, reply: Reply, request: ReplyRequest) -> PromptWindow:
+        """Read the prompt window, recall long-term memory with it and announce it; returns the window."""
+        window = await self.window_for(reply.conversation_id)
+        if self.recall is not None and request.memory_scope != "none":
+            _rewritten, items, payload = await self.recall(
+                reply, request.user_text, request.memory_scope, window
+            )
+            reply.memories = items
+            reply.publish("memory.retrieved", payload)
+        return window
 
-    async def context_for(self, conversation_id: Any, memory: Sequence[MemoryItemView] = ()) -> BuiltContext:
-        """What the model would be sent for this conversation right now."""
+    async def window_for(self, conversation_id: uuid.UUID) -> PromptWindow:
+        """The conversation's recent window as it stands now (one read)."""
         async with self.db.session() as session:
             rows = await recent_turn_rows(session, conversation_id, self.load_limit)
-        return build_context(
-            [TurnView.from_row(row) for row in rows], prompts=self.prompts, budget=self.budget, memory=memory
-        )
+        turns = [TurnView.from_row(row) for row in rows]
+        return build_window(turns, prompts=self.prompts, budget=self.budget)
 
-    async def messages(self, reply: Reply) -> list[dict[str, Any]]:
-        """The provider messages for the reply's next model step."""
-        built = await self.context_for(reply.conversation_id, reply.memories)
-        return built.messages
+    def prompt(self, window: PromptWindow, memory: Sequence[MemoryItemView] = ()) -> BuiltContext:
+        """The whole prompt: the system message with the memories that fit, then the window."""
+        return prompt_from_window(window, prompts=self.prompts, budget=self.budget, memory=memory)
+
+    async def context_for(
+        self, conversation_id: uuid.UUID, memory: Sequence[MemoryItemView] = ()
+    ) -> BuiltContext:
+        """What the model would be sent for this conversation right now."""
+        return self.prompt(await self.window_for(conversation_id), memory)
+
+    async def messages(self, reply: Reply, window: PromptWindow | None = None) -> list[dict[str, Any]]:
+        """The provider messages for the reply's next model step, from `window` if it is still current."""
+        if window is None:
+            window = await self.window_for(reply.conversation_id)
+        return self.prompt(window, reply.memories).messages

@@ -12,10 +12,10 @@ import asyncio
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
 
 from memory.context import MemoryItemView
 from memory.conversations import Owner
+from memory.json_values import JsonObject
 from memory.models import ToolCallState
 from memory.reply_state import Event
 from memory.tool_calls import ToolCall
@@ -51,7 +51,7 @@ class Reply:
         self.stop_reason: str | None = None
         self.finished = asyncio.Event()
         self.started_at = 0.0  # monotonic, set when the runner launches it (for metrics)
-        self.final: dict[str, Any] | None = None
+        self.final_status: str | None = None  # how it ended, once it has
         self.request = ReplyRequest(user_text="")  # set by the runner; kept for parking and resuming
         self._wake = asyncio.Event()
 
@@ -115,7 +115,7 @@ class Reply:
 
     # --- events ---------------------------------------------------------------------
 
-    def publish(self, name: str, data: dict[str, Any]) -> Event:
+    def publish(self, name: str, data: JsonObject) -> Event:
         """Append an event and wake every follower."""
         event = Event(len(self.events) + 1, name, data)
         self.events.append(event)
@@ -126,9 +126,9 @@ class Reply:
     def next_event_id(self) -> int:
         return len(self.events) + 1
 
-    def finish(self, final: dict[str, Any]) -> None:
+    def finish(self, status: str) -> None:
         """Mark the reply over; followers drain the log and end."""
-        self.final = final
+        self.final_status = status
         self.finished.set()
         self._wake.set()
 

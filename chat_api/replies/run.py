@@ -26,7 +26,6 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -38,6 +37,7 @@ from chat_api.replies.prompt import Prompter
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.tools import (
+    MemorySearch,
     ToolContext,
     ToolRegistry,
     begin_invocation,
@@ -48,11 +48,12 @@ from memory.approvals import earliest_expiry, park_turn
 from memory.config import Settings
 from memory.conversations import get_conversation
 from memory.db import Database
+from memory.json_values import JsonObject, JsonValue
 from memory.models import ToolCallState, TurnStatus
 from memory.outbox import record_finished_turn
 from memory.reply_endings import Ending, LiveState, end_reply
 from memory.reply_state import TERMINAL_EVENT, Event, notify_done
-from memory.tool_calls import ToolCall
+from memory.tool_calls import Approval, ToolCall
 from memory.turns import add_turn, append_events, finish_turn
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,8 @@ class ReplyRunner:
         prompter: Prompter,
         checkpointer: Checkpointer,
         registry: ReplyRegistry,
-        services: dict[str, Any] | None = None,
+        process_id: str,
+        memory_search: MemorySearch | None = None,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -87,7 +89,8 @@ class ReplyRunner:
         self.prompter = prompter
         self.checkpointer = checkpointer
         self.registry = registry
-        self.services = services if services is not None else {}
+        self.process_id = process_id  # names this process as the owner of the turns it streams
+        self.memory_search = memory_search  # what the `recall_memory` tool searches with
         self._tasks: set[asyncio.Task[None]] = set()
 
     def launch(self, reply: Reply, request: ReplyRequest, *, resumed: bool = False) -> None:
@@ -152,13 +155,13 @@ class ReplyRunner:
             reply.publish(
                 "error", {"code": "storage_error", "message": "the reply's ending could not be stored"}
             )
-            reply.finish({"status": TurnStatus.STREAMING, "turn_id": str(reply.turn_id)})
+            reply.finish(TurnStatus.STREAMING)
             self.registry.remove(reply.id)
 
     # --- generation -----------------------------------------------------------------
 
     async def _generate(self, reply: Reply, request: ReplyRequest, resumed: bool) -> str:
-        await self.prompter.prepare(reply, request)
+        window = await self.prompter.prepare(reply, request)
         steps = self.settings.max_tool_steps
         first_token = True
         if resumed:
@@ -166,7 +169,8 @@ class ReplyRunner:
         for step in range(int(resumed), steps + 1):
             if step:
                 await self._next_step(reply)
-            messages = await self.prompter.messages(reply)
+            # The first step is sent the window recall read; later ones read the turns they follow.
+            messages = await self.prompter.messages(reply, window if step == 0 else None)
             tools = self.tools.schemas() if step < steps and len(self.tools) else None
             stream = self.provider.stream(messages, tools)
             try:
@@ -254,7 +258,7 @@ class ReplyRunner:
                 reply_id=reply.id,
                 turn_id=next_id,
                 model=self.provider.model,
-                owner=str(self.services.get("process_id", "unknown")),
+                owner=self.process_id,
             )
         reply.begin_step(next_id)
         reply.publish("step.started", {"reply_id": str(reply.id), "turn_id": str(next_id)})
@@ -291,11 +295,11 @@ class ReplyRunner:
                 },
             )
 
-    async def _run_one(self, reply: Reply, call: ToolCall) -> tuple[Any, str]:
-        approval = call.get("approval") or {}
+    async def _run_one(self, reply: Reply, call: ToolCall) -> tuple[JsonValue, str]:
+        approval = call.get("approval", Approval())
         if call["state"] == ToolCallState.REJECTED:
             timed_out = approval.get("by") == "timeout"
-            refusal = {
+            refusal: JsonObject = {
                 "error": "nobody approved this tool call in time"
                 if timed_out
                 else "the user did not approve this tool call",
@@ -328,7 +332,7 @@ class ReplyRunner:
             conversation_id=reply.conversation_id,
             turn_id=reply.turn_id,
             db=self.db,
-            services=self.services,
+            memory=self.memory_search,
         )
         try:
             result = await tool.func(arguments, context)
@@ -353,7 +357,7 @@ class ReplyRunner:
     async def _finalize(self, reply: Reply, status: str, error: dict[str, str] | None) -> None:
         """Store the ending (or the parking) with every event not stored yet, then tell followers."""
         claimed = take_unpersisted(reply)
-        unsaved = reply.events[claimed["_range"][0] :] if claimed else []
+        unsaved = reply.events[claimed.start :] if claimed else []
         try:
             async with self.db.transaction() as session:
                 if status == TurnStatus.AWAITING_APPROVAL:
@@ -384,7 +388,7 @@ class ReplyRunner:
             assert event.id == terminal.id
         reply.persisted = len(reply.events)
         self.registry.remove(reply.id)
-        reply.finish({"status": status, "turn_id": str(reply.turn_id), "reply_id": str(reply.id)})
+        reply.finish(status)
         observe_reply_end(status, time.monotonic() - reply.started_at, reply.usage)
 
     async def _park(self, session: AsyncSession, reply: Reply, unsaved: list[Event]) -> Event | None:
@@ -407,14 +411,14 @@ class ReplyRunner:
         )
         if not parked:
             return None
-        data: dict[str, Any] = {
+        data: JsonObject = {
             "reply_id": str(reply.id),
             "turn_id": str(reply.turn_id),
             "status": TurnStatus.AWAITING_APPROVAL,
             "call_ids": [c["id"] for c in calls if c["state"] == ToolCallState.AWAITING_APPROVAL],
         }
         if reply.usage:
-            data["usage"] = reply.usage
+            data["usage"] = {name: count for name, count in reply.usage.items()}
         terminal = Event(terminal_id, TERMINAL_EVENT[TurnStatus.AWAITING_APPROVAL], data)
         await append_events(session, reply.id, reply.owner, [*unsaved, terminal])
         await notify_done(session, reply.id)

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import Any
+from typing import TypeAlias
 
 import asyncpg
 
@@ -19,6 +19,9 @@ from memory.db import asyncpg_dsn
 from memory.reply_state import CHECKPOINT_CHANNEL, DONE_CHANNEL, STOP_CHANNEL
 
 log = logging.getLogger(__name__)
+
+# What asyncpg hands a notification callback as its first argument.
+Listener: TypeAlias = "asyncpg.Connection[asyncpg.Record] | asyncpg.pool.PoolConnectionProxy[asyncpg.Record]"
 
 
 class Signals:
@@ -52,20 +55,20 @@ class Signals:
 
     # --- receiving ------------------------------------------------------------------
 
-    def _on_stop(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+    def _on_stop(self, _conn: Listener, _pid: int, _channel: str, payload: str) -> None:
         ident, _, reason = payload.partition(":")
         with contextlib.suppress(ValueError):
             reply = self.registry.get(uuid.UUID(ident))
             if reply is not None:
                 reply.request_stop(reason or "user")
 
-    def _on_done(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+    def _on_done(self, _conn: Listener, _pid: int, _channel: str, payload: str) -> None:
         with contextlib.suppress(ValueError):
             for event in self._done_waiters.pop(uuid.UUID(payload), []):
                 event.set()
         self._on_checkpoint(_conn, _pid, _channel, payload)
 
-    def _on_checkpoint(self, _conn: Any, _pid: int, _channel: str, _payload: str) -> None:
+    def _on_checkpoint(self, _conn: Listener, _pid: int, _channel: str, _payload: str) -> None:
         self._wake.set()
         self._wake = asyncio.Event()
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.recall import MemoryRecaller, memory_item_json
+from chat_api.recall import memory_item_json
 from chat_api.schemas import Strict
 from chat_api.text_checks import check_text
 from memory.conversations import get_conversation
@@ -63,7 +63,9 @@ async def search_memory(body: MemorySearch, owner: OwnerDep, services: ServicesD
     if body.conversation_id is not None:
         async with services.db.session() as session:
             await get_conversation(session, owner, body.conversation_id)  # 404 unless it is the caller's
-    recaller: MemoryRecaller = services.extras["memory_recaller"]
+    recaller = services.recaller
+    if recaller is None:  # set in the lifespan, before the first request is served
+        raise RuntimeError("the memory recaller is not wired")
     found = await recaller.search(
         owner,
         body.query,
@@ -75,7 +77,7 @@ async def search_memory(body: MemorySearch, owner: OwnerDep, services: ServicesD
         query=body.query,
         rewritten_query=found.query,
         rewrite=found.rewrite.method,
-        items=[MemoryItemOut(**memory_item_json(m, chunk_index=True)) for m in found.memories],
+        items=[MemoryItemOut.model_validate(memory_item_json(m, chunk_index=True)) for m in found.memories],
     )
 
 

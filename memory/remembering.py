@@ -1,0 +1,168 @@
+"""What long-term memory keeps of a turn, and how: the one rule, for the indexer and for recall.
+
+`remembered_text` says it: nothing of a turn that is only small talk, and everything else
+with personal identifiers redacted (`memory/redaction.py`) when REDACT_PII is on. Recall
+applies it to turns not indexed yet, so they are searched as the index will hold them.
+
+Which turns are not worth remembering: greetings, thanks, acknowledgements, emoji.
+A turn is low-information only when *all* of it is such small talk: "thanks!" is,
+"thanks, my flight is on May 3" is not. The text is normalised (case, punctuation,
+emoji and repeated laughter dropped) and must be covered end to end by known phrases.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+from functools import lru_cache
+
+from memory.redaction import redact
+
+# Regex fragments, not plain strings: laughter and drawn-out words come in any length.
+ENGLISH_PHRASES = (
+    r"hi+",
+    r"hey+",
+    r"hello+",
+    r"yo",
+    r"howdy",
+    r"good (?:morning|afternoon|evening|night|day)",
+    r"morning",
+    r"thanks?",
+    r"thank you",
+    r"thanks a lot",
+    r"thank you so much",
+    r"thanks so much",
+    r"many thanks",
+    r"thx",
+    r"ty",
+    r"tysm",
+    r"cheers",
+    r"much appreciated",
+    r"appreciate it",
+    r"ok(?:ay)?",
+    r"o?k+",
+    r"kk+",
+    r"alright",
+    r"all right",
+    r"sure",
+    r"yes+",
+    r"yeah+",
+    r"yep",
+    r"yup",
+    r"no",
+    r"nope",
+    r"got it",
+    r"gotcha",
+    r"understood",
+    r"noted",
+    r"sounds good",
+    r"cool",
+    r"nice",
+    r"great",
+    r"awesome",
+    r"perfect",
+    r"wow+",
+    r"lol+",
+    r"lmao",
+    r"ha(?:ha)+h?",
+    r"he(?:he)+",
+    r"hm+",
+    r"um+",
+    r"uh+",
+    r"oh+",
+    r"ah+",
+    r"bye+",
+    r"goodbye",
+    r"see you",
+    r"see ya",
+    r"later",
+    r"you(?:re| are) welcome",
+    r"np",
+    r"no problem",
+    r"no worries",
+    r"you too",
+    r"me too",
+    r"so much",
+    r"very much",
+    r"a lot",
+    r"again",
+    r"there",
+)
+CHINESE_PHRASES = (
+    r"你好",
+    r"您好",
+    r"大家好",
+    r"早上好",
+    r"晚上好",
+    r"下午好",
+    r"早安",
+    r"晚安",
+    r"哈+",
+    r"呵+",
+    r"嘿+",
+    r"嗯+",
+    r"哦+",
+    r"噢+",
+    r"喔+",
+    r"啊+",
+    r"好的?",
+    r"好吧",
+    r"好滴",
+    r"行",
+    r"可以",
+    r"没问题",
+    r"谢谢(?:你|您)?",
+    r"多谢",
+    r"感谢",
+    r"非常感谢",
+    r"辛苦了",
+    r"不客气",
+    r"不用谢",
+    r"收到",
+    r"明白了?",
+    r"知道了",
+    r"了解",
+    r"懂了",
+    r"对",
+    r"是的",
+    r"没错",
+    r"再见",
+    r"拜拜",
+    r"ok",
+    r"啦",
+    r"呀",
+    r"了",
+    r"吧",
+)
+
+
+def _normalise(text: str) -> str:
+    """Lower-case words separated by single spaces; punctuation, symbols and emoji removed."""
+    text = unicodedata.normalize("NFKC", text).lower().replace("'", "").replace("’", "")
+    kept = [ch if (ch.isalnum() or ch.isspace()) else " " for ch in text]
+    return " ".join("".join(kept).split())
+
+
+@lru_cache(maxsize=32)
+def _pattern(extra_phrases: tuple[str, ...]) -> re.Pattern[str]:
+    extra = tuple(re.escape(_normalise(p)) for p in extra_phrases if _normalise(p))
+    latin = "|".join(sorted(ENGLISH_PHRASES + extra, key=len, reverse=True))
+    cjk = "|".join(CHINESE_PHRASES)
+    # Latin phrases must end at a word boundary ("hi" must not eat "hiking"); CJK has none.
+    return re.compile(rf"(?:(?:(?:{latin})\b|(?:{cjk}))\s*)+")
+
+
+def is_low_information(text: str, extra_phrases: Sequence[str] = ()) -> bool:
+    """True when the turn is only greetings, thanks, acknowledgements, laughter or emoji."""
+    normalised = _normalise(text)
+    if not normalised:
+        return True
+    return _pattern(tuple(extra_phrases)).fullmatch(normalised) is not None
+
+
+def remembered_text(text: str, *, redact_pii: bool, extra_phrases: Sequence[str] = ()) -> str | None:
+    """The text as memory keeps it (redacted if `redact_pii`), or None: not worth remembering."""
+    if is_low_information(text, extra_phrases=extra_phrases):
+        return None
+    return redact(text) if redact_pii else text
