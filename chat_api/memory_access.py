@@ -19,7 +19,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from chat_api.recall import MemoryRecaller
 from chat_api.services import Services
 from chat_api.text_checks import check_text
 from memory.conversations import Owner
@@ -62,8 +61,7 @@ class MemoryAccess:
 
     @property
     def _embedder(self) -> Embedder:
-        embedder: Embedder = self.services.extras["embedder"]
-        return embedder
+        return self.services.embedder
 
     async def _embedded(self, text: str, *, name: str | None, created_at: datetime) -> Embedded:
         body = redact(text) if self.settings.redact_pii else text
@@ -76,7 +74,9 @@ class MemoryAccess:
     ) -> list[FoundMemory]:
         """The owner's ``k`` best memories for ``query``, as the chat's retrieval ranks them."""
         check_text(query, field="query", max_chars=MAX_QUERY_CHARS)
-        recaller: MemoryRecaller = self.services.extras["memory_recaller"]
+        recaller = self.services.recaller
+        if recaller is None:  # set in the lifespan, before the first request is served
+            raise RuntimeError("the memory recaller is not wired")
         found = await recaller.search(owner, query, k=k, scope_conversation=conversation_id, rewrite=False)
         async with self.services.db.session() as session:
             stored = await items_by_key(

@@ -16,7 +16,8 @@ from indexer.worker import IndexerWorker
 from memory.conversations import Owner, create_conversation
 from memory.db import Database
 from memory.imports import ImportTurn, import_turns
-from tests.test_indexer import chat_turns, eventually, memorable, scalar, test_settings
+from tests.support import wait_until
+from tests.test_indexer import chat_turns, memorable, scalar, test_settings
 from tests.test_lock_order import WorkingEmbedder, running
 from tests.test_transport_contract import kafka_test_settings
 
@@ -63,9 +64,9 @@ async def test_a_big_import_does_not_keep_another_tenants_live_turn_unindexed(
         ]
     async with running(*parts):
         # The indexer is busy with the backlog when the live turn arrives.
-        await eventually(lambda: _started(db, importer), 30, "the import being indexed")
+        await wait_until(lambda: _started(db, importer), 30, "the import being indexed")
         await chat_turns(db, [memorable(1)], owner=bystander)
-        await eventually(lambda: _indexed(db, bystander), 30, "the live turn indexed")
+        await wait_until(lambda: _indexed(db, bystander), 30, "the live turn indexed")
         # It did not wait for the backlog: most of the import is still to be indexed.
         assert await _memory_rows(db, importer) < BACKLOG // 2
 

@@ -31,7 +31,8 @@ from memory.db import Database
 from memory.embeddings import HashEmbedder
 from memory.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
-from tests.test_indexer import chat_turns, eventually, memorable, scalar, test_settings
+from tests.support import wait_until
+from tests.test_indexer import chat_turns, memorable, scalar, test_settings
 from tests.test_transport_contract import kafka_test_settings
 
 # Every user action must answer within this, whatever the indexer is doing.
@@ -113,7 +114,7 @@ async def test_deleting_a_user_while_the_indexer_embeds_their_turns_does_not_dea
         embedder.gate.set()
         # The batch in hand finds no conversation and writes nothing; the next tenant goes on.
         await chat_turns(db, [memorable(99)], owner=bystander)
-        await eventually(lambda: _indexed(db, bystander, 1), 20, "the bystander's turn indexed")
+        await wait_until(lambda: _indexed(db, bystander, 1), 20, "the bystander's turn indexed")
     assert await rows_of(db, victim) == dict.fromkeys(TABLES, 0)
 
 
@@ -180,7 +181,7 @@ async def _one_round(server: LiveServer, db: Database, round_no: int) -> None:
         assert (await client.get(f"/v1/conversations/{deleted_conversation}")).status_code == 404
     # Another tenant's new turn is still indexed promptly.
     await chat_turns(db, [memorable(round_no)], owner=bystander)
-    await eventually(lambda: _indexed(db, bystander, 1), 20, "the bystander's turn indexed")
+    await wait_until(lambda: _indexed(db, bystander, 1), 20, "the bystander's turn indexed")
 
 
 @pytest.mark.parametrize("transport", ["postgres", "kafka"])
