@@ -28,7 +28,7 @@ from chat_api.replies.reaper import Reaper
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
-from chat_api.routes import branches, conversations, health, imports, messages, page, turns, users
+from chat_api.routes import ai_sdk, branches, conversations, health, imports, messages, page, turns, users
 from chat_api.routes import memory as memory_routes
 from chat_api.routes import memory_items as memory_item_routes
 from chat_api.services import Services, process_id
@@ -216,7 +216,17 @@ def create_app(
     for public in (health.router, page.router):
         app.include_router(public)
     limited = [Depends(enforce_request_rate)]
-    routers = (conversations, messages, turns, branches, memory_routes, memory_item_routes, imports, users)
+    routers = (
+        conversations,
+        messages,
+        turns,
+        branches,
+        memory_routes,
+        memory_item_routes,
+        imports,
+        users,
+        ai_sdk,
+    )
     for module in routers:
         app.include_router(module.router, dependencies=limited)
     app.state.mcp = install_mcp(app)

@@ -1,8 +1,9 @@
 """A reply's life, one module per part; protocol adapters use only the names below.
 
-- start.py      accept_message / regenerate_reply / edit_message → Accepted
+- start.py      accept_message / regenerate_reply / edit_message → Accepted; start_reply with
+                your own BeginReply (an adapter storing the user's turn its own way)
 - follow.py     follow_reply (batches of events from any id, live or stored), sse_stream
-- stop.py       stop_reply, wait_reply_done
+- stop.py       stop_reply, wait_reply_done, reply_streaming
 - approve.py    decide (approve or reject a waiting tool call; the last decision resumes)
 - run.py        ReplyRunner: model → tools → model, and the one ending call
 - prompt.py     Prompter: the prompt window, read once per reply
@@ -14,24 +15,36 @@ Every ending is `memory.reply_endings.end_reply`.
 from chat_api.replies.approve import Decided, decide
 from chat_api.replies.follow import follow_reply, sse_frame, sse_stream
 from chat_api.replies.reply import Reply, ReplyRequest
-from chat_api.replies.start import Accepted, accept_message, edit_message, regenerate_reply
-from chat_api.replies.stop import stop_reply, wait_reply_done
+from chat_api.replies.start import (
+    Accepted,
+    BeginReply,
+    Started,
+    accept_message,
+    edit_message,
+    regenerate_reply,
+    start_reply,
+)
+from chat_api.replies.stop import reply_streaming, stop_reply, wait_reply_done
 from memory.reply_state import TERMINAL_NAMES, Event
 
 __all__ = [
     "TERMINAL_NAMES",
     "Accepted",
+    "BeginReply",
     "Decided",
     "Event",
     "Reply",
     "ReplyRequest",
+    "Started",
     "accept_message",
     "decide",
     "edit_message",
     "follow_reply",
     "regenerate_reply",
+    "reply_streaming",
     "sse_frame",
     "sse_stream",
+    "start_reply",
     "stop_reply",
     "wait_reply_done",
 ]

@@ -30,6 +30,11 @@ async def _state(services: Services, reply_id: uuid.UUID) -> str | None:
         return await reply_state(session, reply_id)
 
 
+async def reply_streaming(services: Services, reply_id: uuid.UUID) -> bool:
+    """True while the reply generates (not parked, not over)."""
+    return await _state(services, reply_id) == TurnStatus.STREAMING
+
+
 async def reply_parked(services: Services, reply_id: uuid.UUID) -> bool:
     """True while the reply waits for a tool approval."""
     return await _state(services, reply_id) == TurnStatus.AWAITING_APPROVAL

@@ -1,0 +1,424 @@
+"""The Vercel AI SDK's chat endpoints: what `DefaultChatTransport` and `useChat` call.
+
+- `POST /v1/ai-sdk/chat`: a new message, an edit, a regenerate, or approval responses,
+  answered as a UI message stream (`chat_api/protocols/ai_sdk.py` translates).
+- `GET /v1/ai-sdk/chat/{id}/stream`: the streaming reply from its start (204: none).
+- `POST /v1/ai-sdk/chat/{id}/stop`: stop it, once the ending is stored.
+- `GET /v1/ai-sdk/chat/{id}/messages`: the active branch as `UIMessage[]`.
+
+The stored history is the truth: of the `messages` the SDK sends, only the last one (and
+the ids it names) is read. Everything that can be refused is refused before the stream
+starts, in chatmem's error body; nothing is stored for a refused request.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Path, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.protocols.ai_sdk import (
+    CLIENT_MESSAGE_ID,
+    DONE,
+    HEADERS,
+    MEDIA_TYPE,
+    ApprovalResponse,
+    Chunk,
+    UIMessageStream,
+    approval_responses,
+    encode,
+    message_id_of,
+    text_of,
+    ui_messages,
+)
+from chat_api.ratelimit import RateLimits, RateLimitsDep, held_while_streaming
+from chat_api.services import Services
+from chat_api.text_checks import check_text
+from memory.ai_sdk_chats import CHAT_ID, chat_conversation, find_chat, memory_payloads, remember_message_id
+from memory.approvals import Decision
+from memory.branches import (
+    activate_branch,
+    branch_history,
+    conversation_branch,
+    create_branch,
+    load_branch,
+    newest_turn,
+    on_lineage,
+)
+from memory.conversations import Owner
+from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
+from memory.models import Conversation, ToolCallState, Turn, TurnStatus
+from memory.turns import begin_answer, get_turn
+
+# isort: split
+# The reply lifecycle's public seam (start, follow, stop and approve a reply), in this one
+# block so that a move of those modules is one edit here.
+from chat_api.replies import (
+    Accepted,
+    Started,
+    accept_message,
+    decide,
+    edit_message,
+    follow_reply,
+    reply_streaming,
+    start_reply,
+    stop_reply,
+)
+
+router = APIRouter(prefix="/v1/ai-sdk/chat", tags=["ai-sdk"])
+
+ChatId = Annotated[str, Path(min_length=1, max_length=128, pattern=CHAT_ID.pattern)]
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "UI message stream v1 (SSE: `data: {chunk}` … `data: [DONE]`)",
+        "content": {MEDIA_TYPE: {}},
+    }
+}
+
+
+class UIMessageIn(BaseModel):
+    """One message as the SDK sends it; only the last one's text, id and tool parts are read."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(max_length=200)
+    role: Literal["system", "user", "assistant"]
+    parts: list[dict[str, Any]]
+
+
+class ChatRequest(BaseModel):
+    """What `DefaultChatTransport` posts, plus chatmem's options (other extra keys are ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(
+        min_length=1, max_length=128, pattern=CHAT_ID.pattern, description="The client's chat id."
+    )
+    messages: list[UIMessageIn] = Field(min_length=1)
+    trigger: Literal["submit-message", "regenerate-message"]
+    messageId: str | None = Field(None, max_length=200)  # the SDK's name
+    on_busy: Literal["reject", "interrupt", "enqueue"] | None = None
+    on_disconnect: Literal["continue", "stop"] = Field(
+        "continue", description="`stop`: a client that goes away (useChat's stop()) stops the reply."
+    )
+    memory_scope: Literal["user", "conversation", "none"] | None = None
+
+
+@router.post("", response_model=None, responses=STREAM_RESPONSE)
+async def chat(body: ChatRequest, owner: OwnerDep, services: ServicesDep, limits: RateLimitsDep) -> Response:
+    """Answer the chat's last message (or edit, regenerate, or approve) as a UI message stream."""
+    last = body.messages[-1]
+    if body.trigger == "regenerate-message":
+        return await _regenerate(body, owner, services, limits)
+    if last.role == "assistant":
+        try:
+            responses = approval_responses(last.model_dump())
+        except ValueError as exc:
+            raise InvalidInput(str(exc), field="messages") from exc
+        if responses is None:
+            raise InvalidInput(
+                "the last message is an assistant message with no approval response", field="messages"
+            )
+        return await _approve(body, responses, owner, services, limits)
+    if last.role != "user":
+        raise InvalidInput("the last message must be the user's", field="messages")
+    content = text_of(last.model_dump())
+    check_text(content, field="messages", max_chars=services.settings.max_message_chars)
+    if body.messageId is not None:
+        if body.messageId != last.id:
+            raise InvalidInput("messageId must name the last message (the one edited)", field="messageId")
+        return await _edit(body, content, owner, services, limits)
+    async with services.db.transaction() as session:
+        conversation = await chat_conversation(session, owner, body.id)
+
+    async def start() -> Accepted:
+        return await accept_message(
+            services,
+            owner,
+            conversation.id,
+            content,
+            on_busy=body.on_busy or services.settings.on_busy_default,
+            # A retried request (same message id) reattaches to the reply it started.
+            idempotency_key=f"ai-sdk:{last.id}",
+            memory_scope=body.memory_scope or services.settings.memory_scope,
+        )
+
+    return await _reply_stream(services, owner, limits, start, client_message_id=last.id, body=body)
+
+
+async def _edit(
+    body: ChatRequest, content: str, owner: Owner, services: Services, limits: RateLimits
+) -> Response:
+    """The client replaced an earlier user message (and cut what followed): chatmem's edit."""
+    assert body.messageId is not None
+    conversation = await _existing_chat(services, owner, body.id)
+    async with services.db.session() as session:
+        turn = await _user_turn_named(session, conversation, body.messageId)
+
+    async def start() -> Accepted:
+        return await edit_message(
+            services,
+            owner,
+            turn,
+            content,
+            conversation_id=conversation.id,
+            on_busy=body.on_busy or services.settings.on_busy_default,
+            idempotency_key=None,
+            memory_scope=body.memory_scope or services.settings.memory_scope,
+        )
+
+    return await _reply_stream(services, owner, limits, start, client_message_id=body.messageId, body=body)
+
+
+async def _regenerate(body: ChatRequest, owner: Owner, services: Services, limits: RateLimits) -> Response:
+    """Answer again the user message before the named reply (default: the last reply)."""
+    conversation = await _existing_chat(services, owner, body.id)
+    target: uuid.UUID | None = None
+    if body.messageId is not None:
+        try:
+            target = uuid.UUID(body.messageId)
+        except ValueError as exc:
+            raise NotFound("message not found", message_id=body.messageId) from exc
+        async with services.db.session() as session:
+            turn = await get_turn(session, owner, target)
+        if turn.role != "assistant":
+            raise InvalidInput("regenerate takes an assistant message", field="messageId")
+
+    async def begin(session: AsyncSession, locked: Conversation, reply_id: uuid.UUID) -> Started:
+        return await _begin_regenerate(services, owner, session, locked, reply_id, target)
+
+    async def start() -> Accepted:
+        return await start_reply(
+            services,
+            owner,
+            conversation.id,
+            begin,
+            on_busy=body.on_busy or services.settings.on_busy_default,
+            idempotency_key=None,
+            memory_scope=body.memory_scope or services.settings.memory_scope,
+        )
+
+    return await _reply_stream(services, owner, limits, start, client_message_id=None, body=body)
+
+
+async def _begin_regenerate(
+    services: Services,
+    owner: Owner,
+    session: AsyncSession,
+    conversation: Conversation,
+    reply_id: uuid.UUID,
+    target: uuid.UUID | None,
+) -> Started:
+    """chatmem's regenerate, of any reply of the active branch: the SDK cuts everything after it.
+
+    A new active branch forks just after the reply's user message, as for the last reply.
+    """
+    active = await conversation_branch(session, conversation)
+    if target is None:
+        turn = await newest_turn(session, active, role="assistant")
+        if turn is None:
+            raise InvalidInput("there is no reply to regenerate", field="messageId")
+    else:
+        turn = await get_turn(session, owner, target)  # re-read under the conversation's lock
+        if not on_lineage(active, turn):
+            raise NotOnActiveBranch(
+                "the message is not on the chat's active branch",
+                turn_id=str(turn.id),
+                active_branch_id=str(active.id),
+            )
+    user_turn = await newest_turn(session, active, role="user", max_seq=turn.seq - 1)
+    if user_turn is None:
+        raise InvalidInput("the reply answers no user message", field="messageId")
+    parent = await load_branch(session, user_turn.branch_id)
+    branch = await create_branch(session, conversation, parent=parent, fork_seq=user_turn.seq)
+    await activate_branch(session, conversation, branch)
+    await begin_answer(
+        session,
+        conversation,
+        reply_id=reply_id,
+        idempotency_key=None,
+        model=services.provider.model,
+        owner_tag=services.process_id,
+    )
+    return user_turn, user_turn.content or ""
+
+
+async def _approve(
+    body: ChatRequest,
+    responses: list[ApprovalResponse],
+    owner: Owner,
+    services: Services,
+    limits: RateLimits,
+) -> Response:
+    """Record the client's approval responses; the last decision resumes the reply, streamed from there."""
+    conversation = await _existing_chat(services, owner, body.id)
+    # Every response is checked before any is recorded: a refused request decides nothing.
+    async with services.db.session() as session:
+        for response in responses:
+            turn = await get_turn(session, owner, response.turn_id)
+            if turn.conversation_id != conversation.id:
+                raise NotFound("tool call not found in this chat", call_id=response.call_id)
+            call = next((c for c in turn.tool_calls or [] if c.get("id") == response.call_id), None)
+            if call is None:
+                raise NotFound("tool call not found in this chat", call_id=response.call_id)
+            if (
+                turn.status != TurnStatus.AWAITING_APPROVAL
+                or call.get("state") != ToolCallState.AWAITING_APPROVAL
+            ):
+                raise NotAwaitingApproval(
+                    "this tool call is not waiting for approval",
+                    turn_id=str(turn.id),
+                    call_id=response.call_id,
+                    turn_status=turn.status,
+                    call_state=call.get("state"),
+                )
+    slot = limits.streams.acquire(owner)
+    try:
+        first = None
+        for response in responses:
+            decision = Decision(approved=response.approved, by="user", reason=response.reason)
+            decided = await decide(services, owner, response.turn_id, response.call_id, decision)
+            first = first or decided
+        assert first is not None
+    except BaseException:
+        slot.release()
+        raise
+    stream = UIMessageStream(continuing=True)
+    prefix = stream.start(str(first.reply_id))
+    events = _ui_stream(services, first.reply_id, first.after, stream, prefix, stop_on_disconnect=False)
+    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+
+
+async def _reply_stream(
+    services: Services,
+    owner: Owner,
+    limits: RateLimits,
+    start: Any,
+    *,
+    client_message_id: str | None,
+    body: ChatRequest,
+) -> Response:
+    # Taken before anything is stored, so a 429 leaves nothing behind.
+    slot = limits.streams.acquire(owner)
+    try:
+        accepted: Accepted = await start()
+        if client_message_id is not None:
+            async with services.db.transaction() as session:
+                await remember_message_id(
+                    session, accepted.user_turn_id, CLIENT_MESSAGE_ID, client_message_id
+                )
+    except BaseException:
+        slot.release()
+        raise
+    stop = body.on_disconnect == "stop"
+    events = _ui_stream(services, accepted.reply_id, 0, UIMessageStream(), [], stop_on_disconnect=stop)
+    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+
+
+async def _ui_stream(
+    services: Services,
+    reply_id: uuid.UUID,
+    after: int,
+    stream: UIMessageStream,
+    prefix: list[Chunk],
+    *,
+    stop_on_disconnect: bool,
+) -> AsyncIterator[bytes]:
+    """The reply's events after `after` as UI message stream frames, one write per batch, then [DONE]."""
+    ended = False
+    try:
+        if prefix:
+            yield b"".join(encode(chunk) for chunk in prefix)
+        async for batch in follow_reply(services, reply_id, after):
+            chunks = [chunk for event in batch for chunk in stream.translate(event)]
+            if chunks:
+                yield b"".join(encode(chunk) for chunk in chunks)
+        ended = True
+        yield b"".join(encode(chunk) for chunk in stream.end()) + DONE
+    finally:
+        if stop_on_disconnect and not ended:
+            reply = services.registry.get(reply_id)
+            if reply is not None:
+                reply.request_stop("client_disconnected")
+
+
+@router.get(
+    "/{chat_id}/stream",
+    response_model=None,
+    responses={**STREAM_RESPONSE, 204: {"description": "No reply is streaming in this chat"}},
+)
+async def resume(chat_id: ChatId, owner: OwnerDep, services: ServicesDep, limits: RateLimitsDep) -> Response:
+    """The streaming reply's whole stream from its `start`, then live; 204 when none streams."""
+    async with services.db.session() as session:
+        conversation = await find_chat(session, owner, chat_id)
+    reply_id = conversation.active_reply_id if conversation is not None else None
+    if reply_id is None or not await reply_streaming(services, reply_id):
+        return Response(status_code=204)
+    slot = limits.streams.acquire(owner)
+    events = _ui_stream(services, reply_id, 0, UIMessageStream(), [], stop_on_disconnect=False)
+    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+
+
+class StopResult(BaseModel):
+    success: bool = Field(
+        description="True once the reply's ending is stored (also when none was streaming)."
+    )
+
+
+@router.post("/{chat_id}/stop", response_model=StopResult, responses={202: {"model": StopResult}})
+async def stop(
+    chat_id: ChatId,
+    owner: OwnerDep,
+    services: ServicesDep,
+    body: Annotated[dict[str, Any] | None, Body()] = None,
+) -> StopResult | JSONResponse:
+    """Stop the chat's streaming (or waiting) reply on whichever process runs it. Idempotent.
+
+    The body is ignored (`{}`, or `{assistantMessage, activeStreamId}` as the SDK's docs
+    show). The open stream ends with `abort`; its stored reply holds exactly what it carried.
+    202 with `success: false` if the process running it did not confirm within STOP_WAIT_SECONDS.
+    """
+    async with services.db.session() as session:
+        conversation = await find_chat(session, owner, chat_id)
+    if conversation is None or conversation.active_reply_id is None:
+        return StopResult(success=True)
+    if not await stop_reply(services, conversation.active_reply_id, reason="user"):
+        return JSONResponse(StopResult(success=False).model_dump(), status_code=202)
+    return StopResult(success=True)
+
+
+@router.get("/{chat_id}/messages", response_model=list[dict[str, Any]])
+async def messages(chat_id: ChatId, owner: OwnerDep, services: ServicesDep) -> list[dict[str, Any]]:
+    """The chat's active branch as `UIMessage[]` (empty for a chat id never used)."""
+    async with services.db.session() as session:
+        conversation = await find_chat(session, owner, chat_id)
+        if conversation is None:
+            return []
+        branch = await conversation_branch(session, conversation)
+        turns = await branch_history(session, branch)
+        reply_ids = sorted({t.reply_id for t in turns if t.reply_id is not None and t.role != "user"})
+        memories = await memory_payloads(session, reply_ids)
+    return ui_messages(turns, memories)
+
+
+async def _existing_chat(services: Services, owner: Owner, chat_id: str) -> Conversation:
+    async with services.db.session() as session:
+        conversation = await find_chat(session, owner, chat_id)
+    if conversation is None:
+        raise NotFound("chat not found", chat_id=chat_id)
+    return conversation
+
+
+async def _user_turn_named(session: AsyncSession, conversation: Conversation, message_id: str) -> Turn:
+    """The active branch's user turn the client calls `message_id` (its own id, or the turn's)."""
+    branch = await conversation_branch(session, conversation)
+    for turn in reversed(await branch_history(session, branch)):
+        if turn.role == "user" and message_id in (message_id_of(turn), str(turn.id)):
+            return turn
+    raise NotFound("message not found in this chat", message_id=message_id)

@@ -1,0 +1,147 @@
+"""Chats of AI SDK frontends: the client's chat id of a conversation, and what its message list shows.
+
+A `useChat` frontend names a chat with an id it made (`generateId()`: letters, digits,
+`_` and `-`). `ai_sdk_chats` (migration 0010) maps (tenant, user, chat id) to one of that
+user's conversations, created on first use. A chatmem conversation id works as a chat id
+too, but only for its owner: a UUID that names anyone else's conversation is never taken
+as a new chat id, so a chat id cannot be used to reach, or find out about, another
+user's conversation. Functions here take a session and never commit.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from memory.conversations import Owner, create_conversation, get_conversation
+from memory.errors import InvalidInput, NotFound
+from memory.models import Conversation
+
+CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+FIND_CHAT = text(
+    """
+    SELECT conversation_id FROM ai_sdk_chats
+    WHERE tenant_id = :tenant_id AND user_id = :user_id AND chat_id = :chat_id
+    """
+)
+
+ADD_CHAT = text(
+    """
+    INSERT INTO ai_sdk_chats (tenant_id, user_id, chat_id, conversation_id)
+    VALUES (:tenant_id, :user_id, :chat_id, :conversation_id)
+    """
+)
+
+# Two first requests of one new chat racing each other: the second waits, then finds the first's.
+LOCK_NEW_CHAT = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+
+CONVERSATION_EXISTS = text("SELECT 1 FROM conversations WHERE id = :id")
+
+# The `memory.retrieved` payload of each reply, straight from the stored event log.
+MEMORY_PAYLOADS = text(
+    """
+    SELECT te.reply_id, e -> 2 AS payload
+    FROM turn_events te CROSS JOIN LATERAL jsonb_array_elements(te.events) AS e
+    WHERE te.reply_id = ANY(:reply_ids) AND e ->> 1 = 'memory.retrieved'
+    """
+)
+
+
+def check_chat_id(chat_id: str) -> None:
+    """InvalidInput unless `chat_id` is 1-128 characters of [A-Za-z0-9_-]."""
+    if not CHAT_ID.fullmatch(chat_id):
+        raise InvalidInput("chat id must be 1-128 characters of A-Z, a-z, 0-9, _ and -", field="id")
+
+
+def _as_uuid(chat_id: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(chat_id) if len(chat_id) == 36 else None
+    except ValueError:
+        return None
+
+
+async def find_chat(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation | None:
+    """The owner's conversation for this chat id, or None if the owner never used it.
+
+    NotFound when the id is another user's (or tenant's) conversation id, or names a
+    conversation of the owner's that was deleted.
+    """
+    check_chat_id(chat_id)
+    params = {"tenant_id": owner.tenant_id, "user_id": owner.user_id, "chat_id": chat_id}
+    mapped = (await session.execute(FIND_CHAT, params)).scalar_one_or_none()
+    if mapped is not None:
+        return await get_conversation(session, owner, mapped)
+    as_uuid = _as_uuid(chat_id)
+    if as_uuid is None:
+        return None
+    try:
+        return await get_conversation(session, owner, as_uuid)
+    except NotFound:
+        if await _conversation_exists(session, as_uuid):
+            raise
+    return None
+
+
+async def _conversation_exists(session: AsyncSession, conversation_id: uuid.UUID) -> bool:
+    # Row-level security hides other tenants' rows from the request's session; this one
+    # question (does any conversation have this id?) is asked on a plain connection of the
+    # engine, as the process, and answers nothing but yes or no, which the caller turns into
+    # the same 404 as for a conversation of another user.
+    engine = session.bind
+    if not isinstance(engine, AsyncEngine):
+        raise TypeError("find_chat needs a session bound to an engine")
+    async with engine.connect() as connection:
+        row = await connection.execute(CONVERSATION_EXISTS, {"id": conversation_id})
+        return row.first() is not None
+
+
+async def chat_conversation(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation:
+    """The owner's conversation for this chat id, created (and mapped) on first use."""
+    found = await find_chat(session, owner, chat_id)
+    if found is not None:
+        return found
+    key = f"ai-sdk-chat:{owner.tenant_id}:{owner.user_id}:{chat_id}"
+    await session.execute(LOCK_NEW_CHAT, {"key": key})
+    found = await find_chat(session, owner, chat_id)
+    if found is not None:
+        return found
+    conversation = await create_conversation(session, owner)
+    params = {
+        "tenant_id": owner.tenant_id,
+        "user_id": owner.user_id,
+        "chat_id": chat_id,
+        "conversation_id": conversation.id,
+    }
+    await session.execute(ADD_CHAT, params)
+    return conversation
+
+
+async def memory_payloads(
+    session: AsyncSession, reply_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """The `memory.retrieved` payload of each of these replies that recalled memory, by reply id."""
+    if not reply_ids:
+        return {}
+    rows = await session.execute(MEMORY_PAYLOADS, {"reply_ids": reply_ids})
+    return {row.reply_id: row.payload for row in rows}
+
+
+# The client's id of a user message, beside the turn: its edits and reloads name it by that id.
+REMEMBER_MESSAGE_ID = text(
+    """
+    UPDATE turns
+    SET metadata = COALESCE(metadata, '{}'::jsonb)
+        || jsonb_build_object(CAST(:key AS text), CAST(:message_id AS text))
+    WHERE id = :turn_id AND role = 'user'
+    """
+)
+
+
+async def remember_message_id(session: AsyncSession, turn_id: uuid.UUID, key: str, message_id: str) -> None:
+    """Keep the client's id of a stored user message in the turn's metadata under `key`."""
+    await session.execute(REMEMBER_MESSAGE_ID, {"turn_id": turn_id, "key": key, "message_id": message_id})

@@ -1,0 +1,402 @@
+// The Vercel AI SDK (`ai`, pinned) against a live chatmem: run by tests/test_ai_sdk_client.py.
+//
+// Every stream is read by the SDK's own parser (DefaultChatTransport's), every history is
+// checked by its validateUIMessages, and the chat itself is its AbstractChat, which
+// useChat wraps. CHATMEM_URL and the tokens come from the environment.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  AbstractChat,
+  DefaultChatTransport,
+  generateId,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+  readUIMessageStream,
+  validateUIMessages,
+} from 'ai';
+
+const BASE = process.env.CHATMEM_URL;
+const TOKEN = process.env.CHATMEM_TOKEN;
+const OTHER_USER = process.env.CHATMEM_OTHER_USER_TOKEN;
+const OTHER_TENANT = process.env.CHATMEM_OTHER_TENANT_TOKEN;
+const API = `${BASE}/v1/ai-sdk/chat`;
+const BOUND = { timeout: 30_000 };
+
+function transport(token = TOKEN, body = undefined) {
+  return new DefaultChatTransport({ api: API, headers: { Authorization: `Bearer ${token}` }, body });
+}
+
+// What React's useChat keeps in a useState, kept in a field.
+class ChatState {
+  constructor(messages = []) {
+    this.status = 'ready';
+    this.error = undefined;
+    this.messages = messages;
+  }
+  pushMessage(message) {
+    this.messages = this.messages.concat(message);
+  }
+  popMessage() {
+    this.messages = this.messages.slice(0, -1);
+  }
+  replaceMessage(index, message) {
+    this.messages = [...this.messages.slice(0, index), message, ...this.messages.slice(index + 1)];
+  }
+  snapshot(value) {
+    return structuredClone(value);
+  }
+}
+
+class Chat extends AbstractChat {
+  constructor({ messages, ...options }) {
+    super({ ...options, state: new ChatState(messages) });
+  }
+}
+
+function newChat(options = {}) {
+  return new Chat({ id: generateId(), transport: transport(), ...options });
+}
+
+async function until(condition, what, ms = 15_000) {
+  const deadline = Date.now() + ms;
+  while (!(await condition())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+async function call(method, path, { token = TOKEN, body } = {}) {
+  const response = await fetch(`${BASE}${path}`, {
+    method,
+    headers: { Authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await response.text();
+  return { status: response.status, body: text ? JSON.parse(text) : null };
+}
+
+// The stored history, as the SDK would load it on a reload (and validated by the SDK).
+async function stored(chatId, token = TOKEN) {
+  const { status, body } = await call('GET', `/v1/ai-sdk/chat/${chatId}/messages`, { token });
+  assert.equal(status, 200);
+  if (body.length) await validateUIMessages({ messages: body });
+  return body;
+}
+
+// The client's messages and the stored ones, compared on what both have (no undefined keys,
+// no metadata: the stored message says its status there, the stream does not).
+function comparable(messages) {
+  return JSON.parse(JSON.stringify(messages)).map(({ metadata, ...message }) => message);
+}
+
+const textOf = (message) => message.parts.filter((p) => p.type === 'text').map((p) => p.text).join('');
+const toolParts = (message) => message.parts.filter((p) => p.type.startsWith('tool-'));
+
+// Reads a stream of chunks (already parsed by the SDK) into a list, and offers them as they come.
+function collect(stream) {
+  const chunks = [];
+  const [forChunks, forMessage] = stream.tee();
+  const done = (async () => {
+    const reader = forChunks.getReader();
+    for (;;) {
+      const { value, done: finished } = await reader.read();
+      if (finished) return chunks;
+      chunks.push(value);
+    }
+  })();
+  let last;
+  const message = (async () => {
+    for await (const snapshot of readUIMessageStream({ stream: forMessage })) last = snapshot;
+    return last;
+  })();
+  return { chunks, done, message };
+}
+
+const userMessage = (text) => ({ id: generateId(), role: 'user', parts: [{ type: 'text', text }] });
+
+test('a submitted message streams back as a UI message, stored the same, with its memory part', BOUND, async () => {
+  const chat = newChat();
+  await chat.sendMessage({ text: 'hello from the AI SDK' });
+  assert.equal(chat.status, 'ready');
+  assert.equal(chat.error, undefined);
+  const [user, assistant] = chat.messages;
+  assert.equal(user.role, 'user');
+  assert.equal(assistant.role, 'assistant');
+  assert.match(textOf(assistant), /hello from the AI SDK/);
+  const memory = assistant.parts.find((p) => p.type === 'data-memory');
+  assert.ok(memory, 'the reply carries its data-memory part');
+  assert.equal(memory.data.query, 'hello from the AI SDK');
+  assert.ok('rewritten_query' in memory.data && Array.isArray(memory.data.items));
+  const history = await stored(chat.id);
+  assert.deepEqual(comparable(history), comparable(chat.messages));
+  assert.equal(history[1].metadata.status, 'completed');
+});
+
+test('a tool call streams as a tool part with its input and output, then the answer', BOUND, async () => {
+  const chat = newChat();
+  await chat.sendMessage({ text: 'what time is it?' });
+  const assistant = chat.messages[1];
+  const [part] = toolParts(assistant);
+  assert.equal(part.type, 'tool-current_time');
+  assert.equal(part.state, 'output-available');
+  assert.deepEqual(part.input, { timezone: 'UTC' });
+  assert.ok(part.output, 'the tool output arrived');
+  assert.equal(assistant.parts.filter((p) => p.type === 'step-start').length, 2);
+  assert.match(textOf(assistant), /The tool answered/);
+  assert.deepEqual(comparable(await stored(chat.id)), comparable(chat.messages));
+});
+
+test('stop mid-reply: the stream ends with abort, and the stored text is what the client got', BOUND, async () => {
+  const chatId = generateId();
+  const stream = await transport().sendMessages({
+    chatId,
+    messages: [userMessage('/long story please')],
+    trigger: 'submit-message',
+    messageId: undefined,
+    abortSignal: undefined,
+  });
+  const read = collect(stream);
+  await until(() => read.chunks.filter((c) => c.type === 'text-delta').length >= 5, 'some text');
+  const stop = await call('POST', `/v1/ai-sdk/chat/${chatId}/stop`, { body: {} });
+  assert.deepEqual(stop, { status: 200, body: { success: true } });
+  const chunks = await read.done;
+  const message = await read.message;
+  assert.equal(chunks.at(-1).type, 'abort');
+  const received = chunks.filter((c) => c.type === 'text-delta').map((c) => c.delta).join('');
+  assert.ok(received.length > 0 && !received.includes('Point LLM_PROVIDER, LLM_BASE_URL'), 'stopped early');
+  const history = await stored(chatId);
+  assert.equal(textOf(history[1]), received);
+  assert.equal(textOf(message), received);
+  assert.equal(history[1].metadata.status, 'interrupted_by_user');
+  // Stop is idempotent, and a chat with nothing streaming answers success too.
+  assert.deepEqual(await call('POST', `/v1/ai-sdk/chat/${chatId}/stop`, { body: {} }), stop);
+  const reconnect = await transport().reconnectToStream({ chatId });
+  assert.equal(reconnect, null);
+});
+
+test('stop in the middle of tool arguments, then the next message', BOUND, async () => {
+  const chatId = generateId();
+  const padding = 'x'.repeat(400);
+  const stream = await transport().sendMessages({
+    chatId,
+    messages: [userMessage(`/tool current_time {"timezone": "UTC", "padding": "${padding}"}`)],
+    trigger: 'submit-message',
+    messageId: undefined,
+    abortSignal: undefined,
+  });
+  const read = collect(stream);
+  await until(() => read.chunks.filter((c) => c.type === 'tool-input-delta').length >= 5, 'some arguments');
+  assert.equal((await call('POST', `/v1/ai-sdk/chat/${chatId}/stop`, { body: {} })).body.success, true);
+  const chunks = await read.done;
+  assert.equal(chunks.at(-1).type, 'abort');
+  const sent = chunks.filter((c) => c.type === 'tool-input-delta').map((c) => c.inputTextDelta).join('');
+  assert.ok(sent.length < padding.length, 'stopped before the arguments were complete');
+  const cut = chunks.find((c) => c.type === 'tool-input-error');
+  assert.equal(cut.input, sent);
+  const live = toolParts(await read.message)[0];
+  assert.equal(live.state, 'output-error');
+  assert.equal(live.rawInput, sent);
+
+  // Reload, then go on: the half call is kept as it was sent, and the next reply runs normally.
+  const history = await stored(chatId);
+  const part = toolParts(history[1])[0];
+  assert.equal(part.state, 'output-error');
+  assert.equal(part.rawInput, sent);
+  assert.ok('input' in part);
+  const chat = newChat({ id: chatId, messages: history });
+  await chat.sendMessage({ text: 'and now a plain answer' });
+  assert.equal(chat.status, 'ready');
+  assert.match(textOf(chat.messages.at(-1)), /and now a plain answer/);
+  assert.deepEqual(comparable(await stored(chatId)), comparable(chat.messages));
+});
+
+test('disconnect, then reconnectToStream replays the reply from its start and follows it live', BOUND, async () => {
+  const chatId = generateId();
+  const disconnect = new AbortController();
+  const stream = await transport().sendMessages({
+    chatId,
+    messages: [userMessage('/long tell me everything')],
+    trigger: 'submit-message',
+    messageId: undefined,
+    abortSignal: disconnect.signal,
+  });
+  const reader = stream.getReader();
+  let before = '';
+  while (before.length < 40) {
+    const { value } = await reader.read();
+    if (value.type === 'text-delta') before += value.delta;
+  }
+  disconnect.abort(); // what useChat's stop() does: a disconnect, and chatmem goes on generating
+  await reader.cancel().catch(() => {});
+
+  // A page reload: the history so far, then resume, as useChat({resume: true}) does.
+  const partial = await stored(chatId);
+  assert.equal(partial[1].metadata.status, 'streaming');
+  assert.ok(textOf(partial[1]).startsWith(before.slice(0, 10)));
+  const chat = newChat({ id: chatId, messages: partial });
+  await chat.resumeStream();
+  assert.equal(chat.status, 'ready');
+  assert.equal(chat.messages.length, 2);
+  const resumed = chat.messages[1];
+  assert.ok(textOf(resumed).startsWith(before), 'the replay starts at the reply start');
+  const history = await stored(chatId);
+  assert.equal(history[1].metadata.status, 'completed');
+  assert.deepEqual(comparable(history), comparable(chat.messages));
+  // Nothing streams any more: 204, which the transport reports as null.
+  assert.equal(await transport().reconnectToStream({ chatId }), null);
+});
+
+test('a chat id never used resumes to nothing, and lists no messages', BOUND, async () => {
+  const chatId = generateId();
+  assert.equal(await transport().reconnectToStream({ chatId }), null);
+  assert.deepEqual(await stored(chatId), []);
+  const chat = newChat({ id: chatId });
+  await chat.resumeStream();
+  assert.equal(chat.status, 'ready');
+  assert.deepEqual(chat.messages, []);
+});
+
+test('edit: sending a user message again under its id branches there, for the last and an earlier one', BOUND, async () => {
+  const chat = newChat();
+  await chat.sendMessage({ text: 'first message' });
+  await chat.sendMessage({ text: 'second message' });
+  const [first, , second] = chat.messages;
+  await chat.sendMessage({ text: 'second message, edited', messageId: second.id });
+  assert.equal(chat.messages.length, 4);
+  assert.equal(chat.messages[2].id, second.id);
+  assert.match(textOf(chat.messages[3]), /second message, edited/);
+  assert.deepEqual(comparable(await stored(chat.id)), comparable(chat.messages));
+
+  await chat.sendMessage({ text: 'first message, edited', messageId: first.id });
+  assert.equal(chat.messages.length, 2);
+  assert.match(textOf(chat.messages[1]), /first message, edited/);
+  assert.deepEqual(comparable(await stored(chat.id)), comparable(chat.messages));
+});
+
+test('regenerate: the last reply, and an earlier one (the client cut what followed it)', BOUND, async () => {
+  const chat = newChat();
+  await chat.sendMessage({ text: 'one' });
+  await chat.sendMessage({ text: 'two' });
+  const oldLast = chat.messages[3].id;
+  await chat.regenerate();
+  assert.equal(chat.messages.length, 4);
+  assert.notEqual(chat.messages[3].id, oldLast);
+  assert.match(textOf(chat.messages[3]), /two/);
+  assert.deepEqual(comparable(await stored(chat.id)), comparable(chat.messages));
+
+  const earlier = chat.messages[1].id;
+  await chat.regenerate({ messageId: earlier });
+  assert.equal(chat.messages.length, 2);
+  assert.notEqual(chat.messages[1].id, earlier);
+  assert.match(textOf(chat.messages[1]), /one/);
+  assert.deepEqual(comparable(await stored(chat.id)), comparable(chat.messages));
+});
+
+async function askForTransfer() {
+  const chat = newChat({ sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses });
+  await chat.sendMessage({ text: '/tool transfer_funds {"amount": 5, "to": "bob"}' });
+  const part = toolParts(chat.messages[1])[0];
+  assert.equal(part.type, 'tool-transfer_funds');
+  assert.equal(part.state, 'approval-requested');
+  assert.deepEqual(part.input, { amount: 5, to: 'bob' });
+  assert.deepEqual(comparable(await stored(chat.id)), comparable(chat.messages));
+  return { chat, part };
+}
+
+test('approve through addToolApprovalResponse: the same reply goes on, and the tool ran', BOUND, async () => {
+  const { chat, part } = await askForTransfer();
+  const replyId = chat.messages[1].id;
+  await chat.addToolApprovalResponse({ id: part.approval.id, approved: true });
+  await until(() => chat.status === 'ready' && toolParts(chat.messages[1])[0].state === 'output-available', 'the tool output');
+  assert.equal(chat.messages.length, 2);
+  assert.equal(chat.messages[1].id, replyId);
+  const done = toolParts(chat.messages[1])[0];
+  assert.deepEqual(done.output, { transferred: 5, to: 'bob' });
+  assert.match(textOf(chat.messages[1]), /The tool answered/);
+  const history = await stored(chat.id);
+  assert.deepEqual(comparable(history), comparable(chat.messages));
+  assert.equal(history[1].metadata.status, 'completed');
+
+  // The same approval again: the call no longer waits, so 409 before any stream.
+  const again = await call('POST', '/v1/ai-sdk/chat', {
+    body: {
+      id: chat.id,
+      trigger: 'submit-message',
+      messageId: replyId,
+      messages: [chat.messages[0], { ...chat.messages[1], parts: [{ ...part, state: 'approval-responded', approval: { id: part.approval.id, approved: true } }] }],
+    },
+  });
+  assert.equal(again.status, 409);
+  assert.equal(again.body.error.code, 'tool_call_not_awaiting_approval');
+});
+
+test('deny through addToolApprovalResponse: the call is denied with its reason, and the reply answers', BOUND, async () => {
+  const { chat, part } = await askForTransfer();
+  await chat.addToolApprovalResponse({ id: part.approval.id, approved: false, reason: 'not today' });
+  await until(() => chat.status === 'ready' && textOf(chat.messages[1]).length > 0, 'the answer after the denial');
+  const denied = toolParts(chat.messages[1])[0];
+  assert.equal(denied.state, 'output-denied');
+  assert.deepEqual(denied.approval, { id: part.approval.id, approved: false, reason: 'not today' });
+  const history = await stored(chat.id);
+  assert.deepEqual(comparable(history), comparable(chat.messages));
+});
+
+test('bad input is refused with chatmem error bodies before any stream, and nothing is written', BOUND, async () => {
+  const before = (await call('GET', '/v1/conversations')).body.items.length;
+  const post = (body) => call('POST', '/v1/ai-sdk/chat', { body });
+  const ok = { id: generateId(), trigger: 'submit-message', messages: [userMessage('hi')] };
+  const cases = [
+    [{ ...ok, messages: [] }, 422],
+    [{ ...ok, id: 'not a valid id' }, 422],
+    [{ ...ok, id: 'a'.repeat(300) }, 422],
+    [{ ...ok, trigger: 'shout-message' }, 422],
+    [{ ...ok, messages: [userMessage('   ')] }, 422],
+    [{ ...ok, messageId: 'no-such-message' }, 422],
+    [{ ...ok, trigger: 'regenerate-message', messageId: 'no-such-reply' }, 404],
+    [{ ...ok, messages: [{ id: 'x', role: 'assistant', parts: [{ type: 'tool-transfer_funds', toolCallId: 'c', state: 'approval-responded', input: {}, approval: { id: 'forged', approved: true } }] }] }, 422],
+  ];
+  for (const [body, status] of cases) {
+    const answer = await post(body);
+    assert.equal(answer.status, status, JSON.stringify(body).slice(0, 200));
+    assert.equal(typeof answer.body.error.code, 'string');
+    assert.equal(typeof answer.body.error.message, 'string');
+  }
+  for (const bad of ['not%20valid', 'a'.repeat(300)]) {
+    assert.equal((await call('GET', `/v1/ai-sdk/chat/${bad}/messages`)).status, 422);
+  }
+  assert.equal((await call('GET', '/v1/conversations')).body.items.length, before);
+
+  // The SDK's transport reports a refusal as the chat's error.
+  const chat = newChat({ id: 'a'.repeat(129) });
+  await chat.sendMessage({ text: 'hello' });
+  assert.equal(chat.status, 'error');
+  assert.match(chat.error.message, /validation_error/);
+});
+
+test("another user's chat: the same client id is another conversation; a conversation id answers 404", BOUND, async () => {
+  const chat = newChat();
+  await chat.sendMessage({ text: 'mine alone' });
+  const conversations = (await call('GET', '/v1/conversations')).body.items;
+  const conversationId = conversations[0].id;
+  // The owner may use the conversation's own id as the chat id.
+  assert.deepEqual(await stored(conversationId), await stored(chat.id));
+
+  for (const token of [OTHER_USER, OTHER_TENANT]) {
+    assert.deepEqual(await stored(chat.id, token), []);
+    assert.equal(await transport(token).reconnectToStream({ chatId: chat.id }), null);
+    for (const [method, path, body] of [
+      ['GET', `/v1/ai-sdk/chat/${conversationId}/messages`],
+      ['GET', `/v1/ai-sdk/chat/${conversationId}/stream`],
+      ['POST', `/v1/ai-sdk/chat/${conversationId}/stop`, {}],
+      ['POST', '/v1/ai-sdk/chat', { id: conversationId, trigger: 'submit-message', messages: [userMessage('let me in')] }],
+    ]) {
+      const answer = await call(method, path, { token, body });
+      assert.equal(answer.status, 404, `${method} ${path}`);
+      assert.equal(answer.body.error.code, 'not_found');
+    }
+    const theirs = new Chat({ id: conversationId, transport: transport(token) });
+    await theirs.sendMessage({ text: 'let me in' });
+    assert.equal(theirs.status, 'error');
+    assert.equal((await call('GET', '/v1/conversations', { token })).body.items.length, 0);
+  }
+  assert.equal(textOf((await stored(chat.id))[0]), 'mine alone');
+});
