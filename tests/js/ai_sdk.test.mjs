@@ -400,3 +400,28 @@ test("another user's chat: the same client id is another conversation; a convers
   }
   assert.equal(textOf((await stored(chat.id))[0]), 'mine alone');
 });
+
+test("useChat's stop() is a disconnect; with on_disconnect=stop in the body it stops the reply", BOUND, async () => {
+  // Extra keys a frontend adds through the transport's body are accepted (and ignored unless known).
+  const chat = newChat({ transport: transport(TOKEN, { on_disconnect: 'stop', frontend_flag: true }) });
+  const sending = chat.sendMessage({ text: '/long keep going' });
+  await until(() => chat.messages.length === 2 && textOf(chat.messages[1]).length > 20, 'some text');
+  await chat.stop();
+  await sending;
+  await until(async () => (await stored(chat.id))[1].metadata.status !== 'streaming', 'the stored ending');
+  const history = await stored(chat.id);
+  assert.equal(history[1].metadata.status, 'interrupted_by_user');
+  assert.equal(history[1].metadata.interrupt_reason, 'client_disconnected');
+  assert.ok(textOf(history[1]).startsWith(textOf(chat.messages[1])));
+});
+
+test('a failure after the first token arrives as an error chunk, and the partial reply is kept', BOUND, async () => {
+  const chat = newChat();
+  await chat.sendMessage({ text: '/fail-mid please' });
+  assert.equal(chat.status, 'error');
+  assert.match(chat.error.message, /provider_error/);
+  const history = await stored(chat.id);
+  assert.equal(history[1].metadata.status, 'interrupted_by_error');
+  assert.equal(textOf(history[1]), textOf(chat.messages[1]));
+  assert.ok(textOf(history[1]).length > 0);
+});
