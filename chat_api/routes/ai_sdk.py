@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Path, Response
+from fastapi import APIRouter, Path, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -376,12 +376,12 @@ async def stop(
     chat_id: ChatId,
     owner: OwnerDep,
     services: ServicesDep,
-    body: Annotated[dict[str, Any] | None, Body()] = None,
 ) -> StopResult | JSONResponse:
     """Stop the chat's streaming (or waiting) reply on whichever process runs it. Idempotent.
 
-    The body is ignored (`{}`, or `{assistantMessage, activeStreamId}` as the SDK's docs
-    show). The open stream ends with `abort`; its stored reply holds exactly what it carried.
+    Any body is accepted and not read (`{}`, or `{assistantMessage, activeStreamId}` as the
+    SDK's docs show, with or without a JSON content type). The open stream ends with
+    `abort`; its stored reply holds exactly what it carried.
     202 with `success: false` if the process running it did not confirm within STOP_WAIT_SECONDS.
     """
     async with services.db.session() as session:

@@ -169,6 +169,8 @@ test('stop mid-reply: the stream ends with abort, and the stored text is what th
   assert.equal(history[1].metadata.status, 'interrupted_by_user');
   // Stop is idempotent, and a chat with nothing streaming answers success too.
   assert.deepEqual(await call('POST', `/v1/ai-sdk/chat/${chatId}/stop`, { body: {} }), stop);
+  const plain = await fetch(`${API}/${chatId}/stop`, { method: 'POST', headers: { Authorization: `Bearer ${TOKEN}` }, body: 'x' });
+  assert.deepEqual([plain.status, await plain.json()], [200, { success: true }]);
   const reconnect = await transport().reconnectToStream({ chatId });
   assert.equal(reconnect, null);
 });

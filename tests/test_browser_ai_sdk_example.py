@@ -1,0 +1,169 @@
+"""examples/ai-sdk-react (React, `useChat`) in Debian's headless Chromium against a real `chatmem up`.
+
+The example is bundled and served by its own pinned esbuild on another origin (so
+CORS_ORIGINS is part of what is tested); the page talks to chatmem only through the AI
+SDK's transport and the stop endpoint: send, stop, reload-resume, approve.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.browser_support import ChatmemUp, browser_missing
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.browser
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ai-sdk-react"
+ESBUILD = EXAMPLE / "node_modules" / ".bin" / "esbuild"
+NODE = shutil.which("node")
+
+_missing = browser_missing()
+if _missing:
+    pytest.skip(_missing, allow_module_level=True)
+if NODE is None:
+    pytest.skip("node is not installed", allow_module_level=True)
+
+from playwright.sync_api import Browser, Page  # noqa: E402
+from playwright.sync_api import expect as expect_ui  # noqa: E402
+
+ASK = '/tool transfer_funds {"amount": 3, "to": "carol"}'
+
+
+@pytest.fixture(scope="module")
+def example_url() -> Iterator[str]:
+    """The example, bundled and served by esbuild (what `npm run serve` does, on a free port)."""
+    assert ESBUILD.exists(), "run `npm ci` in examples/ai-sdk-react (make js-deps)"
+    port = free_port()
+    command = [str(ESBUILD), "src/main.jsx", "--bundle", "--jsx=automatic", "--outfile=public/app.js"]
+    command += ["--servedir=public", f"--serve=127.0.0.1:{port}", "--log-level=warning"]
+    # esbuild's server stops when its stdin closes: a pipe held open keeps it serving.
+    proc = subprocess.Popen(command, cwd=EXAMPLE, stdin=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/app.js", timeout=10).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the example's esbuild server did not start")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(example_url: str) -> Iterator[ChatmemUp]:
+    with ChatmemUp(
+        CORS_ORIGINS=f'["{example_url}"]',
+        TOOL_MODULES='["tests.approval_tools"]',
+        TOOLS_REQUIRING_APPROVAL='["transfer_funds"]',
+        DEMO_TOKENS_PER_SECOND=40,
+    ) as up:
+        yield up
+
+
+def _text(page: Page) -> str:
+    return str(
+        page.evaluate(
+            "() => { const m = [...document.querySelectorAll('.message.assistant')].at(-1);"
+            " return m ? [...m.querySelectorAll('.text')].map(e => e.textContent).join('') : ''; }"
+        )
+    )
+
+
+def _send(page: Page, text: str) -> None:
+    page.fill("#composer", text)
+    page.press("#composer", "Enter")
+
+
+def _ready(page: Page) -> None:
+    page.wait_for_selector("main[data-status=ready]", timeout=30_000)
+
+
+def _stored_reply(server: ChatmemUp, chat_id: str) -> dict[str, Any]:
+    with server.client() as api:
+        response = api.get(f"/v1/ai-sdk/chat/{chat_id}/messages")
+        response.raise_for_status()
+        return dict(response.json()[-1])
+
+
+def _stored_text(reply: dict[str, Any]) -> str:
+    return "".join(p["text"] for p in reply["parts"] if p["type"] == "text")
+
+
+def test_send_stop_reload_resume_and_approve(browser: Browser, server: ChatmemUp, example_url: str) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    requests: list[str] = []
+    errors: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        page.goto(f"{example_url}/?api={server.base_url}&token={server.token}")
+        page.wait_for_selector("main[data-status=ready]", timeout=20_000)
+        chat_id = str(page.evaluate("location.hash")).removeprefix("#chat=")
+
+        # Send: the reply streams in, with the memories of the reply.
+        _send(page, "hello from the example")
+        page.wait_for_function("() => document.querySelector('main').dataset.status === 'streaming'")
+        _ready(page)
+        assert "hello from the example" in _text(page)
+        expect_ui(page.locator(".message.assistant .memories").last).to_contain_text("memor")
+        assert _stored_reply(server, chat_id)["metadata"]["status"] == "completed"
+
+        # Stop: what the page shows is what was stored.
+        _send(page, "/long a long story")
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.message.assistant')].at(-1)?.textContent.length > 60"
+            " && document.querySelectorAll('.message.assistant').length === 2"
+        )
+        page.click("#stop")
+        _ready(page)
+        stopped = _stored_reply(server, chat_id)
+        assert stopped["metadata"]["status"] == "interrupted_by_user"
+        assert _text(page) == _stored_text(stopped)
+
+        # Reload mid-reply: the page loads the history and resumes the stream to its end.
+        _send(page, "/long another story")
+        page.wait_for_function(
+            "() => document.querySelectorAll('.message.assistant').length === 3"
+            " && [...document.querySelectorAll('.message.assistant')].at(-1).textContent.length > 60"
+        )
+        page.reload()
+        page.wait_for_function("() => document.querySelector('main')?.dataset.status === 'streaming'")
+        _ready(page)
+        resumed = _stored_reply(server, chat_id)
+        assert resumed["metadata"]["status"] == "completed"
+        assert _text(page) == _stored_text(resumed)
+        assert page.locator(".message.assistant").count() == 3
+
+        # Approve: the waiting call runs, and the same reply answers.
+        _send(page, ASK)
+        waiting = page.locator(".tool[data-state=approval-requested]")
+        expect_ui(waiting).to_be_visible(timeout=20_000)
+        waiting.locator(".approve").click()
+        done = page.locator(".message.assistant").last.locator(".tool[data-state=output-available]")
+        expect_ui(done).to_be_visible(timeout=20_000)
+        expect_ui(done.locator(".output")).to_contain_text("carol")
+        _ready(page)
+        assert "The tool answered" in _text(page)
+        assert _stored_reply(server, chat_id)["metadata"]["status"] == "completed"
+    finally:
+        context.close()
+    outside = [u for u in requests if not u.startswith((example_url, server.base_url, "data:"))]
+    assert outside == [], f"requests to other hosts: {outside}"
+    assert errors == [], f"page errors: {errors}"
