@@ -1,7 +1,7 @@
 """AI SDK chat ids: the client's chat id of each conversation an AI SDK frontend started
 
 Revision ID: 0010
-Revises: 0007
+Revises: 0009
 Create Date: 2026-11-23 10:00:00.000000
 
 A `useChat` frontend names its chat with an id it made itself (`generateId()`), not a
@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import UUID
 from memory.migrations.rls import disable_tenant_rls, enable_tenant_rls
 
 revision = "0010"
-down_revision = "0007"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
