@@ -28,7 +28,19 @@ from chat_api.replies.reaper import Reaper
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
-from chat_api.routes import ai_sdk, branches, conversations, health, imports, messages, page, turns, users
+from chat_api.routes import (
+    ai_sdk,
+    branches,
+    conversations,
+    health,
+    imports,
+    keys,
+    messages,
+    openai_compat,
+    page,
+    turns,
+    users,
+)
 from chat_api.routes import memory as memory_routes
 from chat_api.routes import memory_items as memory_item_routes
 from chat_api.services import Services, process_id
@@ -226,6 +238,8 @@ def create_app(
         imports,
         users,
         ai_sdk,
+        keys,
+        openai_compat,
     )
     for module in routers:
         app.include_router(module.router, dependencies=limited)

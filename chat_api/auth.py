@@ -10,8 +10,11 @@ from typing import Any
 
 import jwt
 
+from memory.api_keys import looks_like_key, owner_of_key
 from memory.config import Settings
 from memory.conversations import Owner
+from memory.db import Database
+from memory.tenancy import unscoped
 
 TENANT_CLAIM = "tenant"
 
@@ -68,6 +71,21 @@ class TokenVerifier:
         if not isinstance(tenant, str) or not tenant or not isinstance(user, str) or not user:
             raise AuthError("token lacks tenant or sub")
         return Owner(tenant_id=tenant, user_id=user)
+
+
+async def verify_api_key(db: Database, key: str) -> Owner:
+    """The owner of a live API key, or AuthError; looked up per request, so a revocation holds at once."""
+    with unscoped():  # no tenant is known yet: the lookup by hash sees every tenant's keys
+        async with db.session() as session:
+            owner = await owner_of_key(session, key)
+    if owner is None:
+        raise AuthError("invalid, revoked or expired api key")
+    return owner
+
+
+def is_api_key(token: str) -> bool:
+    """An API key (`cmk_…`) rather than a JWT."""
+    return looks_like_key(token)
 
 
 def issue_token(secret: str, tenant: str, user: str, *, ttl_seconds: int = 30 * 24 * 3600) -> str:

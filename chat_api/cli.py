@@ -1,4 +1,4 @@
-"""The `chatmem` command: up, serve, token, db upgrade, import, mcp, users delete, relay, indexer."""
+"""The `chatmem` command: up, serve, token, keys, db upgrade, import, mcp, users delete, relay, indexer."""
 
 from __future__ import annotations
 
@@ -213,6 +213,19 @@ async def _delete_user(database_url: str, tenant: str, user: str) -> dict[str, i
     return dict(+counts)
 
 
+def cmd_keys(args: argparse.Namespace) -> None:
+    from chat_api.keys_cli import KeysCommandError, run_keys_command
+
+    settings = _settings()
+    if not settings.database_url:
+        raise CommandError("DATABASE_URL is not set")
+    _check_database(settings.database_url)
+    try:
+        run_keys_command(args, settings.database_url)
+    except KeysCommandError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def _worker_main(which: str) -> None:
     from indexer.worker import run_indexer_main, run_relay_main
 
@@ -251,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--user", default=DEFAULT_USER)
     token.add_argument("--ttl", type=int, default=30 * 24 * 3600, help="lifetime in seconds")
     token.set_defaults(func=cmd_token)
+
+    from chat_api.keys_cli import add_keys_arguments
+
+    keys = sub.add_parser("keys", help="API keys (for OpenAI-compatible clients): create, list, revoke")
+    add_keys_arguments(keys)
+    keys.set_defaults(func=cmd_keys)
 
     db = sub.add_parser("db", help="database commands")
     db_sub = db.add_subparsers(dest="db_command", required=True)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from chat_api.auth import AuthError
+from chat_api.auth import AuthError, is_api_key, verify_api_key
 from chat_api.observability import bind_log_context
 from chat_api.services import Services
 from memory.conversations import Owner
@@ -27,7 +27,8 @@ async def current_owner(request: Request, services: Annotated[Services, Depends(
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthError("missing bearer token")
-    owner = services.verifier.verify(token.strip())
+    token = token.strip()
+    owner = await verify_api_key(services.db, token) if is_api_key(token) else services.verifier.verify(token)
     bind_log_context(tenant_id=owner.tenant_id, user_id=owner.user_id)
     set_tenant(owner.tenant_id)
     return owner

@@ -23,9 +23,9 @@ class BodyLimit:
 
     @staticmethod
     def _too_large(limit: int) -> JSONResponse:
-        return JSONResponse(
-            error_body("payload_too_large", f"request body over {limit} bytes"), status_code=413
-        )
+        body = error_body("payload_too_large", f"request body over {limit} bytes")
+        body["error"].update(type="invalid_request_error", param=None)  # also OpenAI's shape (/openai/v1)
+        return JSONResponse(body, status_code=413)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -19,6 +19,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memory.api_keys import delete_keys
 from memory.conversations import Owner
 from memory.errors import Conflict
 from memory.retention import delete_conversations
@@ -75,6 +76,7 @@ async def delete_user(session: AsyncSession, owner: Owner) -> Counter[str]:
     counts = await delete_conversations(session, [row.id for row in locked])
     result = await session.execute(DELETE_USER_MEMORY, params)
     counts["memory_items"] += int(getattr(result, "rowcount", 0) or 0)
+    counts["api_keys"] += await delete_keys(session, owner)
     return counts
 
 

@@ -12,6 +12,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Any
 
 from memory.context import MemoryItemView
 from memory.conversations import Owner
@@ -53,6 +54,9 @@ class Reply:
         self.started_at = 0.0  # monotonic, set when the runner launches it (for metrics)
         self.final_status: str | None = None  # how it ended, once it has
         self.request = ReplyRequest(user_text="")  # set by the runner; kept for parking and resuming
+        # Tools the client runs itself (OpenAI `tools`), offered beside the server's; a step
+        # that calls one ends the reply, and the client sends the results in its next request.
+        self.client_tools: tuple[dict[str, Any], ...] = ()
         self._wake = asyncio.Event()
 
     def restore(

@@ -171,7 +171,7 @@ class ReplyRunner:
                 await self._next_step(reply)
             # The first step is sent the window recall read; later ones read the turns they follow.
             messages = await self.prompter.messages(reply, window if step == 0 else None)
-            tools = self.tools.schemas() if step < steps and len(self.tools) else None
+            tools = self._tool_schemas(reply) if step < steps else None
             stream = self.provider.stream(messages, tools)
             try:
                 async for delta in stream:
@@ -191,10 +191,18 @@ class ReplyRunner:
                 await stream.aclose()
             if not reply.tool_calls:
                 return FINISHED
+            if _hand_back_to_client(reply):
+                return FINISHED
             if self._park_for_approval(reply):
                 return PARKED
             await self._run_tools(reply)
         return FINISHED
+
+    def _tool_schemas(self, reply: Reply) -> list[dict[str, Any]] | None:
+        """The server's tools and the client's (a client tool shadows a server tool of its name)."""
+        client = {tool["function"]["name"] for tool in reply.client_tools}
+        server = [schema for schema in self.tools.schemas() if schema["function"]["name"] not in client]
+        return [*server, *reply.client_tools] or None
 
     def _park_for_approval(self, reply: Reply) -> bool:
         """If a call needs a person, mark the step's calls as waiting and announce them; nothing runs.
@@ -423,6 +431,20 @@ class ReplyRunner:
         await append_events(session, reply.id, reply.owner, [*unsaved, terminal])
         await notify_done(session, reply.id)
         return terminal
+
+
+def _hand_back_to_client(reply: Reply) -> bool:
+    """A step that called a client's tool ends the reply, its calls `ready` for the client to run.
+
+    The server's calls of that step are not run either: the step's calls are answered
+    together, by the client's next request.
+    """
+    client = {tool["function"]["name"] for tool in reply.client_tools}
+    if not any(call["name"] in client for call in reply.tool_calls):
+        return False
+    for call in reply.tool_calls:
+        call["state"] = ToolCallState.READY
+    return True
 
 
 def _json_object(raw: str) -> bool:

@@ -1,0 +1,295 @@
+"""Which chatmem conversation an OpenAI-style request continues, and starting its reply there.
+
+The client owns the history it sends; chatmem keeps its own. A request is mapped to one
+of the caller's conversations:
+
+1. explicitly: a chatmem conversation id (header `X-Chatmem-Conversation-Id` or
+   `metadata.conversation_id`; someone else's id is 404), or a frontend's own chat id
+   (header `X-Chatmem-Chat-Key`, Open WebUI's `X-OpenWebUI-Chat-Id`), which names one
+   conversation per caller, made on first use;
+2. tool results: the conversation whose reply made those tool calls;
+3. by the history itself: the caller's conversation whose active history shares the
+   longest prefix with the one sent (at least a question and its answer);
+4. otherwise a new conversation.
+
+In the chosen conversation, under its row lock (`control.start_reply`), the sent history
+is compared with the stored one (`memory.history_match`): the same history → the new
+message continues it; the new message already stored after the same history → its
+answer is generated again on a new branch (regenerate); a history that agrees only up
+to an earlier point → a new branch from there (edit), where the messages the client has
+and chatmem has not are imported as ordinary turns (so they reach memory too).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import text
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+# The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
+from chat_api.control import Accepted, BeginReply, Started, start_reply
+from chat_api.protocols.openai_chat import ChatRequest, ClientMessage
+from chat_api.services import Services
+from memory.branches import activate_branch, branch_history, conversation_branch, create_branch
+from memory.conversations import Owner, create_conversation, get_conversation
+from memory.errors import InvalidInput
+from memory.history_match import Unit, matched_prefix, sent_units, stored_units
+from memory.imports import ImportTurn, import_turns
+from memory.models import Branch, Conversation, Turn, TurnStatus
+from memory.outbox import record_finished_turn
+from memory.turns import begin_answer, begin_reply
+
+# Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
+# and two callers' keys can never name the same conversation.
+CHAT_KEY_NAMESPACE = uuid.UUID("8f4a2b1e-5d1c-4c36-9a57-2a0d6f1c9b3e")
+MAX_CHAT_KEY_CHARS = 256
+CANDIDATES = 20
+TITLE_CHARS = 80
+# A history must agree on a question and its answer before it counts as the same conversation.
+MIN_MATCHED_UNITS = 2
+
+CANDIDATE_CONVERSATIONS = text(
+    """
+    SELECT c.id FROM conversations c
+    WHERE c.tenant_id = :tenant_id AND c.user_id = :user_id AND c.deleted_at IS NULL
+      AND EXISTS (
+        SELECT 1 FROM turns t
+        WHERE t.conversation_id = c.id AND t.role = 'user' AND t.deleted_at IS NULL AND t.content = :first
+      )
+    ORDER BY c.updated_at DESC
+    LIMIT :limit
+    """
+)
+CONVERSATION_OF_CALL = text(
+    """
+    SELECT t.conversation_id FROM turns t JOIN conversations c ON c.id = t.conversation_id
+    WHERE t.tenant_id = :tenant_id AND t.user_id = :user_id AND t.role = 'assistant'
+      AND t.deleted_at IS NULL AND c.deleted_at IS NULL AND t.tool_calls @> CAST(:probe AS jsonb)
+    ORDER BY t.created_at DESC
+    LIMIT 1
+    """
+)
+
+
+def chat_key_conversation(owner: Owner, key: str) -> uuid.UUID:
+    """The conversation a frontend's chat id names for this caller."""
+    return uuid.uuid5(CHAT_KEY_NAMESPACE, f"{owner.tenant_id}\x1f{owner.user_id}\x1f{key}")
+
+
+async def choose_conversation(
+    services: Services,
+    owner: Owner,
+    chat: ChatRequest,
+    *,
+    conversation_id: uuid.UUID | None,
+    chat_key: str | None,
+) -> uuid.UUID:
+    """The caller's conversation this request goes to, made if needed (NotFound for another's id)."""
+    if conversation_id is not None:
+        async with services.db.session() as session:
+            await get_conversation(session, owner, conversation_id)  # 404 unless the caller's
+        return conversation_id
+    if chat_key is not None:
+        if not chat_key.strip() or len(chat_key) > MAX_CHAT_KEY_CHARS:
+            raise InvalidInput(f"a chat key must be 1 to {MAX_CHAT_KEY_CHARS} characters", field="chat_key")
+        return await _conversation_for_key(services, owner, chat, chat_key)
+    async with services.db.session() as session:
+        if chat.tool_results:
+            found = await _conversation_of_call(session, owner, chat.tool_results[0])
+            if found is None:
+                raise InvalidInput(
+                    "the tool results answer no tool call of yours that chatmem knows", field="messages"
+                )
+            return found
+        best = await _best_match(session, owner, chat)
+    if best is not None:
+        return best
+    async with services.db.transaction() as session:
+        conversation = await create_conversation(session, owner, title=_title(chat))
+    return conversation.id
+
+
+def _title(chat: ChatRequest) -> str:
+    first = next((m.text for m in chat.history if m.role == "user"), chat.prompt or "")
+    line = " ".join(first.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
+
+
+async def _conversation_for_key(services: Services, owner: Owner, chat: ChatRequest, key: str) -> uuid.UUID:
+    conversation_id = chat_key_conversation(owner, key)
+    async with services.db.transaction() as session:
+        await session.execute(
+            insert(Conversation)
+            .values(id=conversation_id, tenant_id=owner.tenant_id, user_id=owner.user_id, title=_title(chat))
+            .on_conflict_do_nothing(index_elements=["id"])
+        )
+        await get_conversation(session, owner, conversation_id)  # deleted since: 404
+    return conversation_id
+
+
+async def _conversation_of_call(
+    session: AsyncSession, owner: Owner, result: ClientMessage
+) -> uuid.UUID | None:
+    probe = json.dumps([{"id": result.tool_call_id}])
+    row = await session.execute(
+        CONVERSATION_OF_CALL, {"tenant_id": owner.tenant_id, "user_id": owner.user_id, "probe": probe}
+    )
+    found = row.scalar_one_or_none()
+    return found if isinstance(found, uuid.UUID) else None
+
+
+async def _best_match(session: AsyncSession, owner: Owner, chat: ChatRequest) -> uuid.UUID | None:
+    """The conversation whose active history shares the longest prefix with the sent one."""
+    first = next((m.text for m in chat.history if m.role == "user"), None)
+    if first is None:
+        return None  # a first message: nothing to continue
+    sent = _sent(chat)
+    rows = await session.execute(
+        CANDIDATE_CONVERSATIONS,
+        {"tenant_id": owner.tenant_id, "user_id": owner.user_id, "first": first, "limit": CANDIDATES},
+    )
+    best: tuple[int, uuid.UUID] | None = None
+    for conversation_id in rows.scalars():
+        conversation = await get_conversation(session, owner, conversation_id)
+        stored = stored_units(await branch_history(session, await conversation_branch(session, conversation)))
+        matched = matched_prefix(sent, stored)
+        if matched >= MIN_MATCHED_UNITS and (best is None or matched > best[0]):
+            best = (matched, conversation_id)
+    return None if best is None else best[1]
+
+
+def _sent(chat: ChatRequest) -> list[Unit]:
+    prompt = [ClientMessage("user", chat.prompt)] if chat.prompt is not None else []
+    return sent_units([*chat.history, *prompt])
+
+
+async def start_chat_reply(
+    services: Services, owner: Owner, chat: ChatRequest, conversation_id: uuid.UUID, *, memory_scope: str
+) -> Accepted:
+    """Store what the request adds to the conversation and start its reply (interrupting a running one)."""
+    begin = _begin_tool_answer(services, chat) if chat.tool_results else _begin_prompt(services, owner, chat)
+    accepted = await start_reply(
+        services,
+        owner,
+        conversation_id,
+        begin,
+        on_busy="interrupt",
+        idempotency_key=None,
+        memory_scope=memory_scope,
+    )
+    reply = services.registry.get(accepted.reply_id)
+    if reply is not None and not accepted.reattached:
+        # Set before anything awaits: the reply's task has been created but has not run yet.
+        reply.client_tools = chat.tools
+    return accepted
+
+
+def _begin_prompt(services: Services, owner: Owner, chat: ChatRequest) -> BeginReply:
+    prompt = chat.prompt or ""
+
+    async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
+        active = await conversation_branch(session, conversation)
+        stored = stored_units(await branch_history(session, active))
+        sent = _sent(chat)
+        matched = matched_prefix(sent, stored)
+        if matched == len(sent):
+            # The new message is already stored after the same history: answer it again.
+            user_turn = stored[matched - 1].turn
+            if matched < len(stored):
+                await _fork(session, conversation, active, user_turn.seq)
+            await begin_answer(
+                session,
+                conversation,
+                reply_id=reply_id,
+                idempotency_key=None,
+                model=services.provider.model,
+                owner_tag=services.process_id,
+            )
+            return user_turn, user_turn.content or ""
+        if matched < len(stored):
+            await _fork(session, conversation, active, stored[matched - 1].last_seq if matched else 0)
+        missing = sent[matched:-1]
+        if missing:
+            items = [ImportTurn.model_validate({"role": u.role, "content": u.raw}) for u in missing]
+            await import_turns(session, owner, conversation.id, items)
+        user_turn, _ = await begin_reply(
+            session,
+            conversation,
+            content=prompt,
+            reply_id=reply_id,
+            idempotency_key=None,
+            model=services.provider.model,
+            owner_tag=services.process_id,
+        )
+        await record_finished_turn(session, user_turn)
+        return user_turn, prompt
+
+    return begin
+
+
+async def _fork(session: AsyncSession, conversation: Conversation, active: Branch, fork_seq: int) -> None:
+    branch = await create_branch(session, conversation, parent=active, fork_seq=fork_seq)
+    await activate_branch(session, conversation, branch)
+
+
+def _begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
+    async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
+        turns = await branch_history(session, await conversation_branch(session, conversation))
+        calls = {
+            str(call.get("id")): call
+            for turn in turns
+            if turn.role == "assistant"
+            for call in turn.tool_calls or []
+        }
+        answered = {turn.tool_call_id for turn in turns if turn.role == "tool"}
+        now = datetime.now(UTC)
+        for result in chat.tool_results:
+            call = calls.get(str(result.tool_call_id))
+            if call is None:
+                raise InvalidInput(
+                    "a tool result answers no tool call of this conversation",
+                    field="messages",
+                    tool_call_id=result.tool_call_id,
+                )
+            if result.tool_call_id in answered:
+                continue  # sent again with a later request: stored once
+            seq = conversation.next_seq
+            conversation.next_seq = seq + 1
+            session.add(
+                Turn(
+                    id=uuid.uuid4(),
+                    conversation_id=conversation.id,
+                    branch_id=conversation.active_branch_id,
+                    tenant_id=conversation.tenant_id,
+                    user_id=conversation.user_id,
+                    seq=seq,
+                    role="tool",
+                    status=TurnStatus.COMPLETED,
+                    content=result.text,
+                    tool_call_id=result.tool_call_id,
+                    name=str(call.get("name") or ""),
+                    tool_calls=[],
+                    last_event_id=0,
+                    created_at=now,
+                    updated_at=now,
+                    completed_at=now,
+                )
+            )
+        user_turn = next((turn for turn in reversed(turns) if turn.role == "user"), None)
+        if user_turn is None:
+            raise InvalidInput("the conversation has no user message to answer", field="messages")
+        await begin_answer(
+            session,
+            conversation,
+            reply_id=reply_id,
+            idempotency_key=None,
+            model=services.provider.model,
+            owner_tag=services.process_id,
+        )
+        return user_turn, user_turn.content or ""
+
+    return begin

@@ -1,0 +1,455 @@
+"""OpenAI chat completions, spoken from a chatmem reply: requests in, chunks and completions out.
+
+One reply is one sequence of chatmem events (`message.delta`, `tool_call.delta`, …, a
+terminal event). This module turns that sequence into what OpenAI's API sends, and
+turns an OpenAI request into what chatmem needs; it touches no database and no HTTP
+framework, so the same translation serves the stream and the whole completion.
+
+- Text of every model step goes out as one assistant message, steps separated by a
+  blank line (the client sees one answer; the server's own tool steps in between are
+  chatmem's business).
+- Calls of the client's tools (the request's `tools`) go out as `tool_calls`, with
+  `finish_reason: "tool_calls"`; the server's own tool calls are not shown.
+- A reply that fails after the stream started ends with an `error` chunk, which the
+  SDKs raise as an APIError; before the stream, errors are OpenAI-shaped 4xx bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Event = tuple[int, str, dict[str, Any]]
+
+TERMINAL_EVENTS = frozenset({"turn.completed", "turn.interrupted", "turn.failed", "turn.awaiting_approval"})
+MAX_TOOLS = 128
+# Between the texts of two model steps (a server tool ran in between): one answer to the client.
+STEP_SEPARATOR = "\n\n"
+
+
+class OpenAIError(Exception):
+    """An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with its status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(
+    message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# --- the request ------------------------------------------------------------------------
+
+
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class _Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    function: _Function
+
+
+class _CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str = ""
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: _CalledFunction
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    # Sampling options and the like are accepted and left to chatmem's configuration.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[_Message]
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+    n: int | None = None
+    tools: list[_Tool] | None = Field(None, max_length=MAX_TOOLS)
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientMessage:
+    """A message of the client's history, reduced to what chatmem keeps of it."""
+
+    role: Literal["user", "assistant", "tool"]
+    text: str
+    tool_calls: tuple[dict[str, str], ...] = ()  # assistant: {"id", "name", "arguments"}
+    tool_call_id: str | None = None  # tool: the call it answers
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A validated chat completion request.
+
+    `history` is what came before the new input. The new input is either a user
+    message (`prompt`) or the results of the client's tool calls (`tool_results`).
+    """
+
+    model: str
+    history: tuple[ClientMessage, ...]
+    prompt: str | None
+    tool_results: tuple[ClientMessage, ...]
+    stream: bool
+    include_usage: bool
+    tools: tuple[dict[str, Any], ...]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    user: str | None = None
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        return frozenset(tool["function"]["name"] for tool in self.tools)
+
+
+def _text(message: _Message, index: int) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") not in ("text", "input_text") or not isinstance(part.get("text"), str):
+            raise OpenAIError(
+                400,
+                f"messages[{index}]: only text content is supported (got {part.get('type')!r})",
+                param=f"messages.[{index}].content",
+            )
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def parse_request(raw: object, served_models: Sequence[str]) -> ChatRequest:
+    """Validate a request body; OpenAIError (400/404) says what is wrong, before anything is stored."""
+    if not isinstance(raw, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    try:
+        request = _Request.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()))
+        raise OpenAIError(400, f"{param}: {first.get('msg', 'invalid')}", param=param or None) from None
+    if request.model not in served_models:
+        raise OpenAIError(
+            404,
+            f"The model `{request.model}` does not exist; this server serves: {', '.join(served_models)}",
+            param="model",
+            code="model_not_found",
+        )
+    if request.n is not None and request.n != 1:
+        raise OpenAIError(400, "only n=1 is supported", param="n")
+    kept = [(i, m) for i, m in enumerate(request.messages) if m.role not in ("system", "developer")]
+    if not kept:
+        raise OpenAIError(400, "messages must contain a user message", param="messages")
+    messages = [_client_message(m, i) for i, m in kept]
+    last = messages[-1]
+    if last.role == "user":
+        history, prompt, results = messages[:-1], last.text, []
+        if not prompt.strip():
+            raise OpenAIError(
+                400, "the last user message is empty", param=f"messages.[{kept[-1][0]}].content"
+            )
+    elif last.role == "tool":
+        start = len(messages)
+        while start > 0 and messages[start - 1].role == "tool":
+            start -= 1
+        history, prompt, results = messages[:start], None, messages[start:]
+        if not history or history[-1].role != "assistant" or not history[-1].tool_calls:
+            raise OpenAIError(
+                400, "tool messages must follow the assistant message that called the tools", param="messages"
+            )
+    else:
+        raise OpenAIError(
+            400,
+            "the last message must be the user's or a tool result",
+            param=f"messages.[{kept[-1][0]}].role",
+        )
+    include_usage = bool(request.stream and request.stream_options and request.stream_options.include_usage)
+    return ChatRequest(
+        model=request.model,
+        history=tuple(history),
+        prompt=prompt,
+        tool_results=tuple(results),
+        stream=request.stream,
+        include_usage=include_usage,
+        tools=tuple(tool.model_dump(exclude_none=True) for tool in request.tools or ()),
+        metadata=dict(request.metadata or {}),
+        user=request.user,
+    )
+
+
+def _client_message(message: _Message, index: int) -> ClientMessage:
+    text = _text(message, index)
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise OpenAIError(
+                400, "a tool message needs tool_call_id", param=f"messages.[{index}].tool_call_id"
+            )
+        return ClientMessage("tool", text, tool_call_id=message.tool_call_id)
+    if message.role == "assistant":
+        calls = tuple(
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+            for c in message.tool_calls or ()
+        )
+        return ClientMessage("assistant", text, tool_calls=calls)
+    return ClientMessage("user", text)
+
+
+# --- the answer -------------------------------------------------------------------------
+
+
+@dataclass
+class _Call:
+    index: int  # the client's index: client calls of this reply, in order
+    id: str
+    name: str
+    arguments: str = ""
+
+
+class ReplyTranslator:
+    """Folds a reply's events into OpenAI chunks (streaming) or one completion (not streaming)."""
+
+    def __init__(
+        self, completion_id: str, model: str, client_tools: frozenset[str], *, include_usage: bool = False
+    ) -> None:
+        self.id = completion_id
+        self.model = model
+        self.created = int(time.time())
+        self.client_tools = client_tools
+        self.include_usage = include_usage
+        self.text: list[str] = []
+        self.calls: dict[tuple[str, int], _Call] = {}
+        self._pending: dict[tuple[str, int], str] = {}  # arguments that came before the call's name
+        self.finish_reason: str | None = None
+        self.status: str | None = None
+        self.error: dict[str, Any] | None = None
+        self.usage: dict[str, int] = {}
+        self.memories: list[dict[str, Any]] = []
+        self._role_sent = False
+        self._text_turn = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.status is not None or self.error is not None
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _opening(self, delta: dict[str, Any]) -> dict[str, Any]:
+        if not self._role_sent:
+            self._role_sent = True
+            return {"role": "assistant", **delta}
+        return delta
+
+    def feed(self, event: Event) -> list[dict[str, Any]]:
+        """The chunks (possibly none) this event adds to the stream; also folds it into the completion."""
+        _id, name, data = event
+        if name == "memory.retrieved":
+            self.memories = list(data.get("items") or [])
+        elif name == "message.delta":
+            text = str(data.get("text") or "")
+            turn_id = str(data.get("turn_id"))
+            if text and self.text and turn_id != self._text_turn:
+                text = STEP_SEPARATOR + text  # the next model step's text, after a server tool ran
+            if text:
+                self._text_turn = turn_id
+                self.text.append(text)
+                return [self._chunk(self._opening({"content": text}))]
+        elif name == "tool_call.delta":
+            return self._tool_delta(data)
+        elif name in TERMINAL_EVENTS:
+            return self._end(name, data)
+        elif name == "error":
+            self.error = {"message": str(data.get("message") or "the reply failed"), "code": data.get("code")}
+            return [
+                {
+                    "error": error_body(self.error["message"], type="server_error", code=self.error["code"])[
+                        "error"
+                    ]
+                }
+            ]
+        return []
+
+    def _tool_delta(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        key = (str(data.get("turn_id")), int(data.get("index") or 0))
+        call = self.calls.get(key)
+        arguments = str(data.get("arguments") or "")
+        if call is None:
+            name = str(data.get("name") or "")
+            if not name:
+                self._pending[key] = self._pending.get(key, "") + arguments
+                return []
+            if name not in self.client_tools:
+                return []  # the server's own tool: chatmem runs it, the client never sees it
+            call = _Call(len(self.calls), str(data.get("id") or ""), name)
+            self.calls[key] = call
+            arguments = self._pending.pop(key, "") + arguments
+            call.arguments += arguments
+            entry = {
+                "index": call.index,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": arguments},
+            }
+            return [self._chunk(self._opening({"content": None, "tool_calls": [entry]}))]
+        if not arguments:
+            return []
+        call.arguments += arguments
+        return [self._chunk({"tool_calls": [{"index": call.index, "function": {"arguments": arguments}}]})]
+
+    def _end(self, name: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+        self.status = str(data.get("status") or name)
+        usage = data.get("usage") or {}
+        prompt = int(usage.get("prompt_tokens") or 0)
+        completion = int(usage.get("completion_tokens") or 0)
+        self.usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": int(usage.get("total_tokens") or prompt + completion),
+        }
+        if name == "turn.failed" or (name == "turn.interrupted" and data.get("error")):
+            error = data.get("error") or {}
+            self.error = {
+                "message": str(error.get("message") or "the model failed"),
+                "code": error.get("code"),
+            }
+            return [
+                {
+                    "error": error_body(self.error["message"], type="server_error", code=self.error["code"])[
+                        "error"
+                    ]
+                }
+            ]
+        if name == "turn.awaiting_approval":
+            self.error = {
+                "message": "the reply waits for a person to approve a tool call in chatmem",
+                "code": "awaiting_approval",
+            }
+            return [
+                {
+                    "error": error_body(self.error["message"], type="server_error", code="awaiting_approval")[
+                        "error"
+                    ]
+                }
+            ]
+        self.finish_reason = "tool_calls" if self.calls else "stop"
+        chunks = [self._chunk(self._opening({}), self.finish_reason)]
+        if self.include_usage:
+            chunks.append({**self._chunk({}), "choices": [], "usage": self.usage})
+        return chunks
+
+    def completion(self) -> dict[str, Any]:
+        """The whole answer as a `chat.completion` (after the terminal event was fed)."""
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self.text) or None,
+            "refusal": None,
+        }
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in sorted(self.calls.values(), key=lambda c: c.index)
+            ]
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self.finish_reason or "stop",
+                }
+            ],
+            "usage": self.usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+
+
+def sse_data(payload: dict[str, Any] | str) -> bytes:
+    """One `data:` line as OpenAI's stream sends it (`[DONE]` ends the stream)."""
+    text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {text}\n\n".encode()
+
+
+DONE = sse_data("[DONE]")
+
+
+def models_list(models: Sequence[str], created: int) -> dict[str, Any]:
+    """`GET /models` in OpenAI's format."""
+    return {"object": "list", "data": [model_entry(m, created) for m in models]}
+
+
+def model_entry(model: str, created: int) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": created, "owned_by": "chatmem"}

@@ -1,0 +1,322 @@
+"""The OpenAI-compatible API at `/openai/v1`: `GET /models`, `POST /chat/completions`.
+
+A client's `base_url` is `http(s)://HOST/openai/v1`; its API key is a chatmem API key
+(`chatmem keys create`, `POST /v1/keys`) or a chatmem token. Every error is OpenAI's
+shape (`{"error": {"message", "type", "param", "code"}}`) with the status OpenAI uses,
+so the SDKs raise their usual exceptions. Closing the connection is the stop: the reply
+ends `interrupted_by_user` with what was sent.
+
+Response headers say what chatmem did: `X-Chatmem-Conversation-Id`, `X-Chatmem-Reply-Id`,
+`X-Chatmem-Memory-Count` and `X-Chatmem-Memory-Turn-Ids` (the remembered turns the
+prompt quoted). Streaming responses send them once the memories are known, before the
+first token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from sse_starlette import EventSourceResponse
+
+from chat_api.auth import AuthError
+
+# The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
+from chat_api.control import stop_reply
+from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.errors import RateLimited
+from chat_api.openai_conversations import choose_conversation, start_chat_reply
+from chat_api.protocols.openai_chat import (
+    DONE,
+    TERMINAL_EVENTS,
+    ChatRequest,
+    Event,
+    OpenAIError,
+    ReplyTranslator,
+    model_entry,
+    models_list,
+    parse_request,
+    sse_data,
+)
+from chat_api.ratelimit import RateLimitsDep, held_while_streaming
+from chat_api.services import Services
+from chat_api.streaming import follow_reply
+from chat_api.text_checks import check_text
+from memory.errors import Conflict, DomainError, InvalidInput, NotFound
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+CONVERSATION_HEADER = "x-chatmem-conversation-id"
+CHAT_KEY_HEADERS = ("x-chatmem-chat-key", "x-openwebui-chat-id")
+# Events after which the response's headers can say which memories the reply uses.
+HEAD_EVENTS = frozenset({"memory.retrieved", "message.delta", "tool_call.delta", "error"}) | TERMINAL_EVENTS
+
+
+def _openai_error(exc: Exception) -> OpenAIError | None:
+    """The OpenAI-shaped form of an error raised by a route or its dependencies (None: not ours)."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, AuthError):
+        return OpenAIError(401, str(exc), code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, RateLimited):
+        return OpenAIError(
+            429,
+            str(exc),
+            type="requests",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(exc.retry_after)},
+        )
+    if isinstance(exc, RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ()))
+        return OpenAIError(400, f"{param}: {first.get('msg', 'invalid')}", param=param or None)
+    if isinstance(exc, NotFound):
+        return OpenAIError(404, exc.message, code=exc.code)
+    if isinstance(exc, InvalidInput):
+        field = exc.details.get("field")
+        return OpenAIError(400, exc.message, param=str(field) if field else None, code=exc.code)
+    if isinstance(exc, Conflict):
+        return OpenAIError(409, exc.message, code=exc.code)
+    if isinstance(exc, DomainError):
+        return OpenAIError(400, exc.message, code=exc.code)
+    return None
+
+
+class OpenAIRoute(APIRoute):
+    """Answers errors of the route and its dependencies in OpenAI's shape, not chatmem's."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as exc:
+                error = _openai_error(exc)
+                if error is None:
+                    raise
+                return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+        return run
+
+
+router = APIRouter(prefix="/openai/v1", tags=["openai"], route_class=OpenAIRoute)
+
+
+def served_models(services: Services) -> list[str]:
+    """The models a request may name: the one this process runs (the demo model when it runs)."""
+    return [services.provider.model]
+
+
+@router.get("/models")
+async def list_models(_owner: OwnerDep, services: ServicesDep) -> dict[str, Any]:
+    """The models this server answers with, in OpenAI's format."""
+    return models_list(served_models(services), int(time.time()))
+
+
+@router.get("/models/{model_id}")
+async def get_model(model_id: str, _owner: OwnerDep, services: ServicesDep) -> dict[str, Any]:
+    """One served model, or 404 `model_not_found`."""
+    if model_id not in served_models(services):
+        raise OpenAIError(
+            404, f"The model `{model_id}` does not exist", param="model", code="model_not_found"
+        )
+    return model_entry(model_id, int(time.time()))
+
+
+@router.post(
+    "/chat/completions",
+    response_model=None,
+    responses={200: {"description": "chat.completion, or chat.completion.chunk SSE ending `data: [DONE]`"}},
+)
+async def chat_completions(
+    request: Request, owner: OwnerDep, services: ServicesDep, limits: RateLimitsDep
+) -> Response:
+    """Answer with chatmem's reply: memory, the sanitized window, server tools; every turn stored."""
+    chat = parse_request(await _json_body(request), served_models(services))
+    _check_texts(chat, services.settings.max_message_chars)
+    conversation_id, chat_key = _target(request, chat)
+    # Taken before anything is stored, so a 429 leaves nothing behind.
+    slot = limits.streams.acquire(owner) if chat.stream else None
+    try:
+        conversation = await choose_conversation(
+            services, owner, chat, conversation_id=conversation_id, chat_key=chat_key
+        )
+        accepted = await start_chat_reply(
+            services, owner, chat, conversation, memory_scope=services.settings.memory_scope
+        )
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    translator = ReplyTranslator(
+        f"chatcmpl-{accepted.reply_id.hex}",
+        services.provider.model,
+        chat.tool_names,
+        include_usage=chat.include_usage,
+    )
+    batches = follow_reply(services, accepted.reply_id, 0)
+    head = await _head(batches)
+    for event in head:
+        if event[1] == "memory.retrieved":
+            translator.feed(event)
+    headers = {
+        "X-Chatmem-Conversation-Id": str(conversation),
+        "X-Chatmem-Reply-Id": str(accepted.reply_id),
+        "X-Chatmem-Memory-Count": str(len(translator.memories)),
+        "X-Chatmem-Memory-Turn-Ids": ",".join(str(m.get("turn_id")) for m in translator.memories),
+    }
+    if slot is not None:
+        stream = _stream(services, accepted.reply_id, translator, head, batches)
+        return EventSourceResponse(
+            held_while_streaming(slot, stream), headers={**SSE_HEADERS, **headers}, ping=15
+        )
+    await _whole(request, services, accepted.reply_id, translator, head, batches)
+    if translator.error is not None and not translator.text and not translator.calls:
+        raise OpenAIError(
+            500,
+            translator.error["message"],
+            type="server_error",
+            code=translator.error.get("code"),
+            headers=headers,
+        )
+    headers["X-Chatmem-Status"] = translator.status or "failed"
+    return JSONResponse(translator.completion(), headers=headers)
+
+
+async def _json_body(request: Request) -> object:
+    body = await request.body()
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise OpenAIError(400, "We could not parse the JSON body of your request.") from None
+
+
+def _check_texts(chat: ChatRequest, max_chars: int) -> None:
+    """Text Postgres cannot store, or a prompt over the limit, is refused before anything is stored."""
+    if chat.prompt is not None:
+        check_text(chat.prompt, field="messages", max_chars=max_chars)
+    for message in (*chat.history, *chat.tool_results):
+        check_text(message.text, field="messages", allow_empty=True)
+
+
+def _target(request: Request, chat: ChatRequest) -> tuple[uuid.UUID | None, str | None]:
+    """(an explicit conversation id, a frontend's chat key): headers, then metadata, then `user`."""
+    explicit = request.headers.get(CONVERSATION_HEADER) or chat.metadata.get("conversation_id")
+    user = chat.user or ""
+    if explicit is None and user.startswith("conversation:"):
+        explicit = user.removeprefix("conversation:")
+    if explicit is not None:
+        try:
+            return uuid.UUID(str(explicit)), None
+        except ValueError:
+            raise OpenAIError(
+                404, "conversation not found", param="conversation_id", code="not_found"
+            ) from None
+    key = next((request.headers[h] for h in CHAT_KEY_HEADERS if request.headers.get(h)), None)
+    if key is None and isinstance(chat.metadata.get("chat_key"), str):
+        key = chat.metadata["chat_key"]
+    if key is None and user.startswith("chat:"):
+        key = user.removeprefix("chat:")
+    return None, key
+
+
+async def _head(batches: AsyncIterator[list[Event]]) -> list[Event]:
+    """The reply's first events, up to the memories it uses (or its first output)."""
+    head: list[Event] = []
+    async for batch in batches:
+        head += batch
+        if any(event[1] in HEAD_EVENTS for event in batch):
+            break
+    return head
+
+
+async def _stream(
+    services: Services,
+    reply_id: uuid.UUID,
+    translator: ReplyTranslator,
+    head: list[Event],
+    batches: AsyncIterator[list[Event]],
+) -> AsyncIterator[bytes]:
+    """The reply as chat.completion.chunk SSE; the client leaving stops the reply."""
+    try:
+        out = _frames(translator, head)
+        if out:
+            yield out
+        if translator.ended:
+            return
+        async for batch in batches:
+            out = _frames(translator, batch)
+            if out:
+                yield out
+            if translator.ended:
+                return
+    finally:
+        if not translator.ended:
+            # Synchronous, before any await: a cancelled stream may not get to await again.
+            _stop_here(services, reply_id)
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _frames(translator: ReplyTranslator, events: list[Event]) -> bytes:
+    chunks = [sse_data(chunk) for event in events for chunk in translator.feed(event)]
+    if translator.ended:
+        chunks.append(DONE)
+    return b"".join(chunks)
+
+
+def _stop_here(services: Services, reply_id: uuid.UUID) -> None:
+    # The reply was started by this request, so it runs in this process.
+    reply = services.registry.get(reply_id)
+    if reply is not None:
+        reply.request_stop("client_disconnected")
+
+
+async def _whole(
+    request: Request,
+    services: Services,
+    reply_id: uuid.UUID,
+    translator: ReplyTranslator,
+    head: list[Event],
+    batches: AsyncIterator[list[Event]],
+) -> None:
+    """Fold the whole reply into the translator; a client that leaves first stops it."""
+    for event in head:
+        if event[1] != "memory.retrieved":
+            translator.feed(event)
+    if translator.ended:
+        return
+
+    async def collect() -> None:
+        async for batch in batches:
+            for event in batch:
+                translator.feed(event)
+            if translator.ended:
+                return
+
+    async def client_left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    collecting = asyncio.create_task(collect())
+    watching = asyncio.create_task(client_left())
+    try:
+        await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if not collecting.done():
+            await stop_reply(services, reply_id, reason="client_disconnected")
+        await collecting
+    finally:
+        for task in (collecting, watching):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(collecting, watching, return_exceptions=True)

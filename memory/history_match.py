@@ -1,0 +1,137 @@
+"""Matching a history a client sends against a stored conversation's history.
+
+Clients that own their history (OpenAI-compatible frontends) send it whole with every
+request. Both sides are reduced to the same units, judged on what the user saw:
+
+- a user message is one unit;
+- everything the assistant said between two user messages is one unit: the text of
+  every model step joined (tool calls and tool results are not compared: the server's
+  own tool steps never reached the client);
+- whitespace runs count as one space, and empty assistant units are left out.
+
+A stored assistant unit that a stop (or an error) cut short is *open-ended*: the
+client may send back a shorter text (what it had received when it stopped reading),
+and it still matches as long as the stored text starts with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from memory.models import TurnStatus
+
+
+class StoredTurn(Protocol):
+    """The fields of a stored turn the matcher reads."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def content(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+
+
+class SentMessage(Protocol):
+    """The fields of a client's message the matcher reads."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """A user message, or all the assistant said before the next one."""
+
+    role: str
+    text: str
+    open_ended: bool = False
+    # Stored units: the newest seq the unit covers (a fork after it keeps turns up to here),
+    # and the user turn itself.
+    last_seq: int = 0
+    turn: Any = None
+    # Sent units: the text as the client wrote it (what an import stores).
+    raw: str = ""
+
+
+def normalize(text: str) -> str:
+    return " ".join(text.split())
+
+
+def stored_units(turns: Iterable[StoredTurn]) -> list[Unit]:
+    """A stored history (oldest first) as units; turns still streaming or failed count only as seqs."""
+    units: list[Unit] = []
+    for turn in turns:
+        if turn.role == "user" and turn.status == TurnStatus.COMPLETED:
+            units.append(Unit("user", normalize(turn.content or ""), last_seq=turn.seq, turn=turn))
+            continue
+        visible = turn.role == "assistant" and (
+            turn.status == TurnStatus.COMPLETED or turn.status in TurnStatus.INTERRUPTED
+        )
+        text = (turn.content or "") if visible else ""
+        if units and units[-1].role == "assistant":
+            last = units[-1]
+            units[-1] = replace(
+                last,
+                text=normalize(f"{last.text} {text}") if text else last.text,
+                open_ended=last.open_ended or (visible and turn.status in TurnStatus.INTERRUPTED),
+                last_seq=turn.seq,
+            )
+        else:
+            open_ended = visible and turn.status in TurnStatus.INTERRUPTED
+            units.append(Unit("assistant", normalize(text), open_ended=open_ended, last_seq=turn.seq))
+    return _without_empty_answers(units)
+
+
+def sent_units(messages: Iterable[SentMessage]) -> list[Unit]:
+    """A client's messages (user, assistant, tool; no system) as units."""
+    units: list[Unit] = []
+    for message in messages:
+        if message.role == "user":
+            units.append(Unit("user", normalize(message.text), raw=message.text))
+        elif message.role == "assistant":
+            if units and units[-1].role == "assistant":
+                last = units[-1]
+                raw = (
+                    f"{last.raw}\n\n{message.text}" if last.raw and message.text else last.raw or message.text
+                )
+                units[-1] = replace(last, text=normalize(f"{last.text} {message.text}"), raw=raw)
+            else:
+                units.append(Unit("assistant", normalize(message.text), raw=message.text))
+    return _without_empty_answers(units)
+
+
+def _without_empty_answers(units: list[Unit]) -> list[Unit]:
+    kept: list[Unit] = []
+    for unit in units:
+        if unit.role == "assistant" and not unit.text:
+            if kept:  # a fork after the previous unit must still keep this one's turns
+                kept[-1] = replace(kept[-1], last_seq=max(kept[-1].last_seq, unit.last_seq))
+            continue
+        kept.append(unit)
+    return kept
+
+
+def same(sent: Unit, stored: Unit) -> bool:
+    """Whether a sent unit is the stored one (a cut-short answer may come back shorter)."""
+    if sent.role != stored.role:
+        return False
+    if sent.text == stored.text:
+        return True
+    return stored.open_ended and stored.text.startswith(sent.text)
+
+
+def matched_prefix(sent: Sequence[Unit], stored: Sequence[Unit]) -> int:
+    """How many leading units the two histories share."""
+    count = 0
+    for a, b in zip(sent, stored, strict=False):
+        if not same(a, b):
+            break
+        count += 1
+    return count

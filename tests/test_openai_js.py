@@ -1,0 +1,50 @@
+"""The OpenAI-compatible API with the official `openai` npm package (pinned in tests/js), on `chatmem serve`.
+
+Runs `node --test tests/js/openai_chat.test.mjs` against a server process with an API key
+of a fresh user; the Node tests read back what was stored through chatmem's own API with
+the same key. Skipped only when Node or the installed packages are missing (`make test`
+installs them with `npm ci`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.openai_support import make_key, new_user
+from tests.procs import server_process
+
+JS = Path(__file__).parent / "js"
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif(
+    NODE is None or not (JS / "node_modules" / "openai").is_dir(),
+    reason="node or tests/js/node_modules missing (cd tests/js && npm ci)",
+)
+async def test_openai_npm_package_streams_and_aborts(pg_url: str) -> None:
+    assert NODE is not None
+    async with server_process(pg_url, demo_tokens_per_second=40) as live:
+        key = await make_key(live, new_user())
+        proc = await asyncio.create_subprocess_exec(
+            NODE,
+            "--test",
+            "--test-reporter=tap",
+            "openai_chat.test.mjs",
+            cwd=JS,
+            env={"PATH": str(Path(NODE).parent), "CHATMEM_URL": live.base_url, "CHATMEM_KEY": key},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(proc.communicate(), timeout=180)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    report = output.decode(errors="replace")
+    assert proc.returncode == 0, report
+    assert "# fail 0" in report and "# pass 4" in report, report
