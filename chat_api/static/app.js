@@ -19,6 +19,7 @@
 // activates a branch and draws the history again from the stored turns.
 
 import { ApiError, NetworkError } from "./api.js";
+import { enableApiKeys } from "./api_keys.js";
 import { busyNote, refusedAsBusy, showComposerState } from "./composer.js";
 import { api, askForToken, clearBanner, describe, showBanner, waitToRetry, withAuth } from "./connection.js";
 import { enableBranchActions } from "./branches.js";
@@ -490,6 +491,7 @@ function idFromHash() {
 
 async function start() {
   wire();
+  enableApiKeys();
   // Keep trying until the server answers: the page may be opened while it starts.
   for (let delay = 500; ; delay = Math.min(delay * 2, 8000)) {
     try {
