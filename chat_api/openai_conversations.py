@@ -30,9 +30,10 @@ from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-# The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
-from chat_api.control import Accepted, BeginReply, Started, start_reply
 from chat_api.protocols.openai_chat import ChatRequest, ClientMessage
+
+# The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
+from chat_api.replies import Accepted, BeginReply, Started, start_reply
 from chat_api.services import Services
 from memory.branches import activate_branch, branch_history, conversation_branch, create_branch
 from memory.conversations import Owner, create_conversation, get_conversation

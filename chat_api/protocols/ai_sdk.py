@@ -35,8 +35,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from memory.reply_state import Event
+
 Chunk = dict[str, Any]
-Event = tuple[int, str, dict[str, Any]]
 
 HEADERS = {
     "x-vercel-ai-ui-message-stream": "v1",

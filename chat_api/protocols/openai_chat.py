@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Event = tuple[int, str, dict[str, Any]]
+from memory.reply_state import Event
 
 TERMINAL_EVENTS = frozenset({"turn.completed", "turn.interrupted", "turn.failed", "turn.awaiting_approval"})
 MAX_TOOLS = 128
@@ -314,7 +314,10 @@ class ReplyTranslator:
         """The chunks (possibly none) this event adds to the stream; also folds it into the completion."""
         _id, name, data = event
         if name == "memory.retrieved":
-            self.memories = list(data.get("items") or [])
+            items = data.get("items")
+            self.memories = (
+                [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+            )
         elif name == "message.delta":
             text = str(data.get("text") or "")
             turn_id = str(data.get("turn_id"))

@@ -26,6 +26,7 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -201,7 +202,8 @@ class ReplyRunner:
     def _tool_schemas(self, reply: Reply) -> list[dict[str, Any]] | None:
         """The server's tools and the client's (a client tool shadows a server tool of its name)."""
         client = {tool["function"]["name"] for tool in reply.client_tools}
-        server = [schema for schema in self.tools.schemas() if schema["function"]["name"] not in client]
+        server: list[dict[str, Any]] = [dict(schema) for schema in self.tools.schemas()]
+        server = [schema for schema in server if schema["function"]["name"] not in client]
         return [*server, *reply.client_tools] or None
 
     def _park_for_approval(self, reply: Reply) -> bool:

@@ -29,9 +29,6 @@ from fastapi.routing import APIRoute
 from sse_starlette import EventSourceResponse
 
 from chat_api.auth import AuthError
-
-# The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
-from chat_api.control import stop_reply
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.errors import RateLimited
 from chat_api.openai_conversations import choose_conversation, start_chat_reply
@@ -48,8 +45,8 @@ from chat_api.protocols.openai_chat import (
     sse_data,
 )
 from chat_api.ratelimit import RateLimitsDep, held_while_streaming
+from chat_api.replies import follow_reply, stop_reply
 from chat_api.services import Services
-from chat_api.streaming import follow_reply
 from chat_api.text_checks import check_text
 from memory.errors import Conflict, DomainError, InvalidInput, NotFound
 

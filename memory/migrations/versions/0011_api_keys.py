@@ -1,7 +1,7 @@
 """API keys: long-lived bearer keys that authenticate as one tenant and user (hash only)
 
 Revision ID: 0011
-Revises: 0007
+Revises: 0010
 Create Date: 2026-11-23 09:30:00.000000
 """
 
@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import UUID
 from memory.migrations.rls import disable_tenant_rls, enable_tenant_rls
 
 revision = "0011"
-down_revision = "0007"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
