@@ -207,8 +207,9 @@ def create_app(
         description="Chat backend for web chat frontends: SSE streaming, stop that works, long-term memory.",
         lifespan=lifespan,
     )
-    # The chat page picks this token up by itself only on the embedded installation.
-    app.state.ui_token = ui_token
+    # The chat page picks this token up by itself only on the embedded installation, and
+    # never one this server would refuse (an HS256 token while RS256 keys are configured).
+    app.state.ui_token = ui_token if ui_token is not None and verifier.accepts(ui_token) else None
     install_error_handlers(app)
     if settings.cors_origins:
         app.add_middleware(

@@ -14,9 +14,12 @@ from memory.api_keys import looks_like_key, owner_of_key
 from memory.config import Settings
 from memory.conversations import Owner
 from memory.db import Database
+from memory.json_bounds import text_problem
 from memory.tenancy import unscoped
 
 TENANT_CLAIM = "tenant"
+# The longest tenant or user id a token may carry.
+MAX_IDENTITY_CHARS = 128  # the tenant_id and user_id columns are String(128)
 
 
 class AuthError(Exception):
@@ -50,6 +53,14 @@ class TokenVerifier:
         else:
             self._default_key = raw
 
+    def accepts(self, token: str) -> bool:
+        """True when `verify` would accept the token now."""
+        try:
+            self.verify(token)
+        except AuthError:
+            return False
+        return True
+
     def verify(self, token: str) -> Owner:
         """Return the owner named by a valid token, or raise AuthError."""
         try:
@@ -70,6 +81,12 @@ class TokenVerifier:
         tenant, user = claims.get(TENANT_CLAIM), claims.get("sub")
         if not isinstance(tenant, str) or not tenant or not isinstance(user, str) or not user:
             raise AuthError("token lacks tenant or sub")
+        for name, value in ((TENANT_CLAIM, tenant), ("sub", user)):
+            # Signed is not the same as storable: these become query parameters and row values.
+            if len(value) > MAX_IDENTITY_CHARS:
+                raise AuthError(f"token's {name} is longer than {MAX_IDENTITY_CHARS} characters")
+            if text_problem(value) is not None or not value.isprintable():
+                raise AuthError(f"token's {name} holds characters an identity cannot have")
         return Owner(tenant_id=tenant, user_id=user)
 
 

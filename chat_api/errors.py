@@ -1,4 +1,9 @@
-"""The one place that maps errors to HTTP: every 4xx body is {"error": {"code", "message"}}."""
+"""The one place that maps errors to HTTP: every error body is {"error": {"code", "message"}}.
+
+Also the unexpected ones: an exception no handler knows answers 500 with the same shape
+and a fixed message, so no internal detail (SQL, a traceback, a path) ever reaches a
+client; the exception itself is logged by the server.
+"""
 
 from __future__ import annotations
 
@@ -71,8 +76,18 @@ def install_error_handlers(app: FastAPI) -> None:
         message = "request body is not valid JSON" if malformed else "request does not match the schema"
         return JSONResponse(error_body(code, message, errors=errors), status_code=422)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body("internal_error", "internal server error"), status_code=500)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+            # FastAPI's body parser: the JSON nests deeper than Python's parser goes.
+            return JSONResponse(
+                error_body("json_out_of_bounds", "the body is nested too deep to parse", field="body"),
+                status_code=422,
+            )
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
             exc.status_code, "http_error"
         )

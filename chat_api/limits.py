@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -54,5 +55,13 @@ class BodyLimit:
             await self._too_large(limit)(scope, receive, send)
 
 
-class BodyTooLarge(Exception):
-    """Raised from receive() when a streamed body passes the limit."""
+class BodyTooLarge(HTTPException):
+    """Raised from receive() when a streamed body passes the limit.
+
+    An HTTPException, because FastAPI turns any other error raised while it reads a body
+    into a 400 ("error parsing the body"): a chunked body with no Content-Length would
+    answer 400 where one with a Content-Length answers 413. FastAPI re-raises these as is.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(status_code=413, detail="request body too large")

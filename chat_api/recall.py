@@ -28,6 +28,7 @@ from chat_api.tools import ToolContext
 from memory.context import MemoryItemView, PromptWindow
 from memory.conversations import Owner
 from memory.embeddings import Embedder
+from memory.json_bounds import readable_json
 from memory.json_values import JsonObject
 from memory.recall_search import RecalledMemory, embed_for_recall, find_unindexed, rank_memories
 from memory.remembering import remembered_text
@@ -58,7 +59,7 @@ def memory_item_json(memory: RecalledMemory, *, chunk_index: bool = False) -> Js
         "created_at": hit.turn_created_at.isoformat(),
         "score": round(hit.score, 4),
         "external_id": hit.external_id,
-        "metadata": hit.metadata,
+        "metadata": readable_json(hit.metadata, what="metadata"),
     }
     if chunk_index:
         item["chunk_index"] = hit.chunk_index

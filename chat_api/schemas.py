@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from memory.json_bounds import json_problem, readable_json
 from memory.models import Conversation, Turn
 
 MemoryMode = Literal["persistent", "none"]
@@ -15,6 +16,20 @@ MemoryMode = Literal["persistent", "none"]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# Free-form JSON in a request body: bounded in depth and size at the door (memory.json_bounds).
+MAX_FREE_JSON_BYTES = 65_536
+
+
+def _within_bounds(value: dict[str, Any]) -> dict[str, Any]:
+    problem = json_problem(value, max_bytes=MAX_FREE_JSON_BYTES)
+    if problem is not None:
+        raise ValueError(f"the value {problem}")
+    return value
+
+
+BoundedJsonObject = Annotated[dict[str, Any], AfterValidator(_within_bounds)]
 
 
 class ConversationCreate(Strict):
@@ -141,18 +156,18 @@ class TurnOut(BaseModel):
             role=t.role,
             status=t.status,
             content=t.content,
-            tool_calls=t.tool_calls or [],
+            tool_calls=readable_json(t.tool_calls, what="tool_calls") or [],
             tool_call_id=t.tool_call_id,
             name=t.name,
             reply_id=t.reply_id,
             model=t.model,
-            usage=t.usage,
-            error=t.error,
+            usage=readable_json(t.usage, what="usage"),
+            error=readable_json(t.error, what="error"),
             interrupt_reason=t.interrupt_reason,
             rewritten_query=t.rewritten_query,
             prompt_version=t.prompt_version,
             external_id=t.external_id,
-            metadata=t.meta,
+            metadata=readable_json(t.meta, what="metadata"),
             created_at=t.created_at,
             completed_at=t.completed_at,
         )
@@ -176,7 +191,7 @@ class StopOut(BaseModel):
 
 
 class ApproveIn(Strict):
-    arguments: dict[str, Any] | None = Field(
+    arguments: BoundedJsonObject | None = Field(
         None, description="Run the tool with these arguments instead of the model's (a JSON object)."
     )
     stream: bool = Field(True, description="Stream the resumed reply as SSE (true) or return it finished.")

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     max_streams_per_user: int = Field(
         10, ge=0, description="SSE streams one user may have open at once, per API process (0: no limit)."
     )
+    ui_token_handout: bool = Field(
+        True, description="`chatmem up`: hand the page its token (only to loopback Host and Origin)."
+    )
     gc_thresholds: tuple[int, int, int] = Field(
         (10_000, 10, 100),
         description=(

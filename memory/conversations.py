@@ -6,7 +6,7 @@ import base64
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -70,8 +70,12 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, ident = json.loads(raw)
-        return datetime.fromisoformat(created), uuid.UUID(ident)
-    except (ValueError, TypeError) as exc:
+        at = datetime.fromisoformat(created)
+        # Our cursors carry UTC times; a naive or out-of-range one would fail in the query.
+        if at.tzinfo is None:
+            raise ValueError("cursor time has no zone")
+        return at.astimezone(UTC), uuid.UUID(ident)
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise InvalidInput("malformed cursor", field="cursor") from exc
 
 

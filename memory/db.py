@@ -18,6 +18,7 @@ from sqlalchemy import Connection, event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, SessionTransaction
 
+from memory.json_bounds import tolerant_loads
 from memory.tenancy import TENANT_ROLE, TENANT_SETTING, current_tenant
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -68,6 +69,8 @@ class Database:
             pool_size=pool_size,
             max_overflow=max(2, pool_size // 4),
             pool_pre_ping=False,
+            # A stored value too deep to parse reads as null for its row, not an error for the query.
+            json_deserializer=tolerant_loads,
         )
         self.sessions = async_sessionmaker(
             self.engine, expire_on_commit=False, sync_session_class=TenantScopedSession

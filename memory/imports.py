@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.conversations import Owner, get_conversation
 from memory.errors import ConversationBusy, InvalidInput
+from memory.json_bounds import MAX_DEPTH, json_problem, text_problem
 from memory.models import Conversation, Turn, TurnStatus
 from memory.outbox import NOTIFY, turn_payload
 
@@ -136,25 +137,10 @@ def _bad(index: int, field_name: str, message: str, **details: Any) -> InvalidIn
 
 
 def _check_string(index: int, field_name: str, value: str) -> None:
-    # Postgres text and jsonb refuse NUL; asyncpg cannot encode lone surrogates. Both would be 500s.
-    if "\x00" in value:
-        raise _bad(index, field_name, "contains a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _bad(index, field_name, "is not valid Unicode (lone surrogate)") from None
-
-
-def _check_json(index: int, value: Any) -> None:
-    if isinstance(value, str):
-        _check_string(index, "metadata", value)
-    elif isinstance(value, dict):
-        for key, inner in value.items():
-            _check_string(index, "metadata", key)
-            _check_json(index, inner)
-    elif isinstance(value, list):
-        for inner in value:
-            _check_json(index, inner)
+    # Postgres text refuses NUL; asyncpg cannot encode lone surrogates. Both would be 500s.
+    problem = text_problem(value)
+    if problem is not None:
+        raise _bad(index, field_name, problem)
 
 
 def _parse_item(index: int, raw: object, max_chars: int) -> ImportTurn:
@@ -175,11 +161,15 @@ def _parse_item(index: int, raw: object, max_chars: int) -> ImportTurn:
         value = getattr(item, name)
         if value is not None:
             _check_string(index, name, value)
+    if item.created_at is not None:
+        try:
+            _aware(item.created_at).astimezone(UTC)
+        except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00: before year 1 in UTC
+            raise _bad(index, "created_at", "is out of range") from None
     if item.metadata is not None:
-        _check_json(index, item.metadata)
-        size = len(json.dumps(item.metadata, ensure_ascii=False).encode())
-        if size > MAX_METADATA_BYTES:
-            raise _bad(index, "metadata", f"is over {MAX_METADATA_BYTES} bytes as JSON", size=size)
+        problem = json_problem(item.metadata, max_bytes=MAX_METADATA_BYTES)
+        if problem is not None:
+            raise _bad(index, "metadata", problem, max_depth=MAX_DEPTH, max_bytes=MAX_METADATA_BYTES)
     return item
 
 

@@ -21,6 +21,7 @@ from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.schemas import ErrorOut
 from memory.errors import InvalidInput
 from memory.imports import DEFAULT_MAX_TURNS, ImportResult, ImportTurn, import_turns, parse_import
+from memory.json_bounds import MAX_DEPTH, JsonOutOfBounds
 
 router = APIRouter(prefix="/v1/conversations", tags=["import"])
 
@@ -86,6 +87,11 @@ def _parse_body(body: bytes, max_turns: int, max_chars: int) -> list[ImportTurn]
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestValidationError(
             [{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}"}]
+        ) from None
+    except RecursionError:
+        # Python's parser gives up near 1,000 levels; the bound on metadata is far below that.
+        raise JsonOutOfBounds(
+            f"the body is nested too deep to parse (metadata: at most {MAX_DEPTH} levels)", field="body"
         ) from None
     if not isinstance(document, dict):
         raise InvalidInput("the body must be an object with `turns`", field="body")

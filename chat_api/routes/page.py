@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
@@ -41,6 +42,22 @@ PAGE_HEADERS = {
 
 router = APIRouter(include_in_schema=False)
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def loopback_request(host: str | None, origin: str | None) -> bool:
+    """True when `Host` names this machine's loopback and `Origin`, if sent, is a loopback page."""
+    if not host:
+        return False
+    try:
+        host_name = urlsplit(f"//{host}").hostname
+        origin_name = None if origin is None else urlsplit(origin).hostname
+    except ValueError:  # a malformed port or bracket
+        return False
+    if host_name not in LOOPBACK_NAMES:
+        return False
+    return origin is None or origin_name in LOOPBACK_NAMES
+
 
 @router.get("/")
 async def index() -> FileResponse:
@@ -51,9 +68,13 @@ async def index() -> FileResponse:
 @router.get("/static/{path:path}")
 async def static_file(path: str) -> FileResponse:
     """A file of the page; nothing outside the static folder is reachable."""
-    candidate = (STATIC_DIR / path).resolve()
-    if not candidate.is_relative_to(STATIC_DIR) or not candidate.is_file():
-        raise NotFound(f"no static file {path!r}")
+    try:
+        candidate = (STATIC_DIR / path).resolve()
+        found = candidate.is_relative_to(STATIC_DIR) and candidate.is_file()
+    except (ValueError, OSError):  # a NUL in the path, a name too long for the file system
+        found = False
+    if not found:
+        raise NotFound("no such static file")
     return FileResponse(candidate, headers=PAGE_HEADERS)
 
 
@@ -62,12 +83,20 @@ async def ui_config(request: Request) -> dict[str, Any]:
     """What the page needs before its first API call.
 
     `token` is set only by `chatmem up` (the embedded, single-user installation); with a
-    configured secret it is null and the page asks the person for a token.
+    configured secret it is null and the page asks the person for a token. Even then it
+    is handed only to a request addressed to a loopback name (`Host`) and, when the
+    browser says where the page came from (`Origin`), from a loopback page: a DNS-rebinding
+    page reaches the port under its own host name, and gets null. UI_TOKEN_HANDOUT=false
+    turns the handout off.
     """
     services = getattr(request.app.state, "services", None)
     settings = services.settings if services is not None else None
+    token = getattr(request.app.state, "ui_token", None)
+    handout = settings is None or settings.ui_token_handout
+    if not handout or not loopback_request(request.headers.get("host"), request.headers.get("origin")):
+        token = None
     return {
-        "token": getattr(request.app.state, "ui_token", None),
+        "token": token,
         "on_busy": settings.on_busy_default if settings is not None else None,
         "model": services.provider.model if services is not None else None,
         "llm_provider": settings.llm_provider if settings is not None else None,

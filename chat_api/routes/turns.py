@@ -23,6 +23,9 @@ from memory.turns import get_turn, reply_turns
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"])
 
+# Event ids are Postgres integers: a larger position would fail the query mid-stream.
+MAX_EVENT_ID = 2**31 - 1
+
 
 @router.get("/{turn_id}")
 async def read_turn(turn_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> TurnOut:
@@ -56,15 +59,18 @@ async def events(
     owner: OwnerDep,
     services: ServicesDep,
     limits: RateLimitsDep,
-    after: Annotated[int | None, Query(ge=0)] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> EventSourceResponse:
     """Replay the reply's events after `Last-Event-ID` (or `?after=`), then follow it live to the end."""
     position = after or 0
     if last_event_id is not None and after is None:
-        if not last_event_id.strip().isdigit():
-            raise InvalidInput("Last-Event-ID must be a non-negative integer", field="Last-Event-ID")
-        position = int(last_event_id.strip())
+        text = last_event_id.strip()
+        if not (text.isascii() and text.isdigit()) or int(text) > MAX_EVENT_ID:
+            raise InvalidInput(
+                f"Last-Event-ID must be an integer from 0 to {MAX_EVENT_ID}", field="Last-Event-ID"
+            )
+        position = int(text)
     async with services.db.session() as session:
         turn = await get_turn(session, owner, turn_id)
     slot = limits.streams.acquire(owner)
