@@ -28,6 +28,8 @@ from chat_api.replies.reaper import Reaper
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
+from chat_api.reply_queue import watch_client
+from chat_api.response_headers import ResponseHeaders
 from chat_api.routes import (
     ai_sdk,
     branches,
@@ -43,6 +45,7 @@ from chat_api.routes import (
 )
 from chat_api.routes import memory as memory_routes
 from chat_api.routes import memory_items as memory_item_routes
+from chat_api.routes.docs import install_docs
 from chat_api.services import Services, process_id
 from chat_api.tools import ToolRegistry, configured_registry
 from memory.config import Settings
@@ -206,6 +209,8 @@ def create_app(
         version="0.1.0",
         description="Chat backend for web chat frontends: SSE streaming, stop that works, long-term memory.",
         lifespan=lifespan,
+        docs_url=None,  # served by chat_api.routes.docs with local assets, not from a CDN
+        redoc_url=None,
     )
     # The chat page picks this token up by itself only on the embedded installation, and
     # never one this server would refuse (an HS256 token while RS256 keys are configured).
@@ -224,11 +229,13 @@ def create_app(
         BodyLimit, max_bytes=settings.max_body_bytes, import_max_bytes=settings.import_max_body_bytes
     )
 
+    app.add_middleware(ResponseHeaders)
     install_observability(app, settings)
     install_rate_limits(app, settings)
     for public in (health.router, page.router):
         app.include_router(public)
-    limited = [Depends(enforce_request_rate)]
+    install_docs(app)
+    limited = [Depends(enforce_request_rate), Depends(watch_client)]
     routers = (
         conversations,
         messages,

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from chat_api.auth import AuthError, is_api_key, verify_api_key
+from chat_api.auth_throttle import FailedAuthLimit
 from chat_api.observability import bind_log_context
 from chat_api.services import Services
 from memory.conversations import Owner
@@ -23,12 +24,19 @@ async def current_owner(request: Request, services: Annotated[Services, Depends(
     Async on purpose: a sync dependency runs in a worker thread, and the tenant it set
     would not reach the request's own task (nor the reply tasks it starts).
     """
+    failures: FailedAuthLimit = request.app.state.rate_limits.auth_failures
+    address = request.client.host if request.client is not None else ""
+    failures.check(address)  # 429 before the token is even looked at, once over the limit
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise AuthError("missing bearer token")
-    token = token.strip()
-    owner = await verify_api_key(services.db, token) if is_api_key(token) else services.verifier.verify(token)
+    try:
+        if scheme.lower() != "bearer" or not token.strip():
+            raise AuthError("missing bearer token")
+        token = token.strip()
+        owner = await verify_api_key(services.db, token) if is_api_key(token) else services.verifier.verify(token)
+    except AuthError:
+        failures.failed(address)
+        raise
     bind_log_context(tenant_id=owner.tenant_id, user_id=owner.user_id)
     set_tenant(owner.tenant_id)
     return owner

@@ -125,7 +125,7 @@ def observe_rewrite(seconds: float, outcome: str) -> None:
 
 
 def observe_rate_limited(limit: str) -> None:
-    """Count one 429; `limit` is requests_per_minute or concurrent_streams."""
+    """Count one 429; `limit` names the limit (requests_per_minute, concurrent_streams, …)."""
     RATE_LIMITED.labels(limit=limit).inc()
 
 

@@ -23,8 +23,10 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, FastAPI, Request
 
 from chat_api import metrics
+from chat_api.auth_throttle import FailedAuthLimit
 from chat_api.deps import OwnerDep
 from chat_api.errors import RateLimited
+from chat_api.quotas import ImportQuota
 from memory.config import Settings
 from memory.conversations import Owner
 
@@ -159,11 +161,19 @@ class RateLimits:
 
     requests: RequestRate
     streams: StreamLimit
+    imports: ImportQuota
+    auth_failures: FailedAuthLimit
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RateLimits:
-        """The limits configured by RATE_LIMIT_PER_MINUTE and MAX_STREAMS_PER_USER."""
-        return cls(RequestRate(settings.rate_limit_per_minute), StreamLimit(settings.max_streams_per_user))
+        """The limits configured by RATE_LIMIT_PER_MINUTE, MAX_STREAMS_PER_USER, IMPORT_TURNS_PER_HOUR
+        and AUTH_FAILURES_PER_MINUTE."""
+        return cls(
+            RequestRate(settings.rate_limit_per_minute),
+            StreamLimit(settings.max_streams_per_user),
+            ImportQuota(settings.import_turns_per_hour),
+            FailedAuthLimit(settings.auth_failures_per_minute),
+        )
 
 
 def install_rate_limits(app: FastAPI, settings: Settings) -> RateLimits:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from chat_api.auth import TokenVerifier
@@ -16,6 +16,7 @@ from chat_api.replies.reaper import Reaper
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
+from chat_api.reply_queue import ReplyQueues
 from chat_api.tools import ToolRegistry
 from memory.config import Settings
 from memory.db import Database
@@ -48,3 +49,4 @@ class Services:
     process_id: str
     embedder: Embedder  # one copy of the model per process: retrieval and an in-process indexer
     recaller: MemoryRecaller | None = None  # long-term memory; set once the services exist
+    queues: ReplyQueues = field(default_factory=ReplyQueues)  # on_busy=enqueue, per conversation

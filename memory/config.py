@@ -64,6 +64,18 @@ class Settings(BaseSettings):
     max_streams_per_user: int = Field(
         10, ge=0, description="SSE streams one user may have open at once, per API process (0: no limit)."
     )
+    max_running_replies_per_user: int = Field(
+        10, ge=0, description="Replies one user may have running at once, per API process (0: no limit)."
+    )
+    max_queued_per_conversation: int = Field(
+        8, ge=0, description="Messages waiting with on_busy=enqueue per conversation (beyond: 429)."
+    )
+    import_turns_per_hour: int = Field(
+        20_000, ge=0, description="Turns one user may import per hour, per API process (0: no limit)."
+    )
+    auth_failures_per_minute: int = Field(
+        30, ge=0, description="Failed authentications per client address per minute before 429 (0: off)."
+    )
     ui_token_handout: bool = Field(
         True, description="`chatmem up`: hand the page its token (only to loopback Host and Origin)."
     )

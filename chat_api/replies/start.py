@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.idempotency import check_replay
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
+from chat_api.reply_queue import in_line, until
 from memory.branches import activate_branch, create_branch, edit_point, regenerate_point, user_turn_before
 from memory.conversations import Owner, get_conversation
 from memory.errors import ConversationBusy
@@ -66,6 +68,7 @@ async def accept_message(
         on_busy=on_busy,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
+        content=content,
     )
 
 
@@ -157,6 +160,7 @@ async def edit_message(
         on_busy=on_busy,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
+        content=content,
     )
 
 
@@ -169,11 +173,44 @@ async def start_reply(
     on_busy: str,
     idempotency_key: str | None,
     memory_scope: str,
+    content: str | None = None,
 ) -> Accepted:
     """Lock the conversation, apply the busy policy, store the reply's turns with `begin`, and launch it.
 
-    A request retried with the same Idempotency-Key reattaches to the reply it started.
+    A request retried with the same Idempotency-Key reattaches to the reply it started;
+    `content` (the message's text, None for a regenerate) must be the same as then.
+    Requests that may wait (`on_busy=enqueue`) are served in arrival order (chat_api.reply_queue).
     """
+
+    async def attempt() -> Accepted:
+        return await _start_reply(
+            services,
+            owner,
+            conversation_id,
+            begin,
+            on_busy=on_busy,
+            idempotency_key=idempotency_key,
+            memory_scope=memory_scope,
+            content=content,
+        )
+
+    if on_busy != "enqueue":
+        return await attempt()
+    async with in_line(services.queues, conversation_id, limit=services.settings.max_queued_per_conversation):
+        return await attempt()
+
+
+async def _start_reply(
+    services: Services,
+    owner: Owner,
+    conversation_id: uuid.UUID,
+    begin: BeginReply,
+    *,
+    on_busy: str,
+    idempotency_key: str | None,
+    memory_scope: str,
+    content: str | None,
+) -> Accepted:
     while True:
         running: uuid.UUID | None = None
         reply: Reply | None = None
@@ -184,6 +221,7 @@ async def start_reply(
                 if idempotency_key:
                     earlier = await find_by_idempotency_key(session, conversation.id, idempotency_key)
                     if earlier is not None and earlier.reply_id is not None:
+                        check_replay(earlier, content)
                         return Accepted(earlier.reply_id, await _answered(session, earlier), reattached=True)
                 if conversation.active_reply_id is not None:
                     running = conversation.active_reply_id
@@ -226,7 +264,7 @@ async def start_reply(
                     running_turn_id=str(running),
                     awaiting_approval=True,
                 )
-            await wait_reply_done(services, running, timeout=None)
+            await until(wait_reply_done(services, running, timeout=None))
 
 
 async def _answered(session: AsyncSession, earlier: Turn) -> uuid.UUID:

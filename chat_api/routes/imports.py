@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 
 from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.ratelimit import RateLimitsDep
 from chat_api.schemas import ErrorOut
 from memory.errors import InvalidInput
 from memory.imports import DEFAULT_MAX_TURNS, ImportResult, ImportTurn, import_turns, parse_import
@@ -112,18 +113,29 @@ def _parse_body(body: bytes, max_turns: int, max_chars: int) -> list[ImportTurn]
     responses={
         404: {"model": ErrorOut, "description": "No such conversation (or not the caller's)."},
         409: {"model": ErrorOut, "description": "A reply is streaming in this conversation."},
+        429: {"model": ErrorOut, "description": "Over the user's IMPORT_TURNS_PER_HOUR (see Retry-After)."},
         413: {"model": ErrorOut, "description": "The body is over the size limit."},
         422: {"model": ErrorOut, "description": "A bad item; details.index names it. Nothing was stored."},
     },
 )
 async def import_conversation_turns(
-    conversation_id: uuid.UUID, request: Request, owner: OwnerDep, services: ServicesDep
+    conversation_id: uuid.UUID,
+    request: Request,
+    owner: OwnerDep,
+    services: ServicesDep,
+    limits: RateLimitsDep,
 ) -> ImportOut:
     """Append past turns atomically; items whose external_id is already there are skipped."""
     settings = services.settings
     max_turns = settings.import_max_turns
     body = await request.body()
     items = await asyncio.to_thread(_parse_body, body, max_turns, settings.max_message_chars)
-    async with services.db.transaction() as session:
-        result = await import_turns(session, owner, conversation_id, items)
+    limits.imports.take(owner, len(items))  # 429 with Retry-After past IMPORT_TURNS_PER_HOUR
+    created = 0
+    try:
+        async with services.db.transaction() as session:
+            result = await import_turns(session, owner, conversation_id, items)
+        created = result.created
+    finally:
+        limits.imports.give_back(owner, len(items) - created)  # skipped items, or all if it failed
     return ImportOut.of(result)

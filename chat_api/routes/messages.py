@@ -10,8 +10,10 @@ from fastapi import APIRouter, Header
 from sse_starlette import EventSourceResponse
 
 from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.quotas import check_running_replies
 from chat_api.ratelimit import RateLimits, RateLimitsDep, held_while_streaming
 from chat_api.replies import Accepted, accept_message, sse_stream, wait_reply_done
+from chat_api.reply_queue import drop_if_client_leaves
 from chat_api.schemas import MessageCreate, ReplyOptions, ReplyOut, TurnOut
 from chat_api.services import Services
 from chat_api.text_checks import check_text
@@ -64,6 +66,8 @@ async def reply_response(
 ) -> EventSourceResponse | ReplyOut:
     """Start a reply with `start` and stream it as SSE, or wait and return it whole (`stream: false`)."""
     # Taken before anything is stored, so a 429 leaves nothing behind.
+    check_running_replies(services.registry, owner, services.settings.max_running_replies_per_user)
+    drop_if_client_leaves(options.on_disconnect == "stop")  # while it waits in line (on_busy=enqueue)
     slot = limits.streams.acquire(owner) if options.stream else None
     try:
         accepted = await start()

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.quotas import check_running_replies
 from chat_api.ratelimit import RateLimitsDep, held_while_streaming
 from chat_api.replies import decide, sse_stream, stop_reply, wait_reply_done
 from chat_api.routes.messages import SSE_HEADERS
@@ -139,6 +140,7 @@ async def _decided(
     limits: RateLimitsDep,
 ) -> EventSourceResponse | DecisionOut:
     # Taken before the decision is stored, so a 429 leaves the call waiting.
+    check_running_replies(services.registry, owner, services.settings.max_running_replies_per_user)
     slot = limits.streams.acquire(owner) if stream else None
     try:
         decided = await decide(services, owner, turn_id, call_id, decision)
