@@ -146,3 +146,22 @@ async def test_deep_edited_tool_arguments_are_refused_naming_the_field(start_ser
         r = await client.post(approve_url(ask), json=fine)
         assert r.status_code == 200, r.text
     assert runs == [{"amount": 1, "to": "bob"}]
+
+
+async def test_nul_in_a_rejection_reason_is_a_422_not_a_500(start_server: Any) -> None:
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(tools=transfer_tools(runs))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        ask = required(await park(client, cid))
+        for reason in ('"a\\u0000b"', '"a\\ud800b"'):
+            r = await client.post(
+                approve_url(ask, "reject"),
+                content='{"reason": ' + reason + ', "stream": false}',
+                headers={"Content-Type": "application/json"},
+            )
+            assert r.status_code == 422, r.text
+        # Still waiting: the refused rejection decided nothing.
+        r = await client.post(approve_url(ask, "reject"), json={"reason": "no", "stream": False})
+        assert r.status_code == 200, r.text
+    assert runs == []

@@ -16,6 +16,7 @@ from chat_api.ratelimit import RateLimitsDep, held_while_streaming
 from chat_api.replies import decide, sse_stream, stop_reply, wait_reply_done
 from chat_api.routes.messages import SSE_HEADERS
 from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
+from chat_api.text_checks import check_text
 from memory.approvals import Decision
 from memory.conversations import Owner
 from memory.errors import InvalidInput
@@ -126,6 +127,7 @@ async def reject(
 ) -> EventSourceResponse | DecisionOut:
     """Reject a waiting tool call: it never runs, and the model is told, with the reason, as its result."""
     body = body or RejectIn.model_validate({})
+    check_text(body.reason, field="reason", allow_empty=True)  # a NUL here was a 500 when stored
     decision = Decision(approved=False, by="user", reason=body.reason)
     return await _decided(turn_id, call_id, decision, body.stream, owner, services, limits)
 
