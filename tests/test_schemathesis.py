@@ -8,6 +8,12 @@ reach the handlers instead of stopping at 401.
 
 Streaming endpoints stay in: the demo model runs at 5,000 tokens/s so a reply ends in
 well under a second, and schemathesis reads at most 20 SSE events of a stream (its default).
+
+Three passes per operation, each bounded in examples: schema-valid inputs with real ids
+in the path; schema-valid inputs with the generated path parameters kept (random ids,
+odd tool-call ids); and schema-violating inputs (negative mode: bad headers, queries,
+bodies). Then every declared header (`Last-Event-ID`, `Idempotency-Key`) gets a fixed
+set of edge values that random generation rarely reaches (2^31, 32 nines, "²").
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import response_schema_conformance
@@ -95,28 +103,82 @@ class Fixtures:
             params["turn_id"] = self.turn()
 
 
+FEWER = settings(SETTINGS, max_examples=4)
+
+# Values of declared headers that random strings rarely hit: past int32, non-ASCII digits, edges.
+HEADER_EDGES: dict[str, list[str]] = {
+    "Last-Event-ID": ["2147483648", "2147483647", "9" * 32, "-1", "\u00b2", "7 ", "1e3", "0x10", ""],
+    "Idempotency-Key": ["k" * 200, "k" * 201, "\u00e9\u00e8", "a b", ""],
+}
+
+
+def run_pass(
+    operation: Any,
+    fixtures: Fixtures,
+    statuses: dict[str, set[int]],
+    pass_settings: Any,
+    mode: GenerationMode,
+    real_ids: bool,
+) -> None:
+    """One Hypothesis run of `operation`; raises on the first failing check."""
+    checks = [not_a_server_error] + ([response_schema_conformance] if mode.is_positive else [])
+
+    @pass_settings
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def check(case: Any) -> None:
+        if real_ids:
+            fixtures.fill(case)
+        response = case.call_and_validate(headers=auth(), checks=checks)
+        statuses.setdefault(case.operation.label, set()).add(response.status_code)
+
+    check()
+
+
 def test_api_conforms_to_its_schema(api_schema: Any) -> None:
     failures: list[str] = []
     fixtures = Fixtures(api_schema.app)
     operations = [result.ok() for result in api_schema.get_all_operations()]
     assert len(operations) >= 10, "the schema lost its operations"
     statuses: dict[str, set[int]] = {}
+    passes = (
+        ("real ids", SETTINGS, GenerationMode.POSITIVE, True),
+        ("generated path parameters", FEWER, GenerationMode.POSITIVE, False),
+        ("negative", FEWER, GenerationMode.NEGATIVE, True),
+    )
     for operation in operations:
-
-        @SETTINGS
-        @given(case=operation.as_strategy())
-        def check(case: Any) -> None:
-            fixtures.fill(case)
-            response = case.call_and_validate(
-                headers=auth(), checks=[not_a_server_error, response_schema_conformance]
-            )
-            statuses.setdefault(case.operation.label, set()).add(response.status_code)
-
-        try:
-            check()
-        except Exception as exc:
-            failures.append(f"{operation.label}:\n{exc}")
+        for name, pass_settings, mode, real_ids in passes:
+            if not real_ids and not operation.path_parameters:
+                continue
+            try:
+                run_pass(operation, fixtures, statuses, pass_settings, mode, real_ids)
+            except Unsatisfiable:
+                pass  # negative mode, and the operation takes no input that could be wrong
+            except Exception as exc:
+                failures.append(f"{operation.label} ({name}):\n{exc}")
     assert not failures, "\n\n".join(failures)
     # The real ids got past the ownership checks: handlers ran, not only the 404 branch.
     reached = [label for label, codes in statuses.items() if "{" in label and any(c < 300 for c in codes)]
     assert len(reached) >= 5, statuses
+
+
+def test_declared_headers_at_their_edges_never_answer_5xx(api_schema: Any) -> None:
+    fixtures = Fixtures(api_schema.app)
+    failures: list[str] = []
+    for operation in (result.ok() for result in api_schema.get_all_operations()):
+        declared = [p.name for p in operation.headers if p.name in HEADER_EDGES]
+        for header in declared:
+            for value in HEADER_EDGES[header]:
+                body: Any = None
+                if operation.body:
+                    regenerate = operation.label.endswith("/regenerate")
+                    body = {"stream": False} if regenerate else {"content": "hi", "stream": False}
+                case = operation.Case(
+                    path_parameters={p.name: "x" for p in operation.path_parameters},
+                    headers={header: value},
+                    **({"body": body, "media_type": "application/json"} if body is not None else {}),
+                )
+                fixtures.fill(case)
+                response = case.call(headers=auth())
+                if response.status_code >= 500:
+                    failures.append(f"{operation.label} {header}={value!r}: {response.status_code}")
+    assert not failures, failures
