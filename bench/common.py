@@ -117,6 +117,8 @@ class Server:
             # Benchmarks measure the system, not the per-user limits a deployment sets.
             "RATE_LIMIT_PER_MINUTE": "0",
             "MAX_STREAMS_PER_USER": "0",
+            "MAX_RUNNING_REPLIES_PER_USER": "0",
+            "IMPORT_TURNS_PER_HOUR": "0",
             **{k.upper(): str(v) for k, v in env.items()},
         }
         self.proc: subprocess.Popen[bytes] | None = None

@@ -33,7 +33,9 @@ async def current_owner(request: Request, services: Annotated[Services, Depends(
         if scheme.lower() != "bearer" or not token.strip():
             raise AuthError("missing bearer token")
         token = token.strip()
-        owner = await verify_api_key(services.db, token) if is_api_key(token) else services.verifier.verify(token)
+        owner = (
+            await verify_api_key(services.db, token) if is_api_key(token) else services.verifier.verify(token)
+        )
     except AuthError:
         failures.failed(address)
         raise

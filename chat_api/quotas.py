@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from chat_api import metrics
 from chat_api.errors import RateLimited
-from chat_api.replies import ReplyRegistry
+from chat_api.replies.registry import ReplyRegistry
 from memory.conversations import Owner
 from memory.errors import InvalidInput
 
