@@ -1,4 +1,5 @@
-"""The `chatmem` command: up, serve, token, keys, db upgrade, import, mcp, users delete, relay, indexer."""
+"""The `chatmem` command: up, serve, token, keys, db upgrade, import, mcp, users delete, local-model, relay,
+indexer."""
 
 from __future__ import annotations
 
@@ -294,6 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--user", required=True)
     delete.set_defaults(func=cmd_users_delete)
 
+    from chat_api.local_model import add_local_model_arguments  # imports this module too
+
+    add_local_model_arguments(sub.add_parser("local-model", help="a real small model on llama-server"))
+
     sub.add_parser("relay", help="publish the outbox to Kafka").set_defaults(
         func=lambda _: _worker_main("relay")
     )
@@ -325,4 +330,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m chat_api.cli`: run the imported module's main, so that the CommandError that
+    # subcommand modules import from `chat_api.cli` is the one caught there (not `__main__`'s).
+    from chat_api.cli import main as imported_main
+
+    imported_main()
