@@ -316,6 +316,7 @@ def launch(
     ctx_size: int,
     max_tokens: int,
     wait_seconds: float,
+    temperature: float | None = None,
 ) -> Running:
     """Start llama-server on loopback in its own session and wait until it answers /health."""
     command = [
@@ -326,6 +327,8 @@ def launch(
     ]  # fmt: skip
     if template is not None:
         command += ["--chat-template-file", str(template)]
+    if temperature is not None:
+        command += ["--temp", str(temperature)]
     log_path = home / "server.log"
     env = {**os.environ, "LD_LIBRARY_PATH": str(binary.parent)}
     with log_path.open("wb") as log:
@@ -402,7 +405,6 @@ def cmd_start(args: argparse.Namespace) -> None:
         print(f"local-model: already running (pid {running.pid})", file=sys.stderr)
         _print_settings(running)
         return
-    check_cpu()
     if args.gguf:
         model = args.gguf.expanduser().resolve()
         if not model.is_file():
@@ -415,12 +417,13 @@ def cmd_start(args: argparse.Namespace) -> None:
         model = install_pinned_model(home)
         info = read_metadata(home, model)
     template = write_template(home, info)
+    check_cpu()
     note = "tool calls as ```json blocks" if template else "the model's own chat template"
     print(f"local-model: {info.name} ({info.architecture}) from {model}, {note}", file=sys.stderr)
     running = launch(
         home, binary, model, template,
         port=args.port, threads=args.threads, ctx_size=args.ctx_size,
-        max_tokens=args.max_tokens, wait_seconds=args.wait,
+        max_tokens=args.max_tokens, wait_seconds=args.wait, temperature=args.temperature,
     )  # fmt: skip
     print(f"local-model: llama-server is up (pid {running.pid}, log {home / 'server.log'})", file=sys.stderr)
     _print_settings(running)
@@ -461,6 +464,7 @@ def add_local_model_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--threads", type=int, default=threads, help=f"CPU threads (default {threads})")
     start.add_argument("--ctx-size", type=int, default=8192)
     start.add_argument("--max-tokens", type=int, default=1024, help="longest reply, in tokens")
+    start.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
     start.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the server")
     for name, func in (("start", cmd_start), ("stop", cmd_stop), ("status", cmd_status)):
         command = start if name == "start" else sub.add_parser(name, help=f"{name} the local model server")

@@ -14,7 +14,7 @@ from memory.db import Database, upgrade
 from memory.embedded_pg import EmbeddedPostgres
 from memory.models import Base
 
-pytest_plugins = ["tests.kafka_mock", "tests.browser_support"]
+pytest_plugins = ["tests.kafka_mock", "tests.browser_support", "tests.real_model"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
