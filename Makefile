@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test check lint typecheck bench-small browser-deps js-deps docs clean
+.PHONY: run test check lint typecheck bench-small browser-deps js-deps docs clean local-model
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 ## Install and run the whole system on embedded defaults (Postgres, Postgres queue, demo model).
 run: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/chatmem up
+
+## Install and start a real small model on a local llama-server (prints the LLM_* settings for `make run`).
+local-model: $(VENV)/.installed
+	$(BIN)/chatmem local-model start
 
 ## Install the test dependencies (headless Chromium, the JS protocol clients) and run lint, mypy and every test.
 test: $(VENV)/.installed-test browser-deps js-deps

@@ -446,7 +446,8 @@ def cmd_status(args: argparse.Namespace) -> None:
     home: Path = (args.dir or default_dir()).expanduser()
     running = read_state(home)
     if running is None:
-        print("local-model: not running")
+        # stderr: `env $(chatmem local-model status) …` must not take this line for settings.
+        print("local-model: not running", file=sys.stderr)
         sys.exit(1)
     _print_settings(running)
 

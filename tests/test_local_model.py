@@ -94,7 +94,12 @@ def test_a_url_that_is_not_an_openai_server_is_refused(tmp_path: Path) -> None:
 
 def test_status_and_stop_without_a_server(tmp_path: Path) -> None:
     status = run("status", "--dir", str(tmp_path), env=_env())
-    assert status.returncode == 1 and "not running" in status.stdout and "Traceback" not in status.stderr
+    assert (
+        status.returncode == 1
+        and status.stdout == ""
+        and "not running" in status.stderr
+        and "Traceback" not in status.stderr
+    )
     stop = run("stop", "--dir", str(tmp_path), env=_env())
     assert stop.returncode == 0 and "not running" in stop.stdout
 
