@@ -1,0 +1,108 @@
+"""The chat page, unchanged, on a real model: `chatmem up` pointed at the session's llama-server
+(tests/real_model.py), driven in headless Chromium. Send, a tool call, stop; the assertions are
+about what the page shows against what is stored, never the model's wording."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.browser_support import ChatmemUp, browser_missing
+from tests.real_model import MAX_TOKENS, RealModel
+
+pytestmark = [pytest.mark.browser, pytest.mark.real_model]
+
+_missing = browser_missing()
+if _missing:
+    pytest.skip(_missing, allow_module_level=True)
+
+from playwright.sync_api import Page  # noqa: E402
+from playwright.sync_api import expect as expect_ui  # noqa: E402
+
+from tests.browser_support import (  # noqa: E402
+    PageWatch,
+    new_chat,
+    open_chat,
+    reply_text,
+    send,
+    shot,
+    stored_turn,
+    wait_finished,
+)
+
+REPLY_MS = 180_000  # a bound for one real reply on a shared 2-core machine
+
+
+@pytest.fixture(scope="module")
+def server(real_model: RealModel) -> Iterator[ChatmemUp]:
+    up = ChatmemUp(LLM_BASE_URL=real_model.base_url, LLM_MODEL=real_model.model, LLM_TIMEOUT_SECONDS=180)
+    up.env["LLM_PROVIDER"] = "openai"  # ChatmemUp clears it from the inherited environment
+    try:
+        up.start()
+        yield up
+    finally:
+        up.stop()
+
+
+def last_reply_id(page: Page) -> str:
+    return str(page.locator(".reply").last.get_attribute("data-reply-id"))
+
+
+def wait_server_idle(real_model: RealModel, within: float = 10.0) -> dict[str, object]:
+    """llama-server's own slot, once it stopped generating (bounded)."""
+    deadline = time.monotonic() + within
+    while True:
+        slot = httpx.get(f"{real_model.root}/slots", timeout=10).json()[0]
+        if not slot["is_processing"]:
+            return dict(slot)
+        assert time.monotonic() < deadline, "llama-server still generates after the stop"
+        time.sleep(0.1)
+
+
+def test_send_tool_call_and_stop_on_the_real_model(
+    page: tuple[Page, PageWatch], server: ChatmemUp, api: httpx.Client, real_model: RealModel
+) -> None:
+    tab, _ = page
+    open_chat(tab, server)
+    new_chat(tab)
+
+    send(tab, "Say hello in one short sentence.")
+    wait_finished(tab, "completed", timeout=REPLY_MS)
+    shown = reply_text(tab)
+    assert shown.strip()
+    assert stored_turn(api, last_reply_id(tab))["status"] == "completed"
+
+    # In a fresh chat: after an earlier reply this small model tends to write the call as bare JSON
+    # without the ```json fence, which the server then returns as text (seen on the real model).
+    new_chat(tab)
+    send(tab, "What time is it in Europe/Paris right now? Call the current_time tool.")
+    call = tab.locator(".reply").last.locator("details.tool-call").first
+    expect_ui(call.locator("summary")).to_contain_text("current_time — succeeded", timeout=REPLY_MS)
+    if tab.locator("#stop").is_visible():  # the small model may call the tool again and again
+        tab.click("#stop", timeout=5_000)
+    tab.wait_for_selector(
+        ".reply:last-of-type:is([data-status=interrupted_by_user], [data-status=completed])", timeout=REPLY_MS
+    )
+    stored = stored_turn(api, last_reply_id(tab))
+    assert stored["tool_calls"][0]["name"] == "current_time"
+    assert stored["tool_calls"][0]["state"] == "succeeded"
+    shot(tab, "real-model-tool-call")
+
+    send(tab, "Count from 1 to 200, separated by commas. Do not call any tool.")
+    tab.wait_for_function(
+        "() => { const r = [...document.querySelectorAll('.reply')].at(-1);"
+        " return r && [...r.querySelectorAll('.content')].map(e => e.textContent).join('').length > 8; }",
+        timeout=REPLY_MS,
+    )
+    tab.click("#stop")
+    wait_finished(tab, "interrupted_by_user", timeout=30_000)
+    shown = reply_text(tab)
+    turn = stored_turn(api, last_reply_id(tab))
+    assert turn["status"] == "interrupted_by_user" and turn["content"] == shown
+    slot = wait_server_idle(real_model)
+    decoded = slot["next_token"][0]["n_decoded"]  # type: ignore[index]
+    assert decoded < MAX_TOKENS, "the real generation ran to its cap instead of stopping"
+    shot(tab, "real-model-stopped")
