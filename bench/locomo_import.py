@@ -1,7 +1,8 @@
 """Load the LoCoMo slice through the import API, the path a customer's history takes.
 
 Each LoCoMo conversation (sample) is one user (tenant ``locomo`` by default, user = the
-sample id) and each of its sessions one chat conversation. Turns keep their session's
+sample id) and, in the ``session`` layout, each of its sessions one chat conversation; in
+the ``conversation`` layout all its sessions form one chat conversation, in order. Turns keep their session's
 date as ``created_at`` (30 seconds apart inside a session, so their order survives), the
 speaker as ``name``, the dia id as ``external_id`` and, in ``metadata``, ``dia_id`` and
 the photo's ``blip_caption`` when one was shared. ``speaker_a`` is the ``user`` role,
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -32,6 +33,8 @@ SESSION_DATE_FORMAT = "%I:%M %p on %d %B, %Y"
 TURN_SPACING = timedelta(seconds=30)
 
 TokenFor = Callable[[str, str], str]
+# One chat conversation per LoCoMo session, or one per LoCoMo conversation.
+Layout = Literal["session", "conversation"]
 
 
 @dataclass
@@ -41,7 +44,8 @@ class LocomoUserImport:
     sample_id: str
     tenant_id: str
     user_id: str
-    # session number -> chatmem conversation id
+    # session number -> chatmem conversation id (the same one for every session in the
+    # conversation layout)
     conversations: dict[int, str] = field(default_factory=dict)
     # chatmem turn id -> dia id
     dia_ids: dict[str, str] = field(default_factory=dict)
@@ -91,6 +95,7 @@ async def import_locomo(
     tenant: str = TENANT,
     sample_ids: list[str] | None = None,
     batch_turns: int = 1000,
+    layout: Layout = "session",
 ) -> list[LocomoUserImport]:
     """Import every (or the named) LoCoMo sample as one user each; returns what was created.
 
@@ -101,8 +106,8 @@ async def import_locomo(
     samples = json.loads(await asyncio.to_thread(Path(data_path).read_text))
     if isinstance(client_or_base_url, str):
         async with httpx.AsyncClient(base_url=client_or_base_url, timeout=120) as client:
-            return await _import_all(client, samples, token_for, tenant, sample_ids, batch_turns)
-    return await _import_all(client_or_base_url, samples, token_for, tenant, sample_ids, batch_turns)
+            return await _import_all(client, samples, token_for, tenant, sample_ids, batch_turns, layout)
+    return await _import_all(client_or_base_url, samples, token_for, tenant, sample_ids, batch_turns, layout)
 
 
 async def _import_all(
@@ -112,6 +117,7 @@ async def _import_all(
     tenant: str,
     sample_ids: list[str] | None,
     batch_turns: int,
+    layout: Layout,
 ) -> list[LocomoUserImport]:
     results = []
     for sample in samples:
@@ -121,24 +127,40 @@ async def _import_all(
         headers = {"Authorization": f"Bearer {token_for(tenant, sample_id)}"}
         result = LocomoUserImport(sample_id, tenant, sample_id)
         conversation = sample["conversation"]
-        for session in _sessions(conversation):
-            turns = session_turns(conversation, session)
-            if not turns:
-                continue
-            title = f"{sample_id} session {session} ({conversation[f'session_{session}_date_time']})"
-            conversation_id = await create_conversation(client, headers, title)
-            result.conversations[session] = conversation_id
-            for start in range(0, len(turns), batch_turns):
-                answer = await post_turns(
-                    client, headers, conversation_id, turns[start : start + batch_turns]
-                )
-                result.created += answer["created"]
-                result.skipped += answer["skipped"]
-                result.last_seqs[conversation_id] = answer["last_seq"]
-                for item in answer["items"]:
-                    result.dia_ids[item["turn_id"]] = str(item["external_id"])
+        parts = [(session, session_turns(conversation, session)) for session in _sessions(conversation)]
+        if layout == "conversation":
+            # One conversation holding every session in order (a chat that went on for months).
+            whole = [turn for _, turns in parts for turn in turns]
+            conversation_id = await create_conversation(client, headers, sample_id)
+            await _post_all(client, headers, conversation_id, whole, batch_turns, result)
+            result.conversations = {session: conversation_id for session, _ in parts}
+        else:
+            for session, turns in parts:
+                if not turns:
+                    continue
+                title = f"{sample_id} session {session} ({conversation[f'session_{session}_date_time']})"
+                conversation_id = await create_conversation(client, headers, title)
+                result.conversations[session] = conversation_id
+                await _post_all(client, headers, conversation_id, turns, batch_turns, result)
         results.append(result)
     return results
+
+
+async def _post_all(
+    client: httpx.AsyncClient,
+    headers: dict[str, str],
+    conversation_id: str,
+    turns: list[dict[str, Any]],
+    batch_turns: int,
+    result: LocomoUserImport,
+) -> None:
+    for start in range(0, len(turns), batch_turns):
+        answer = await post_turns(client, headers, conversation_id, turns[start : start + batch_turns])
+        result.created += answer["created"]
+        result.skipped += answer["skipped"]
+        result.last_seqs[conversation_id] = answer["last_seq"]
+        for item in answer["items"]:
+            result.dia_ids[item["turn_id"]] = str(item["external_id"])
 
 
 async def wait_until_searchable(

@@ -1,75 +1,104 @@
-"""Retrieval quality on the LoCoMo slice through the real pipeline: recall@1/5/10 beside the baselines.
+"""Retrieval quality on the LoCoMo slice as a user gets it: a real server, its HTTP API only.
 
-Each LoCoMo conversation is one user (tenant ``locomo``, user = sample id) and each of
-its sessions one chat conversation. Turns go in through the HTTP import API of a real
-`chatmem serve --with-workers` process, with their session dates and speaker names, and
-reach memory through its outbox, Postgres transport and indexer (``ingest_sample``);
-questions go through ``recall_memories``, the retrieval the chat uses before every reply.
+A real `chatmem serve --with-workers` process (its own embedded Postgres, a rate limit set
+explicitly and generously so that it never answers 429 here) receives every LoCoMo
+conversation through the import API, one chatmem user per LoCoMo conversation, in two
+layouts, each its own tenant:
 
-    .venv/bin/python bench/memory_eval.py [--data ../shared/bench/locomo_dev.json]
+- ``conversation``: one chatmem conversation holding all sessions of a LoCoMo conversation;
+- ``session``: one chatmem conversation per session.
+
+Once every conversation's ``indexed_seq`` reached its last turn (the server's own
+indexer did the work), every question goes to ``POST /v1/memory/search`` (k = 20, the
+user's whole memory) one at a time, and the items' ``external_id`` (the LoCoMo dia id)
+is compared with the evidence. Printed and written as JSON: recall@1/5/10/20 overall
+(categories 1-4) and per category, adversarial questions (category 5) on their own,
+search latency p50/p95 as the client sees it, and the baselines of the slice's README.
+
+``--cv`` adds a cross-validation: the data is loaded once, then one server per
+configuration of ``--grid NAME=v1,v2`` (settings as environment variables; query-time
+settings only, since the index is built once) answers every question; for each split
+the configuration best on three conversations (mean recall@10, categories 1-4, both
+layouts) is measured on the other two, beside the default configuration.
+
+    python bench/memory_eval.py --data ../shared/bench/locomo_dev.json
+    python bench/memory_eval.py --cv --grid MEMORY_KEYWORD_WEIGHT=1,1.5,2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import re
-import sys
-import tempfile
+import statistics
 import time
-import uuid
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
+from common import SECRET, Server, database, percentile, write_json
+from locomo_import import Layout, import_locomo, wait_until_searchable
 
 from chat_api.auth import issue_token
-from memory.config import get_settings
-from memory.db import Database, upgrade
-from memory.embedded_pg import EmbeddedPostgres
-from memory.embeddings import SentenceTransformerEmbedder
-from memory.recall_search import recall_memories
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-from common import SECRET, Server  # noqa: E402
-from locomo_import import import_locomo, wait_until_searchable  # noqa: E402
-
-TENANT = "locomo"
-KS = (1, 5, 10)
+ROOT = Path(__file__).resolve().parent.parent
+KS = (1, 5, 10, 20)
+LAYOUTS: tuple[Layout, ...] = ("conversation", "session")
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 ADVERSARIAL = 5
-BASELINE_OVERALL = {"BM25 dated": (0.323, 0.537, 0.609), "hybrid dated": (0.293, 0.524, 0.606)}
-BASELINE_CATEGORY = {1: (0.240, 0.320), 2: (0.720, 0.804), 3: (0.239, 0.305), 4: (0.618, 0.693)}
+# Far above what the benchmark sends (one request at a time): a 429 would void a question.
+RATE_LIMIT_PER_MINUTE = 1_000_000
+# The slice's README: best single baseline overall, and per category (R@5, R@10).
+BASELINE_OVERALL = {
+    "BM25 dated": {"R@1": 0.323, "R@5": 0.537, "R@10": 0.609},
+    "hybrid dated": {"R@1": 0.293, "R@5": 0.524, "R@10": 0.606},
+}
+BASELINE_CATEGORY = {
+    "multi-hop": {"R@5": 0.240, "R@10": 0.320},
+    "temporal": {"R@5": 0.720, "R@10": 0.804},
+    "open-domain": {"R@5": 0.239, "R@10": 0.305},
+    "single-hop": {"R@5": 0.618, "R@10": 0.693},
+}
+# Tune on three conversations, measure on the other two; the second split the other way round.
+CV_SPLITS = ((0, 1, 2), (2, 3, 4))
 _EVIDENCE_ID = re.compile(r"D:?(\d+):0*(\d+)$")
 
 
 @dataclass
-class LocomoTurn:
-    dia_id: str
-    session: int
-    speaker: str
+class Question:
+    sample_id: str
     text: str
-    created_at: datetime
-    caption: str | None
+    category: int
+    evidence: list[str]
 
 
 @dataclass
-class LocomoSample:
-    sample_id: str
-    speaker_a: str
-    turns: list[LocomoTurn]
-    questions: list[dict[str, Any]] = field(default_factory=list)
+class Answer:
+    """One question's outcome in one layout under one configuration."""
+
+    question: Question
+    layout: str
+    found: list[str]
+    seconds: float
+
+    def recall(self, k: int) -> float:
+        return len(set(self.found[:k]) & set(self.question.evidence)) / len(self.question.evidence)
+
+
+@dataclass
+class Slice:
+    sample_ids: list[str]
+    questions: list[Question] = field(default_factory=list)
     skipped: int = 0
 
 
-def normalise_evidence(raw: list[str], known: set[str]) -> list[str]:
+def normalise_evidence(raw: Iterable[str], known: set[str]) -> list[str]:
     """Evidence ids as ``D<session>:<turn>``, split, repaired, and dropped when they name no turn."""
     ids: list[str] = []
     for entry in raw:
@@ -82,174 +111,240 @@ def normalise_evidence(raw: list[str], known: set[str]) -> list[str]:
     return ids
 
 
-def load_locomo(path: Path) -> list[LocomoSample]:
-    """The samples of a LoCoMo file (turns and questions only; the annotations are not used)."""
-    samples = []
-    for raw in json.loads(path.read_text()):
+def load_questions(path: Path, limit: int = 0) -> Slice:
+    """The slice's questions with normalised evidence (annotations are never read)."""
+    raw_samples = json.loads(path.read_text())
+    if limit:
+        raw_samples = raw_samples[:limit]
+    data = Slice([str(s["sample_id"]) for s in raw_samples])
+    for raw in raw_samples:
         conv = raw["conversation"]
-        turns: list[LocomoTurn] = []
-        n = 1
-        while f"session_{n}" in conv:
-            started = datetime.strptime(conv[f"session_{n}_date_time"], "%I:%M %p on %d %B, %Y")
-            for i, t in enumerate(conv[f"session_{n}"]):
-                turns.append(
-                    LocomoTurn(
-                        dia_id=t["dia_id"],
-                        session=n,
-                        speaker=t["speaker"],
-                        text=t["text"],
-                        # A few seconds apart, so order within a session survives.
-                        created_at=started.replace(tzinfo=UTC) + timedelta(seconds=30 * i),
-                        caption=t.get("blip_caption"),
-                    )
-                )
-            n += 1
-        sample = LocomoSample(raw["sample_id"], conv["speaker_a"], turns)
-        known = {t.dia_id for t in turns}
+        known = {
+            t["dia_id"] for key, turns in conv.items() if re.fullmatch(r"session_\d+", key) for t in turns
+        }
         for qa in raw["qa"]:
             evidence = normalise_evidence(qa.get("evidence", []), known)
             if not evidence:
-                sample.skipped += 1
+                data.skipped += 1
                 continue
-            sample.questions.append(
-                {"question": qa["question"], "category": qa["category"], "evidence": evidence}
-            )
-        samples.append(sample)
-    return samples
+            data.questions.append(Question(str(raw["sample_id"]), qa["question"], qa["category"], evidence))
+    return data
 
 
-async def ingest_sample(server_url: str, sample: LocomoSample, data_path: Path) -> dict[uuid.UUID, str]:
-    """Import one sample through the HTTP import API and wait until the indexer made it searchable.
+def tenant_of(layout: str) -> str:
+    return f"locomo-{layout}"
 
-    The path a customer's history takes: `POST /v1/conversations/{id}/import` (validation,
-    atomic insert, outbox rows), then the server's own indexer (Postgres transport,
-    `IndexPipeline`, the real model) until every conversation's `indexed_seq` reached its
-    last turn. Returns chatmem turn id -> LoCoMo dia id.
-    """
+
+async def load(server_url: str, data_path: Path, sample_ids: list[str]) -> dict[str, float]:
+    """Import every sample in both layouts and wait until indexed; seconds per layout."""
     token_for = partial(issue_token, SECRET)
+    seconds = {}
     async with httpx.AsyncClient(base_url=server_url, timeout=300) as client:
-        [imported] = await import_locomo(
-            client, data_path, token_for=token_for, tenant=TENANT, sample_ids=[sample.sample_id]
-        )
-        if not await wait_until_searchable(client, [imported], token_for=token_for, timeout=1800):
-            raise TimeoutError(f"{sample.sample_id} was not indexed within 30 minutes")
-    return {uuid.UUID(turn_id): dia_id for turn_id, dia_id in imported.dia_ids.items()}
-
-
-async def evaluate(
-    db: Database,
-    embedder: SentenceTransformerEmbedder,
-    samples: list[LocomoSample],
-    server_url: str,
-    data_path: Path,
-) -> dict:
-    """Recall@k per category, overall (categories 1-4) and adversarial, plus latency."""
-    recalls: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    latencies: list[float] = []
-    for sample in samples:
-        started = time.perf_counter()
-        turn_ids = await ingest_sample(server_url, sample, data_path)
-        print(f"{sample.sample_id}: {len(turn_ids)} turns indexed in {time.perf_counter() - started:.1f}s")
-        for qa in sample.questions:
+        for layout in LAYOUTS:
             started = time.perf_counter()
-            # The chat's retrieval: query embedding, index plus not-yet-indexed turns, merged.
-            async with db.transaction() as session:
-                memories = await recall_memories(
-                    session,
-                    embedder,
-                    tenant_id=TENANT,
-                    user_id=sample.sample_id,
-                    query_text=qa["question"],
-                    k=max(KS),
+            imported = await import_locomo(
+                client,
+                data_path,
+                token_for=token_for,
+                tenant=tenant_of(layout),
+                sample_ids=sample_ids,
+                layout=layout,
+            )
+            if not await wait_until_searchable(client, imported, token_for=token_for, timeout=3600):
+                raise TimeoutError(f"the {layout} layout was not indexed within an hour")
+            seconds[layout] = round(time.perf_counter() - started, 1)
+            print(
+                f"{layout} layout: {sum(i.created for i in imported)} turns imported"
+                f" and indexed in {seconds[layout]} s"
+            )
+    return seconds
+
+
+async def ask_all(server_url: str, questions: Sequence[Question]) -> list[Answer]:
+    """Every question through `POST /v1/memory/search` in both layouts, one request at a time."""
+    answers = []
+    async with httpx.AsyncClient(base_url=server_url, timeout=60) as client:
+        for layout in LAYOUTS:
+            for question in questions:
+                headers = {
+                    "Authorization": f"Bearer {issue_token(SECRET, tenant_of(layout), question.sample_id)}"
+                }
+                started = time.perf_counter()
+                response = await client.post(
+                    "/v1/memory/search", json={"query": question.text, "k": max(KS)}, headers=headers
                 )
-            latencies.append(time.perf_counter() - started)
-            found = [turn_ids[m.hit.turn_id] for m in memories]
-            key = "adversarial" if qa["category"] == ADVERSARIAL else CATEGORIES[qa["category"]]
-            for k in KS:
-                recall = len(set(found[:k]) & set(qa["evidence"])) / len(qa["evidence"])
-                recalls[key][k].append(recall)
-                if qa["category"] != ADVERSARIAL:
-                    recalls["overall"][k].append(recall)
-    latencies.sort()
+                seconds = time.perf_counter() - started
+                response.raise_for_status()
+                found = [str(item["external_id"]) for item in response.json()["items"]]
+                answers.append(Answer(question, layout, found, seconds))
+    return answers
+
+
+def _mean(values: list[float]) -> float:
+    return round(statistics.fmean(values), 3) if values else float("nan")
+
+
+def recall_table(answers: Sequence[Answer]) -> dict[str, dict[str, float]]:
+    """Recall@k overall (categories 1-4), per category and adversarial, with counts."""
+    groups: dict[str, list[Answer]] = defaultdict(list)
+    for answer in answers:
+        category = answer.question.category
+        if category == ADVERSARIAL:
+            groups["adversarial"].append(answer)
+        else:
+            groups["overall"].append(answer)
+            groups[CATEGORIES[category]].append(answer)
+    order = ["overall", *CATEGORIES.values(), "adversarial"]
     return {
-        "recall": {
-            name: {f"R@{k}": round(sum(v) / len(v), 3) for k, v in by_k.items()} | {"n": len(by_k[1])}
-            for name, by_k in recalls.items()
-        },
-        "skipped_questions": sum(s.skipped for s in samples),
-        # Embedding the question plus the search, as the chat does it (no rewrite: no history).
-        "recall_ms_p50": round(1000 * latencies[len(latencies) // 2], 2),
-        "recall_ms_p95": round(1000 * latencies[int(len(latencies) * 0.95)], 2),
+        name: {f"R@{k}": _mean([a.recall(k) for a in groups[name]]) for k in KS} | {"n": len(groups[name])}
+        for name in order
+        if groups[name]
     }
 
 
-def print_table(result: dict) -> None:
-    recall = result["recall"]
-    print(f"{'set':<14}{'n':>5}{'R@1':>8}{'R@5':>8}{'R@10':>8}   best baseline R@5/R@10")
-    overall = recall["overall"]
-    best = BASELINE_OVERALL["BM25 dated"]
-    print(
-        f"{'overall':<14}{overall['n']:>5}{overall['R@1']:>8.3f}{overall['R@5']:>8.3f}{overall['R@10']:>8.3f}"
-        f"   {best[1]:.3f}/{best[2]:.3f} (R@1 {best[0]:.3f})"
-    )
-    for cat, name in CATEGORIES.items():
-        if name in recall:
-            row = recall[name]
-            base = BASELINE_CATEGORY[cat]
-            print(
-                f"{name:<14}{row['n']:>5}{row['R@1']:>8.3f}{row['R@5']:>8.3f}{row['R@10']:>8.3f}"
-                f"   {base[0]:.3f}/{base[1]:.3f}"
+def latency(answers: Sequence[Answer]) -> dict[str, float]:
+    ms = [a.seconds * 1000 for a in answers]
+    return {"n": len(ms), "p50_ms": round(percentile(ms, 50), 2), "p95_ms": round(percentile(ms, 95), 2)}
+
+
+def summarise(answers: Sequence[Answer]) -> dict[str, Any]:
+    """Per layout: the recall table and latency; plus both layouts together."""
+    out: dict[str, Any] = {}
+    for layout in LAYOUTS:
+        mine = [a for a in answers if a.layout == layout]
+        out[layout] = {"recall": recall_table(mine), "search_latency": latency(mine)}
+    out["both_layouts_search_latency"] = latency(answers)
+    return out
+
+
+def score(answers: Iterable[Answer], samples: Iterable[str], k: int = 10) -> float:
+    """Mean recall@k over categories 1-4 of the given samples, both layouts."""
+    wanted = set(samples)
+    values = [
+        a.recall(k) for a in answers if a.question.sample_id in wanted and a.question.category != ADVERSARIAL
+    ]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def cross_validate(
+    runs: dict[str, list[Answer]], sample_ids: list[str], default: str
+) -> list[dict[str, Any]]:
+    """For each split: the configuration best on the tune conversations, measured on the others."""
+    out = []
+    for tune_idx in CV_SPLITS:
+        tune = [sample_ids[i] for i in tune_idx if i < len(sample_ids)]
+        test = [s for s in sample_ids if s not in tune]
+        if not tune or not test:
+            continue
+        best = max(runs, key=lambda name: score(runs[name], tune))
+        out.append(
+            {
+                "tune": tune,
+                "test": test,
+                "chosen": best,
+                "tune_R@10": {name: round(score(answers, tune), 3) for name, answers in runs.items()},
+                "test_chosen": {f"R@{k}": round(score(runs[best], test, k), 3) for k in (5, 10)},
+                "test_default": {f"R@{k}": round(score(runs[default], test, k), 3) for k in (5, 10)},
+            }
+        )
+    return out
+
+
+def grid_configs(grid: list[str]) -> dict[str, dict[str, str]]:
+    """``NAME=v1,v2`` options as named environment sets: the default first, then every combination."""
+    axes = []
+    for option in grid:
+        name, _, values = option.partition("=")
+        if not name or not values:
+            raise SystemExit(f"--grid takes NAME=v1,v2 (got {option!r})")
+        axes.append([(name.upper(), v) for v in values.split(",")])
+    configs: dict[str, dict[str, str]] = {"default": {}}
+    for combination in itertools.product(*axes) if axes else []:
+        configs[" ".join(f"{n}={v}" for n, v in combination)] = dict(combination)
+    return configs
+
+
+def print_report(result: dict[str, Any]) -> None:
+    for layout in LAYOUTS:
+        table = result["layouts"][layout]["recall"]
+        lat = result["layouts"][layout]["search_latency"]
+        print(f"\nlayout: {layout} (one chatmem conversation per LoCoMo {layout})")
+        print(f"{'set':<13}{'n':>5}" + "".join(f"{'R@' + str(k):>8}" for k in KS) + "   baseline R@5/R@10")
+        for name, row in table.items():
+            base = BASELINE_CATEGORY.get(name) or (
+                BASELINE_OVERALL["BM25 dated"] if name == "overall" else None
             )
-    if "adversarial" in recall:
-        row = recall["adversarial"]
-        print(f"{'adversarial':<14}{row['n']:>5}{row['R@1']:>8.3f}{row['R@5']:>8.3f}{row['R@10']:>8.3f}")
-    print(f"recall latency p50 {result['recall_ms_p50']} ms, p95 {result['recall_ms_p95']} ms")
+            tail = f"   {base['R@5']:.3f}/{base['R@10']:.3f}" if base else ""
+            print(f"{name:<13}{row['n']:>5}" + "".join(f"{row[f'R@{k}']:>8.3f}" for k in KS) + tail)
+        print(f"search latency p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms (n={lat['n']})")
+    for split in result.get("cross_validation", []):
+        print(
+            f"\ncv: tune on {', '.join(split['tune'])} -> chose {split['chosen']!r};"
+            f" on {', '.join(split['test'])}:"
+            f" chosen R@5 {split['test_chosen']['R@5']:.3f} R@10 {split['test_chosen']['R@10']:.3f},"
+            f" default R@5 {split['test_default']['R@5']:.3f} R@10 {split['test_default']['R@10']:.3f}"
+        )
 
 
-async def run(args: argparse.Namespace, database_url: str) -> dict:
-    settings = get_settings()
-    embedder = SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
-    await asyncio.to_thread(embedder.load)
-    samples = load_locomo(args.data)
-    if args.limit_conversations:
-        samples = samples[: args.limit_conversations]
-    db = Database(database_url, pool_size=2)
-    try:
-        # A real API process with its in-process indexer, as `chatmem serve --with-workers` runs it.
-        async with Server(database_url, with_workers=True, rate_limit_per_minute=0) as server:
-            result = await evaluate(db, embedder, samples, server.url, args.data)
-    finally:
-        await db.dispose()
-    result["conversations"] = [s.sample_id for s in samples]
+async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
+    data = load_questions(args.data, args.limit_conversations)
+    configs = grid_configs(args.grid) if args.cv else {"default": {}}
+    env = {"rate_limit_per_minute": RATE_LIMIT_PER_MINUTE}
+    runs: dict[str, list[Answer]] = {}
+    loading: dict[str, float] = {}
+    for index, (name, overrides) in enumerate(configs.items()):
+        # The first server also runs the indexer that loads the data; later ones only answer.
+        async with Server(database_url, with_workers=index == 0, **env, **overrides) as server:
+            if index == 0:
+                loading = await load(server.url, args.data, data.sample_ids)
+            runs[name] = await ask_all(server.url, data.questions)
+        if args.cv:
+            print(f"config {name!r}: R@10 {score(runs[name], data.sample_ids):.3f}")
+    result: dict[str, Any] = {
+        "benchmark": "memory_eval",
+        "data": str(args.data),
+        "conversations": data.sample_ids,
+        "skipped_questions": data.skipped,
+        "k": max(KS),
+        "rate_limit_per_minute": RATE_LIMIT_PER_MINUTE,
+        "load_seconds": loading,
+        "layouts": summarise(runs["default"]),
+        "baselines": {"overall": BASELINE_OVERALL, "per_category": BASELINE_CATEGORY},
+    }
+    if args.cv:
+        result["configs"] = {
+            name: {
+                "env": configs[name],
+                **{
+                    layout: recall_table([a for a in answers if a.layout == layout])["overall"]
+                    for layout in LAYOUTS
+                },
+            }
+            for name, answers in runs.items()
+        }
+        result["cross_validation"] = cross_validate(runs, data.sample_ids, "default")
     return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO_ROOT / "../shared/bench/locomo_dev.json")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "bench" / "locomo_dev.json")
     parser.add_argument("--limit-conversations", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench/results/memory_eval.json")
+    parser.add_argument("--cv", action="store_true", help="cross-validate the --grid configurations")
     parser.add_argument(
-        "--database-url", help="An empty migrated Postgres; default: a temporary embedded one."
+        "--grid", nargs="*", default=[], help="NAME=v1,v2: query-time settings to try with --cv"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench/results/memory_eval.json"))
+    parser.add_argument(
+        "--database-url", help="an empty Postgres with pgvector; default: a private embedded one"
     )
     args = parser.parse_args()
-    server = None
-    if args.database_url:
-        url = args.database_url
-        upgrade(url)
-    else:
-        server = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="chatmem-bench-")), delete_on_stop=True)
-        url = server.start()
-        upgrade(url)
-    try:
+    with database(args.database_url) as url:
         result = asyncio.run(run(args, url))
-    finally:
-        if server is not None:
-            server.stop()
-    print_table(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print_report(result)
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":
