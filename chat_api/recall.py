@@ -21,6 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.metrics import observe_recall, observe_retrieval, observe_rewrite
 from chat_api.replies.reply import Reply
@@ -30,8 +31,12 @@ from memory.conversations import Owner
 from memory.embeddings import Embedder
 from memory.json_bounds import readable_json
 from memory.json_values import JsonObject
-from memory.recall_search import RecalledMemory, embed_for_recall, find_unindexed, rank_memories
+from memory.recall_search import (
+    RecalledMemory,
+    recall_memories,
+)
 from memory.remembering import remembered_text
+from memory.retrieval import Fusion
 from memory.rewrite import HistoryLine, Rewrite, rewrite_query
 
 if TYPE_CHECKING:
@@ -40,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STORE_REWRITTEN_QUERY = text("UPDATE turns SET rewritten_query = :query WHERE id = :turn_id")
-# The stored query is for auditing: a crash may lose it, but no reply should wait for its WAL flush.
+# A crash may lose the audited query; that is acceptable.
 ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
 TOOL_RESULT_ITEMS = 8
@@ -155,40 +160,32 @@ class MemoryRecaller:
             result = Rewrite(message.strip(), "skipped")
         latency["rewrite"] = _ms_since(mark)
         mark = time.perf_counter()
-        # Three steps so that no pooled connection waits on the (CPU-bound, one-at-a-time)
-        # encoder: under load, replies queue there, and would otherwise drain the pool.
-        async with self.services.db.session() as session:
-            unindexed = await find_unindexed(
-                session,
-                tenant_id=owner.tenant_id,
-                user_id=owner.user_id,
-                conversation_id=scope_conversation,
-                exclude_turn_ids=exclude,
-                prepare_text=self._prepare_text,
-            )
-        embedding = time.perf_counter()
-        query_vector, turn_vectors = await embed_for_recall(self.embedder, result.query, unindexed)
-        latency["embed"] = _ms_since(embedding)
-        async with self.services.db.transaction() as session:
-            if store_query_on is not None:
-                await session.execute(ASYNC_COMMIT)
-            memories = await rank_memories(
-                session,
-                query_text=result.query,
-                query_vector=query_vector,
-                unindexed=unindexed,
-                turn_vectors=turn_vectors,
-                k=k,
-                exclude_turn_ids=exclude,
-                tenant_id=owner.tenant_id,
-                user_id=owner.user_id,
-                conversation_id=scope_conversation,
-                min_score=self.settings.memory_min_score,
-            )
-            if store_query_on is not None:
-                await session.execute(
-                    STORE_REWRITTEN_QUERY, {"query": result.query, "turn_id": store_query_on}
-                )
+
+        async def store_query(session: AsyncSession) -> None:
+            # The stored query is for auditing: no reply should wait for its WAL flush.
+            await session.execute(ASYNC_COMMIT)
+            await session.execute(STORE_REWRITTEN_QUERY, {"query": result.query, "turn_id": store_query_on})
+
+        recalled = await recall_memories(
+            self.services.db,
+            self.embedder,
+            tenant_id=owner.tenant_id,
+            user_id=owner.user_id,
+            query_text=result.query,
+            k=k,
+            conversation_id=scope_conversation,
+            exclude_turn_ids=exclude,
+            min_score=self.settings.memory_min_score,
+            prepare_text=self._prepare_text,
+            in_search_transaction=store_query if store_query_on is not None else None,
+            fusion=Fusion(
+                keyword_weight=self.settings.memory_keyword_weight,
+                rrf_k=self.settings.memory_rrf_k,
+                candidates=self.settings.memory_candidates,
+            ),
+        )
+        memories = recalled.memories
+        latency["embed"] = recalled.latency_ms.get("embed", 0.0)
         latency["search"] = _ms_since(mark)
         latency["total"] = _ms_since(started)
         return RecallResult(result.query, result, memories, latency)

@@ -228,6 +228,17 @@ class Settings(BaseSettings):
     memory_top_k: int = Field(6, ge=1, le=100, description="Memories put in front of the model.")
     memory_min_score: float = Field(0.0, ge=0, description="Relevance threshold on the fused score.")
     memory_scope: Literal["user", "conversation"] = Field("user", description="Default retrieval scope.")
+    memory_keyword_weight: float = Field(
+        1.5,
+        gt=0,
+        description="Weight of the keyword (BM25) ranking against the dense one (1.0) in the fusion.",
+    )
+    memory_rrf_k: float = Field(
+        10.0, gt=0, description="k of the reciprocal rank fusion (small: the top counts more)."
+    )
+    memory_candidates: int = Field(
+        50, ge=1, le=1000, description="Candidates each ranking contributes to the fusion."
+    )
     recall_timeout_seconds: float = Field(
         3.0,
         gt=0,

@@ -20,8 +20,9 @@ already in the prompt's recent window.
 from __future__ import annotations
 
 import re
+import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,10 +31,11 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memory.db import Database
 from memory.embeddings import Embedder
 from memory.keywords import memory_text, query_terms, search_terms
 from memory.outbox import RECORDED_ROLES, RECORDED_STATUSES
-from memory.retrieval import KEYWORD_WEIGHT, RRF_K, VECTOR_WEIGHT, MemoryHit, search_memory
+from memory.retrieval import DEFAULT_FUSION, Fusion, MemoryHit, search_memory
 
 UNINDEXED_LIMIT = 32
 UNINDEXED_MIN_SIMILARITY = 0.3
@@ -118,15 +120,6 @@ def _normalised(text: str) -> str:
     return re.sub(r"\W+", "", re.sub(r"^\[[^]]*\]\s*", "", text).lower())
 
 
-def _fused(vector_rank: int | None, keyword_rank: int | None) -> float:
-    total = 0.0
-    if vector_rank is not None:
-        total += VECTOR_WEIGHT / (RRF_K + vector_rank)
-    if keyword_rank is not None:
-        total += KEYWORD_WEIGHT / (RRF_K + keyword_rank)
-    return total / ((VECTOR_WEIGHT + KEYWORD_WEIGHT) / (RRF_K + 1))
-
-
 async def load_unindexed_turns(
     session: AsyncSession,
     *,
@@ -172,6 +165,7 @@ def score_unindexed(
     vectors: Sequence[Sequence[float]],
     query_text: str,
     query: Sequence[float],
+    fusion: Fusion = DEFAULT_FUSION,
 ) -> list[MemoryHit]:
     """Unindexed turns as hits, scored by the SQL's fusion over ranks within this list."""
     wanted = set(query_terms(query_text))
@@ -199,7 +193,7 @@ def score_unindexed(
                 turn_created_at=turn.created_at,
                 external_id=turn.external_id,
                 metadata=turn.metadata,
-                score=_fused(vector_rank, keyword_rank),
+                score=fusion.score(vector_rank, keyword_rank),
                 vector_rank=vector_rank,
                 keyword_rank=keyword_rank,
             )
@@ -207,8 +201,20 @@ def score_unindexed(
     return hits
 
 
+# Work the caller adds to the search transaction (e.g. storing the query for auditing).
+InSearchTransaction = Callable[[AsyncSession], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Recall:
+    """The memories found for a query, and what each step cost (milliseconds)."""
+
+    memories: list[RecalledMemory]
+    latency_ms: dict[str, float]
+
+
 async def recall_memories(
-    session: AsyncSession,
+    db: Database,
     embedder: Embedder,
     *,
     tenant_id: str,
@@ -220,37 +226,61 @@ async def recall_memories(
     min_score: float = 0.0,
     prepare_text: Callable[[str], str | None] | None = None,
     unindexed_limit: int = UNINDEXED_LIMIT,
-) -> list[RecalledMemory]:
+    in_search_transaction: InSearchTransaction | None = None,
+    fusion: Fusion = DEFAULT_FUSION,
+) -> Recall:
     """The user's ``k`` best memories for a query, indexed or not yet, best first.
 
-    ``prepare_text`` shapes an unindexed turn's text as the indexer would (redaction) and
-    returns None for a turn the indexer would skip (low information).
+    The one retrieval composition: the chat before each reply, the memory API, the
+    ``recall_memory`` tool and the benchmark all come here. Three steps, so that no
+    pooled connection waits on the (CPU-bound, one-at-a-time) encoder: under load,
+    replies queue there, and would otherwise drain the pool. ``prepare_text`` shapes an
+    unindexed turn's text as the indexer would (redaction) and returns None for a turn
+    the indexer would skip (low information); ``in_search_transaction`` runs in the
+    search's transaction, after it.
     """
+    latency: dict[str, float] = {}
     if k <= 0 or not query_text.strip():
-        return []
-    unindexed = await find_unindexed(
-        session,
-        tenant_id=tenant_id,
-        user_id=user_id,
-        conversation_id=conversation_id,
-        exclude_turn_ids=exclude_turn_ids,
-        prepare_text=prepare_text,
-        limit=unindexed_limit,
-    )
+        return Recall([], latency)
+    started = time.perf_counter()
+    async with db.session() as session:
+        unindexed = await find_unindexed(
+            session,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            conversation_id=conversation_id,
+            exclude_turn_ids=exclude_turn_ids,
+            prepare_text=prepare_text,
+            limit=unindexed_limit,
+        )
+    latency["unindexed"] = _ms_since(started)
+    mark = time.perf_counter()
     query_vector, turn_vectors = await embed_for_recall(embedder, query_text, unindexed)
-    return await rank_memories(
-        session,
-        tenant_id=tenant_id,
-        user_id=user_id,
-        query_text=query_text,
-        query_vector=query_vector,
-        unindexed=unindexed,
-        turn_vectors=turn_vectors,
-        k=k,
-        conversation_id=conversation_id,
-        exclude_turn_ids=exclude_turn_ids,
-        min_score=min_score,
-    )
+    latency["embed"] = _ms_since(mark)
+    mark = time.perf_counter()
+    async with db.transaction() as session:
+        memories = await rank_memories(
+            session,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            query_text=query_text,
+            query_vector=query_vector,
+            unindexed=unindexed,
+            turn_vectors=turn_vectors,
+            k=k,
+            conversation_id=conversation_id,
+            exclude_turn_ids=exclude_turn_ids,
+            min_score=min_score,
+            fusion=fusion,
+        )
+        if in_search_transaction is not None:
+            await in_search_transaction(session)
+    latency["rank"] = _ms_since(mark)
+    return Recall(memories, latency)
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 2)
 
 
 async def find_unindexed(
@@ -306,6 +336,7 @@ async def rank_memories(
     conversation_id: uuid.UUID | None = None,
     exclude_turn_ids: Collection[uuid.UUID] = (),
     min_score: float = 0.0,
+    fusion: Fusion = DEFAULT_FUSION,
 ) -> list[RecalledMemory]:
     """Search the index and fuse in the unindexed turns: the user's ``k`` best memories."""
     indexed = await search_memory(
@@ -318,6 +349,7 @@ async def rank_memories(
         conversation_id=conversation_id,
         exclude_turn_ids=exclude_turn_ids,
         min_score=min_score,
+        fusion=fusion,
     )
     titles: dict[uuid.UUID, str | None] = {}
     if indexed:
@@ -339,7 +371,7 @@ async def rank_memories(
     fresh_titles = {t.turn_id: t.conversation_title for t in unindexed}
     found += [
         RecalledMemory(hit, fresh_titles[hit.turn_id], False)
-        for hit in score_unindexed(unindexed, turn_vectors, query_text, query_vector)
+        for hit in score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
         if hit.score >= min_score
     ]
     return _best_distinct(found, k)

@@ -39,13 +39,32 @@ from memory.keywords import query_terms
 from memory.models import EMBEDDING_DIM
 from memory.tenancy import TENANT_ROLE, current_tenant
 
-KEYWORD_WEIGHT = 1.5
-VECTOR_WEIGHT = 1.0
-RRF_K = 10
 BM25_K1 = 1.2
 BM25_B = 0.75
 # Candidates the HNSW scan keeps in its queue; at least `candidates`, iterative scan does the rest.
 MIN_EF_SEARCH = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Fusion:
+    """How the dense and keyword rankings are fused (weighted RRF) and how deep each one goes."""
+
+    keyword_weight: float = 1.5
+    vector_weight: float = 1.0
+    rrf_k: float = 10.0
+    candidates: int = 50
+
+    def score(self, vector_rank: int | None, keyword_rank: int | None) -> float:
+        """The SQL's fused score of a pair of ranks, normalised so that first in both lists is 1.0."""
+        total = 0.0
+        if vector_rank is not None:
+            total += self.vector_weight / (self.rrf_k + vector_rank)
+        if keyword_rank is not None:
+            total += self.keyword_weight / (self.rrf_k + keyword_rank)
+        return total / ((self.vector_weight + self.keyword_weight) / (self.rrf_k + 1))
+
+
+DEFAULT_FUSION = Fusion()
 
 SET_SEARCH_SETTINGS = text(
     "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
@@ -203,12 +222,12 @@ async def search_memory(
     conversation_id: uuid.UUID | None = None,
     exclude_turn_ids: Collection[uuid.UUID] = (),
     min_score: float = 0.0,
-    candidates: int = 50,
+    fusion: Fusion = DEFAULT_FUSION,
 ) -> list[MemoryHit]:
     """The user's ``k`` most relevant memories for a query, best first, one per turn and text."""
     if k <= 0:
         return []
-    candidates = max(candidates, k)
+    candidates = max(fusion.candidates, k)
     scope = current_tenant()
     if scope is not None and scope != tenant_id:
         raise NotFound("no such memory")  # a scoped caller never searches another tenant
@@ -224,9 +243,9 @@ async def search_memory(
         "candidates": candidates,
         "k": k,
         "min_score": min_score,
-        "keyword_weight": KEYWORD_WEIGHT,
-        "vector_weight": VECTOR_WEIGHT,
-        "rrf_k": RRF_K,
+        "keyword_weight": fusion.keyword_weight,
+        "vector_weight": fusion.vector_weight,
+        "rrf_k": fusion.rrf_k,
         "bm25_k1": BM25_K1,
         "bm25_b": BM25_B,
     }
