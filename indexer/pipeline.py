@@ -28,7 +28,6 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from indexer.chunking import chunk_text
-from indexer.filters import is_low_information
 from memory.branches import turns_off_active_branch
 from memory.config import Settings
 from memory.db import Database
@@ -37,6 +36,7 @@ from memory.keywords import memory_search_terms, memory_text
 from memory.models import EMBEDDING_DIM
 from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.redaction import redact
+from memory.remembering import is_low_information
 
 # Texts per encode call of the indexer: small enough that a query queued behind one waits
 # tens of milliseconds, large enough to keep the encoder's batching (see _embed).

@@ -248,9 +248,10 @@ async def test_relay_killed_between_publish_and_mark(
     assert await scalar(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 30  # never marked
 
     async with running(OutboxRelay(db, settings), IndexerWorker(db, settings, HashEmbedder(dim=384))):
-        await wait_until(lambda: _none_unpublished(db), 30, "the rows published again")
+        # Every broker round trip takes 1.5 s here: joining the group alone takes several.
+        await wait_until(lambda: _none_unpublished(db), 90, "the rows published again")
         await wait_until(
-            lambda: _topic_consumed(db, kafka_bootstrap, settings), 30, "the duplicates consumed"
+            lambda: _topic_consumed(db, kafka_bootstrap, settings), 90, "the duplicates consumed"
         )
     assert await topic_size(kafka_bootstrap, settings.kafka_topic) == 60  # every turn delivered twice
     assert await scalar(db, "SELECT count(*) FROM memory_items") == 30
