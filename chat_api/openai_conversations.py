@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from chat_api.protocols.openai_chat import ChatRequest, ClientMessage
 
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
-from chat_api.replies import Accepted, BeginReply, Started, start_reply
+from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_reply, store_message
 from chat_api.services import Services
 from memory.branches import activate_branch, branch_history, conversation_branch, create_branch
 from memory.conversations import Owner, create_conversation, get_conversation
@@ -41,8 +41,6 @@ from memory.errors import InvalidInput
 from memory.history_match import Unit, matched_prefix, sent_units, stored_units
 from memory.imports import ImportTurn, import_turns
 from memory.models import Branch, Conversation, Turn, TurnStatus
-from memory.outbox import record_finished_turn
-from memory.turns import begin_answer, begin_reply
 
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
 # and two callers' keys can never name the same conversation.
@@ -202,32 +200,14 @@ def _begin_prompt(services: Services, owner: Owner, chat: ChatRequest) -> BeginR
             user_turn = stored[matched - 1].turn
             if matched < len(stored):
                 await _fork(session, conversation, active, user_turn.seq)
-            await begin_answer(
-                session,
-                conversation,
-                reply_id=reply_id,
-                idempotency_key=None,
-                model=services.provider.model,
-                owner_tag=services.process_id,
-            )
-            return user_turn, user_turn.content or ""
+            return await answer_again(services, session, conversation, reply_id, user_turn)
         if matched < len(stored):
             await _fork(session, conversation, active, stored[matched - 1].last_seq if matched else 0)
         missing = sent[matched:-1]
         if missing:
             items = [ImportTurn.model_validate({"role": u.role, "content": u.raw}) for u in missing]
             await import_turns(session, owner, conversation.id, items)
-        user_turn, _ = await begin_reply(
-            session,
-            conversation,
-            content=prompt,
-            reply_id=reply_id,
-            idempotency_key=None,
-            model=services.provider.model,
-            owner_tag=services.process_id,
-        )
-        await record_finished_turn(session, user_turn)
-        return user_turn, prompt
+        return await store_message(services, session, conversation, reply_id, prompt)
 
     return begin
 
@@ -283,14 +263,6 @@ def _begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
         user_turn = next((turn for turn in reversed(turns) if turn.role == "user"), None)
         if user_turn is None:
             raise InvalidInput("the conversation has no user message to answer", field="messages")
-        await begin_answer(
-            session,
-            conversation,
-            reply_id=reply_id,
-            idempotency_key=None,
-            model=services.provider.model,
-            owner_tag=services.process_id,
-        )
-        return user_turn, user_turn.content or ""
+        return await answer_again(services, session, conversation, reply_id, user_turn)
 
     return begin

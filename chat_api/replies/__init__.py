@@ -1,7 +1,7 @@
 """A reply's life, one module per part; protocol adapters use only the names below.
 
 - start.py      accept_message / regenerate_reply / edit_message → Accepted; start_reply with
-                your own BeginReply (an adapter storing the user's turn its own way)
+                your own BeginReply, built from store_message / answer_again
 - follow.py     follow_reply (batches of events from any id, live or stored), sse_stream
 - stop.py       stop_reply, wait_reply_done, reply_streaming
 - approve.py    decide (approve or reject a waiting tool call; the last decision resumes)
@@ -20,9 +20,11 @@ from chat_api.replies.start import (
     BeginReply,
     Started,
     accept_message,
+    answer_again,
     edit_message,
     regenerate_reply,
     start_reply,
+    store_message,
 )
 from chat_api.replies.stop import reply_streaming, stop_reply, wait_reply_done
 from memory.reply_state import TERMINAL_NAMES, Event
@@ -37,6 +39,7 @@ __all__ = [
     "ReplyRequest",
     "Started",
     "accept_message",
+    "answer_again",
     "decide",
     "edit_message",
     "follow_reply",
@@ -46,5 +49,6 @@ __all__ = [
     "sse_stream",
     "start_reply",
     "stop_reply",
+    "store_message",
     "wait_reply_done",
 ]

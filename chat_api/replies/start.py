@@ -58,7 +58,7 @@ async def accept_message(
     """Store the user turn and a streaming assistant turn, and start the reply."""
 
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
-        return await _store_message(services, session, conversation, reply_id, content, idempotency_key)
+        return await store_message(services, session, conversation, reply_id, content, idempotency_key)
 
     return await start_reply(
         services,
@@ -72,13 +72,13 @@ async def accept_message(
     )
 
 
-async def _store_message(
+async def store_message(
     services: Services,
     session: AsyncSession,
     conversation: Conversation,
     reply_id: uuid.UUID,
     content: str,
-    idempotency_key: str | None,
+    idempotency_key: str | None = None,
 ) -> Started:
     """The user's message (recorded for memory) and the reply's streaming turn, on the active branch."""
     user_turn, _ = await begin_reply(
@@ -92,6 +92,26 @@ async def _store_message(
     )
     await record_finished_turn(session, user_turn)
     return user_turn, content
+
+
+async def answer_again(
+    services: Services,
+    session: AsyncSession,
+    conversation: Conversation,
+    reply_id: uuid.UUID,
+    user_turn: Turn,
+    idempotency_key: str | None = None,
+) -> Started:
+    """A streaming reply to a user message already stored (regenerate, a resent message)."""
+    await begin_answer(
+        session,
+        conversation,
+        reply_id=reply_id,
+        idempotency_key=idempotency_key,
+        model=services.provider.model,
+        owner_tag=services.process_id,
+    )
+    return user_turn, user_turn.content or ""
 
 
 async def regenerate_reply(
@@ -111,15 +131,7 @@ async def regenerate_reply(
         parent, fork_seq, user_turn = await regenerate_point(session, conversation, current)
         branch = await create_branch(session, conversation, parent=parent, fork_seq=fork_seq)
         await activate_branch(session, conversation, branch)
-        await begin_answer(
-            session,
-            conversation,
-            reply_id=reply_id,
-            idempotency_key=idempotency_key,
-            model=services.provider.model,
-            owner_tag=services.process_id,
-        )
-        return user_turn, user_turn.content or ""
+        return await answer_again(services, session, conversation, reply_id, user_turn, idempotency_key)
 
     return await start_reply(
         services,
@@ -150,7 +162,7 @@ async def edit_message(
         parent, fork_seq = await edit_point(session, conversation, current)
         branch = await create_branch(session, conversation, parent=parent, fork_seq=fork_seq)
         await activate_branch(session, conversation, branch)
-        return await _store_message(services, session, conversation, reply_id, content, idempotency_key)
+        return await store_message(services, session, conversation, reply_id, content, idempotency_key)
 
     return await start_reply(
         services,

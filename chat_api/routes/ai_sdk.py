@@ -54,7 +54,7 @@ from memory.branches import (
 from memory.conversations import Owner
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
 from memory.models import Conversation, ToolCallState, Turn, TurnStatus
-from memory.turns import begin_answer, get_turn
+from memory.turns import get_turn
 
 # isort: split
 # The reply lifecycle's public seam (start, follow, stop and approve a reply), in this one
@@ -63,6 +63,7 @@ from chat_api.replies import (
     Accepted,
     Started,
     accept_message,
+    answer_again,
     decide,
     edit_message,
     follow_reply,
@@ -238,15 +239,7 @@ async def _begin_regenerate(
     parent = await load_branch(session, user_turn.branch_id)
     branch = await create_branch(session, conversation, parent=parent, fork_seq=user_turn.seq)
     await activate_branch(session, conversation, branch)
-    await begin_answer(
-        session,
-        conversation,
-        reply_id=reply_id,
-        idempotency_key=None,
-        model=services.provider.model,
-        owner_tag=services.process_id,
-    )
-    return user_turn, user_turn.content or ""
+    return await answer_again(services, session, conversation, reply_id, user_turn)
 
 
 async def _approve(
