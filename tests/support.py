@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -19,16 +20,24 @@ async def new_conversation(client: httpx.AsyncClient, title: str = "", **fields:
 
 
 async def wait_until(
-    check: Callable[[], Awaitable[T]],
+    check: Callable[[], Awaitable[T] | T],
     timeout: float = 15.0,
     what: str = "the condition",
     *,
     every: float = 0.05,
 ) -> T:
-    """Poll `check()` until it returns something truthy, and return that; fail after `timeout` seconds."""
+    """Poll `check()` (sync or async) until it returns something truthy, and return that.
+
+    Fails the test after `timeout` seconds.
+    """
+
+    async def value_now() -> T:
+        value = check()
+        return await value if inspect.isawaitable(value) else value
+
     try:
         async with asyncio.timeout(timeout):
-            while not (value := await check()):
+            while not (value := await value_now()):
                 await asyncio.sleep(every)
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout:g}s waiting for {what}") from None

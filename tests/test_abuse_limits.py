@@ -15,7 +15,7 @@ import httpx
 
 from tests.conftest import LiveServer
 from tests.sse import collect
-from tests.test_memory_recall import new_conversation
+from tests.support import new_conversation
 
 BAD_TOKEN = {"Authorization": "Bearer not-a-token"}
 

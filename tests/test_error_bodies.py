@@ -21,8 +21,8 @@ from fastapi import APIRouter
 from chat_api.app import create_app
 from memory.embeddings import HashEmbedder
 from tests.conftest import TEST_SECRET, LiveServer
+from tests.support import new_conversation
 from tests.test_api_contract import assert_error
-from tests.test_memory_recall import new_conversation
 
 
 def signed(claims: dict[str, Any]) -> dict[str, str]:

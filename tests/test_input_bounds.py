@@ -16,8 +16,8 @@ from sqlalchemy import text
 from memory.db import Database
 from memory.json_bounds import MAX_DEPTH
 from tests.conftest import LiveServer
+from tests.support import new_conversation
 from tests.test_approvals import approve_url, park, required, transfer_tools
-from tests.test_memory_recall import new_conversation
 
 
 def nested(depth: int) -> dict[str, Any]:

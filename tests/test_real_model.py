@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import LiveServer
 from tests.real_model import MAX_TOKENS, RealModel
 from tests.sse import SSEEvent, iter_sse
+from tests.support import new_conversation
 
 pytestmark = pytest.mark.real_model
 
@@ -79,10 +80,6 @@ def client_of(server: LiveServer) -> httpx.AsyncClient:
     client = server.client()
     client.timeout = httpx.Timeout(180)
     return client
-
-
-async def new_conversation(client: httpx.AsyncClient) -> str:
-    return str((await client.post("/v1/conversations", json={})).json()["id"])
 
 
 async def assert_generation_stopped(real_model: RealModel) -> None:

@@ -10,25 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 
 from tests.conftest import LiveServer
 from tests.sse import iter_sse
-from tests.test_memory_recall import new_conversation
-
-
-async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 15) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            value = predicate()
-            if not isinstance(value, bool):
-                value = await value
-            if value:
-                return
-            await asyncio.sleep(0.02)
+from tests.support import new_conversation, wait_until
 
 
 async def start_long_reply(client: httpx.AsyncClient, cid: str) -> str:
@@ -76,8 +64,11 @@ async def test_the_line_of_waiting_messages_is_bounded(start_server: Any) -> Non
     async with server.client() as client:
         cid = await new_conversation(client)
         running = await start_long_reply(client, cid)
-        waiting = [enqueue(client, cid, "a"), enqueue(client, cid, "b")]
-        await wait_until(lambda: queues.waiting(uuid.UUID(cid)) == 2)
+        # One after the other: two requests sent at once may reach the server in either order.
+        waiting = []
+        for n, text in enumerate(["a", "b"], start=1):
+            waiting.append(enqueue(client, cid, text))
+            await wait_until(lambda n=n: queues.waiting(uuid.UUID(cid)) == n)
         refused = await client.post(
             f"/v1/conversations/{cid}/messages",
             json={"content": "c", "on_busy": "enqueue", "stream": False},
