@@ -38,6 +38,7 @@ from memory.recall_search import (
 from memory.remembering import remembered_text
 from memory.retrieval import Fusion
 from memory.rewrite import HistoryLine, Rewrite, rewrite_query
+from memory.vector_cache import VectorCache
 
 if TYPE_CHECKING:
     from chat_api.services import Services
@@ -102,6 +103,8 @@ class MemoryRecaller:
         self.services = services
         self.settings = services.settings
         self.embedder = embedder
+        # Unindexed turns come back in every recall until the indexer reaches them.
+        self.turn_vectors = VectorCache()
 
     def _prepare_text(self, body: str) -> str | None:
         # A turn the indexer would skip is not recalled before indexing either.
@@ -183,6 +186,7 @@ class MemoryRecaller:
                 rrf_k=self.settings.memory_rrf_k,
                 candidates=self.settings.memory_candidates,
             ),
+            cache=self.turn_vectors,
         )
         memories = recalled.memories
         latency["embed"] = recalled.latency_ms.get("embed", 0.0)

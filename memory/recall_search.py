@@ -36,6 +36,7 @@ from memory.embeddings import Embedder
 from memory.keywords import memory_text, query_terms, search_terms
 from memory.outbox import RECORDED_ROLES, RECORDED_STATUSES
 from memory.retrieval import DEFAULT_FUSION, Fusion, MemoryHit, search_memory
+from memory.vector_cache import VectorCache
 
 UNINDEXED_LIMIT = 32
 UNINDEXED_MIN_SIMILARITY = 0.3
@@ -228,6 +229,7 @@ async def recall_memories(
     unindexed_limit: int = UNINDEXED_LIMIT,
     in_search_transaction: InSearchTransaction | None = None,
     fusion: Fusion = DEFAULT_FUSION,
+    cache: VectorCache | None = None,
 ) -> Recall:
     """The user's ``k`` best memories for a query, indexed or not yet, best first.
 
@@ -237,7 +239,8 @@ async def recall_memories(
     replies queue there, and would otherwise drain the pool. ``prepare_text`` shapes an
     unindexed turn's text as the indexer would (redaction) and returns None for a turn
     the indexer would skip (low information); ``in_search_transaction`` runs in the
-    search's transaction, after it.
+    search's transaction, after it. ``cache`` keeps the unindexed turns' vectors from one
+    recall to the next.
     """
     latency: dict[str, float] = {}
     if k <= 0 or not query_text.strip():
@@ -255,7 +258,7 @@ async def recall_memories(
         )
     latency["unindexed"] = _ms_since(started)
     mark = time.perf_counter()
-    query_vector, turn_vectors = await embed_for_recall(embedder, query_text, unindexed)
+    query_vector, turn_vectors = await embed_for_recall(embedder, query_text, unindexed, cache)
     latency["embed"] = _ms_since(mark)
     mark = time.perf_counter()
     async with db.transaction() as session:
@@ -309,17 +312,27 @@ async def find_unindexed(
 
 
 async def embed_for_recall(
-    embedder: Embedder, query_text: str, unindexed: Sequence[UnindexedTurn]
+    embedder: Embedder,
+    query_text: str,
+    unindexed: Sequence[UnindexedTurn],
+    cache: VectorCache | None = None,
 ) -> tuple[list[float], list[list[float]]]:
-    """One encode call for the query and the unindexed turns (the embedder runs one at a time).
+    """One encode call for the query and the unindexed turns not kept in ``cache``.
 
-    Call it with no database connection held: under load, replies queue here for the CPU.
+    One call, because the embedder runs one at a time. Call it with no database
+    connection held: under load, replies queue here for the CPU.
     """
     embedded = [
         memory_text(turn.text[:UNINDEXED_EMBED_CHARS], name=turn.name, created_at=turn.created_at)
         for turn in unindexed
     ]
-    query_vector, *turn_vectors = await embedder.embed([query_text, *embedded])
+    kept = cache.take(embedded) if cache is not None else [None] * len(embedded)
+    missing = [text for text, vector in zip(embedded, kept, strict=True) if vector is None]
+    query_vector, *encoded = await embedder.embed([query_text, *missing])
+    if cache is not None:
+        cache.keep(missing, encoded)
+    fresh = iter(encoded)
+    turn_vectors = [vector if vector is not None else next(fresh) for vector in kept]
     return query_vector, turn_vectors
 
 

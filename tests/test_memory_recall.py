@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -76,6 +77,33 @@ async def test_fact_from_another_conversation_is_recalled_before_indexing(server
     assert set(memory["latency_ms"]) >= {"rewrite", "search", "total"}
     # The demo model quotes the memory block lines it was given.
     assert "Reykjavik" in reply_text(events)
+
+
+class CountingEmbedder(HashEmbedder):
+    """The deterministic embedder, counting the texts it is asked to encode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.texts.extend(texts)
+        return await super().embed(texts)
+
+
+async def test_an_unindexed_turn_is_encoded_once_across_recalls(start_server: Any) -> None:
+    # While the indexer lags, every recall finds the same unindexed turns: re-encoding
+    # them before each reply was most of memory's CPU cost per message.
+    embedder = CountingEmbedder()
+    server: LiveServer = await start_server(embedder=embedder)
+    async with server.client() as client:
+        await say(client, await new_conversation(client, "Family"), FACT)
+        for question in (QUESTION, "Does Ingrid keep bees?", "Which city did my sister move to?"):
+            found = retrieved(await say(client, await new_conversation(client), question))
+            assert FACT in [item["text"] for item in found["items"]]  # still recalled, from the kept vector
+    # As a turn it is embedded dated ("[24 November 2026] My sister..."); undated, it was a query.
+    fact_encodes = [text for text in embedder.texts if text.startswith("[") and text.endswith(FACT)]
+    assert len(fact_encodes) == 1, fact_encodes
 
 
 async def test_indexed_fact_is_recalled_once_and_keywords_include_the_question(

@@ -1,0 +1,66 @@
+"""The vectors of recently embedded turn texts, so that recall encodes each unindexed turn once.
+
+Before each reply, recall embeds the user's finished turns the indexer has not reached
+yet (up to ``UNINDEXED_LIMIT`` of them, each up to 2,000 characters). While the indexer
+lags, or is down, the same turns come back in every recall, and re-encoding them was most
+of what memory cost per message: measured with ``bench/capacity.py`` and no indexer, 105
+CPU ms per message with memory on against 19 with memory off, and recalls queued behind
+the encoder for over 3 s at 5 messages/s. A vector depends only on the text embedded, so
+it is kept by a digest of that text; queries are not cached (they rarely repeat).
+
+Bounded by a count of entries, least recently used first out; one entry holds 384
+doubles (~3 KB), so the default bound keeps ~12 MB per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+DEFAULT_MAX_ENTRIES = 4096
+
+
+def _key(text: str) -> bytes:
+    # surrogatepass: a text the encoder accepts must never fail here.
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+class VectorCache:
+    """Remembers the vectors of the last ``max_entries`` distinct texts embedded through it."""
+
+    def __init__(self, *, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._vectors: OrderedDict[bytes, array[float]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+    def take(self, texts: Sequence[str]) -> list[list[float] | None]:
+        """The kept vector of each text, or None where it must be encoded."""
+        taken: list[list[float] | None] = []
+        for text in texts:
+            key = _key(text)
+            kept = self._vectors.get(key)
+            if kept is None:
+                self.misses += 1
+                taken.append(None)
+            else:
+                self.hits += 1
+                self._vectors.move_to_end(key)
+                taken.append(kept.tolist())
+        return taken
+
+    def keep(self, texts: Sequence[str], vectors: Sequence[Sequence[float]]) -> None:
+        """Remember the vectors just encoded for ``texts`` (the oldest go beyond the bound)."""
+        if self.max_entries <= 0:
+            return
+        for text, vector in zip(texts, vectors, strict=True):
+            key = _key(text)
+            self._vectors[key] = array("d", vector)
+            self._vectors.move_to_end(key)
+        while len(self._vectors) > self.max_entries:
+            self._vectors.popitem(last=False)
