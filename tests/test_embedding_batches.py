@@ -8,7 +8,13 @@ import threading
 import pytest
 
 from memory.config import default_embedding_model
-from memory.embeddings import EncodeBatcher, HashEmbedder, SentenceTransformerEmbedder
+from memory.embeddings import (
+    PADDED_CHARS_PER_BATCH,
+    EncodeBatcher,
+    HashEmbedder,
+    SentenceTransformerEmbedder,
+    padded_batches,
+)
 
 QUERIES = [
     "where did I go hiking last summer",
@@ -112,3 +118,25 @@ async def test_real_model_concurrent_queries_get_their_own_vectors(
     for i, (vector,) in enumerate(together):
         scores = [sum(a * b for a, b in zip(vector, other, strict=True)) for other in alone]
         assert scores.index(max(scores)) == i
+
+
+def test_texts_are_batched_shortest_first_within_the_padding_budget() -> None:
+    texts = ["x" * 1500, "q", "x" * 300, "qq", "x" * 1400, "x" * 40]
+    batches = padded_batches(texts, max_texts=64)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(texts)))  # each text once
+    lengths = [len(texts[i]) for batch in batches for i in batch]
+    assert lengths == sorted(lengths)
+    for batch in batches:
+        assert len(batch) == 1 or len(batch) * max(len(texts[i]) for i in batch) <= PADDED_CHARS_PER_BATCH
+    assert [1500] in [[len(texts[i]) for i in batch] for batch in batches]  # a long text goes alone
+    assert all(len(batch) <= 2 for batch in padded_batches(["q"] * 5, max_texts=2))
+
+
+def test_real_model_mixed_lengths_come_back_in_order_and_as_if_alone(
+    real_model: SentenceTransformerEmbedder,
+) -> None:
+    texts = [*QUERIES[:3], "My sister's garden in Reykjavik " * 60, QUERIES[3]]
+    mixed = real_model.encode_sync(texts)
+    for text, vector in zip(texts, mixed, strict=True):
+        [alone] = real_model.encode_sync([text])
+        assert max(abs(a - b) for a, b in zip(alone, vector, strict=True)) < 1e-4
