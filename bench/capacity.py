@@ -1,7 +1,7 @@
 """Capacity: the highest rate of new messages one server sustains while replies accumulate.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/capacity.py [--rates 5 10 20 40 80] [--seconds 20]
-        [--memory none user] [--tokens-per-second 20] [--workers 1]
+        [--memory none user] [--tokens-per-second 20]
 
 One `chatmem serve` (embedded Postgres, demo model streaming each reply at
 `--tokens-per-second`, so a reply lasts several seconds and open streams pile up as they
@@ -13,9 +13,9 @@ rate whose accept p99 < 250 ms and time-to-first-token p99 < 1 s. Also the serve
 milliseconds per accepted message (the server's processes only, not Postgres or this
 client) and the most streams open at once.
 
-`--workers N` runs `chatmem serve --workers N` (N processes behind one port); the CPU
-figure is then the sum over the processes. The load generator runs in this process and
-costs CPU too: on a 2-core machine it competes with the server, which the figures include.
+One server process: `chatmem serve` has no multi-process mode yet. The load generator
+runs in this process and costs CPU too: on a 2-core machine it competes with the server,
+which the figures include.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ TTFT_P99_MS = 1000.0
 
 
 def server_cpu_seconds(pid: int) -> float:
-    """CPU time of the server process and its children (the workers of --workers N)."""
+    """CPU time of the server process and its children (the server and anything it starts)."""
     root = psutil.Process(pid)
     total = 0.0
     for proc in [root, *root.children(recursive=True)]:
@@ -144,8 +144,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "MAX_RUNNING_REPLIES_PER_USER": 0,
             "DB_POOL_SIZE": args.pool_size,
         }
-        extra = ["--workers", str(args.workers)] if args.workers > 1 else []
-        async with Server(url, args=extra, **env) as server:
+        async with Server(url, **env) as server:
             for scope in args.memory:
                 for rate in args.rates:
                     row = await step(server.url, server.pid, rate, args.seconds, scope, args.users)
@@ -158,7 +157,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for scope in args.memory
     }
     print_table(
-        f"capacity (workers={args.workers}, replies at {args.tokens_per_second} tokens/s; "
+        f"capacity (one process, replies at {args.tokens_per_second} tokens/s; "
         f"sustained: accept p99 < {ACCEPT_P99_MS:.0f} ms and TTFT p99 < {TTFT_P99_MS:.0f} ms)",
         rows,
         [
@@ -176,7 +175,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ],
     )
     print(f"\nhighest sustained rate (messages/s): {best}")
-    return {"benchmark": "capacity", "workers": args.workers, "sustained_rate": best, "results": rows}
+    return {"benchmark": "capacity", "sustained_rate": best, "results": rows}
 
 
 def main() -> None:
@@ -188,7 +187,6 @@ def main() -> None:
     parser.add_argument("--memory", nargs="+", default=["none", "user"], choices=["none", "user"])
     parser.add_argument("--tokens-per-second", type=float, default=20.0)
     parser.add_argument("--users", type=int, default=50, help="users the arrivals are spread over")
-    parser.add_argument("--workers", type=int, default=1, help="chatmem serve --workers N")
     parser.add_argument("--pool-size", type=int, default=20)
     parser.add_argument("--all-rates", action="store_true", help="go on past the first unsustained rate")
     parser.add_argument("--database-url")
