@@ -182,6 +182,7 @@ class MemoryRecaller:
             prepare_text=self._prepare_text,
             in_search_transaction=store_query if store_query_on is not None else None,
             fusion=Fusion(
+                method=self.settings.memory_fusion,
                 keyword_weight=self.settings.memory_keyword_weight,
                 rrf_k=self.settings.memory_rrf_k,
                 candidates=self.settings.memory_candidates,

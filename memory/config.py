@@ -227,17 +227,24 @@ class Settings(BaseSettings):
     # --- retrieval -----------------------------------------------------------------
     memory_top_k: int = Field(6, ge=1, le=100, description="Memories put in front of the model.")
     memory_min_score: float = Field(0.0, ge=0, description="Relevance threshold on the fused score.")
+    memory_fusion: Literal["learned", "rrf"] = Field(
+        "learned",
+        description=(
+            "How the dense and keyword results are fused: the fitted linear formula (learned)"
+            " or reciprocal rank fusion (rrf, the fallback)."
+        ),
+    )
     memory_scope: Literal["user", "conversation"] = Field("user", description="Default retrieval scope.")
     memory_keyword_weight: float = Field(
         1.5,
         gt=0,
-        description="Weight of the keyword (BM25) ranking against the dense one (1.0) in the fusion.",
+        description="Weight of the keyword (BM25) ranking against the dense one (1.0) in RRF.",
     )
     memory_rrf_k: float = Field(
-        10.0, gt=0, description="k of the reciprocal rank fusion (small: the top counts more)."
+        10.0, gt=0, description="k of the reciprocal rank fusion (small: the top counts more; RRF only)."
     )
     memory_candidates: int = Field(
-        50, ge=1, le=1000, description="Candidates each ranking contributes to the fusion."
+        50, ge=1, le=1000, description="Candidates each ranking (dense, keyword) contributes to the fusion."
     )
     recall_timeout_seconds: float = Field(
         3.0,

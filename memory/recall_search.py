@@ -4,11 +4,11 @@
 asynchronously. A fact stated two seconds ago may still sit behind a conversation's
 watermark (``indexed_seq``), so this module also reads the user's newest finished turns
 above the watermark (at most ``UNINDEXED_LIMIT``), embeds them together with the query in
-one call, scores them the way the SQL does (dense rank and keyword rank fused by the same
-weighted RRF), and merges them with the indexed hits. Rank positions of the unindexed
-turns are taken within their own small list; to keep a lone unrelated turn from reaching
-the top by default, one counts only when it shares a keyword with the query or its
-cosine similarity reaches ``UNINDEXED_MIN_SIMILARITY``.
+one call, scores them with the search's fusion (the learned formula over the signals a
+short list has, or the same weighted RRF), and merges them with the indexed hits. Rank
+positions of the unindexed turns are taken within their own small list; to keep a lone
+unrelated turn from reaching the top by default, one counts only when it shares a keyword
+with the query or its cosine similarity reaches ``UNINDEXED_MIN_SIMILARITY``.
 
 Both sides obey the same rules: tenant and user always; the conversation when scoped;
 never a deleted conversation or one whose memory mode is ``none``; never turns at or
@@ -19,11 +19,10 @@ already in the prompt's recent window.
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -34,8 +33,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.db import Database
 from memory.embeddings import Embedder
 from memory.keywords import memory_text, query_terms, search_terms
+from memory.learned_fusion import CandidateSignals, NeighbourSignals, is_question, learned_scores
 from memory.outbox import RECORDED_ROLES, RECORDED_STATUSES
-from memory.retrieval import DEFAULT_FUSION, Fusion, MemoryHit, search_memory
+from memory.retrieval import DEFAULT_FUSION, Fusion, MemoryHit, normalised_text, search_memory
 from memory.vector_cache import VectorCache
 
 UNINDEXED_LIMIT = 32
@@ -116,11 +116,6 @@ class RecalledMemory:
     indexed: bool
 
 
-def _normalised(text: str) -> str:
-    # The SQL's duplicate key: same words regardless of date prefix, case and punctuation.
-    return re.sub(r"\W+", "", re.sub(r"^\[[^]]*\]\s*", "", text).lower())
-
-
 async def load_unindexed_turns(
     session: AsyncSession,
     *,
@@ -168,7 +163,12 @@ def score_unindexed(
     query: Sequence[float],
     fusion: Fusion = DEFAULT_FUSION,
 ) -> list[MemoryHit]:
-    """Unindexed turns as hits, scored by the SQL's fusion over ranks within this list."""
+    """Unindexed turns as hits, scored by the search's fusion over ranks within this list.
+
+    The keyword score here is the number of query terms the turn holds (there is no BM25
+    over a list this short); the learned fusion divides it by the list's best, as it does
+    BM25, and takes neighbours from this list (the turns just before and after).
+    """
     wanted = set(query_terms(query_text))
     scored = []
     for turn, vector in zip(turns, vectors, strict=True):
@@ -180,26 +180,55 @@ def score_unindexed(
     by_vector = {id(item[0]): rank for rank, item in enumerate(sorted(scored, key=lambda s: -s[1]), 1)}
     keyword_sorted = sorted((s for s in scored if s[2]), key=lambda s: (-s[2], -s[1]))
     by_keyword = {id(item[0]): rank for rank, item in enumerate(keyword_sorted, 1)}
-    hits = []
-    for turn, _similarity, _matches in scored:
-        vector_rank, keyword_rank = by_vector.get(id(turn)), by_keyword.get(id(turn))
-        hits.append(
-            MemoryHit(
-                turn_id=turn.turn_id,
-                conversation_id=turn.conversation_id,
-                chunk_index=0,
-                role=turn.role,
-                name=turn.name,
-                text=turn.text,
-                turn_created_at=turn.created_at,
-                external_id=turn.external_id,
-                metadata=turn.metadata,
-                score=fusion.score(vector_rank, keyword_rank),
-                vector_rank=vector_rank,
-                keyword_rank=keyword_rank,
-            )
+    hits = [
+        MemoryHit(
+            turn_id=turn.turn_id,
+            conversation_id=turn.conversation_id,
+            chunk_index=0,
+            role=turn.role,
+            name=turn.name,
+            text=turn.text,
+            turn_created_at=turn.created_at,
+            external_id=turn.external_id,
+            metadata=turn.metadata,
+            score=fusion.score(by_vector.get(id(turn)), by_keyword.get(id(turn))),
+            vector_rank=by_vector.get(id(turn)),
+            keyword_rank=by_keyword.get(id(turn)),
         )
-    return hits
+        for turn, _similarity, _matches in scored
+    ]
+    if fusion.method == "rrf" or not hits:
+        return hits
+    by_seq = {(t.conversation_id, t.seq): (t, sim, matches) for t, sim, matches in scored}
+
+    def neighbour(turn: UnindexedTurn, step: int) -> NeighbourSignals | None:
+        found = by_seq.get((turn.conversation_id, turn.seq + step))
+        if found is None:
+            return None
+        other, similarity, matches = found
+        return NeighbourSignals(
+            similarity,
+            float(matches),
+            by_vector.get(id(other)),
+            by_keyword.get(id(other)),
+            is_question(other.text),
+        )
+
+    signals = [
+        CandidateSignals(
+            cosine=similarity,
+            bm25=float(matches),
+            vector_rank=by_vector.get(id(turn)),
+            keyword_rank=by_keyword.get(id(turn)),
+            name=turn.name,
+            text=turn.text,
+            previous=neighbour(turn, -1),
+            next=neighbour(turn, 1),
+        )
+        for turn, similarity, matches in scored
+    ]
+    scores = learned_scores(signals, query_text)
+    return [replace(hit, score=score) for hit, score in zip(hits, scores, strict=True)]
 
 
 # Work the caller adds to the search transaction (e.g. storing the query for auditing).
@@ -414,7 +443,7 @@ def _best_distinct(found: list[RecalledMemory], k: int) -> list[RecalledMemory]:
     texts: set[str] = set()
     kept = []
     for memory in found:
-        key = _normalised(memory.hit.text)
+        key = normalised_text(memory.hit.text)
         if memory.hit.turn_id in turns or key in texts:
             continue
         turns.add(memory.hit.turn_id)

@@ -23,11 +23,12 @@ style settings below last until it ends.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pgvector.sqlalchemy import Vector
 from sqlalchemy import bindparam, text
@@ -36,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
 from memory.keywords import query_terms
+from memory.learned_fusion import QUESTION_PATTERN, CandidateSignals, NeighbourSignals, learned_scores
 from memory.models import EMBEDDING_DIM
 from memory.tenancy import TENANT_ROLE, current_tenant
 
@@ -45,10 +47,20 @@ BM25_B = 0.75
 MIN_EF_SEARCH = 100
 
 
+FusionMethod = Literal["learned", "rrf"]
+
+
 @dataclass(frozen=True, slots=True)
 class Fusion:
-    """How the dense and keyword rankings are fused (weighted RRF) and how deep each one goes."""
+    """How the dense and keyword rankings are fused and how deep each one goes.
 
+    ``learned`` (the default) scores every candidate with the fitted linear formula of
+    ``memory.learned_fusion``; ``rrf`` is the weighted reciprocal rank fusion below, kept so
+    operators can fall back to it (``MEMORY_FUSION=rrf``). The weights and ``rrf_k`` are
+    RRF's only.
+    """
+
+    method: FusionMethod = "learned"
     keyword_weight: float = 1.5
     vector_weight: float = 1.0
     rrf_k: float = 10.0
@@ -85,7 +97,8 @@ RESTORE_TENANT_ROLE = text(f"SELECT set_config('role', '{TENANT_ROLE}', true)")
 _OWNER_FILTER = """m.tenant_id = :tenant_id AND m.user_id = :user_id AND m.on_active_branch
       AND m.deleted_at IS NULL AND m.turn_id <> ALL(:exclude_turn_ids){conversation_filter}"""
 
-_HYBRID_SEARCH = """
+# The dense and keyword top lists, shared by both fusions.
+_RANKED_LISTS = """
 WITH query_lexemes AS (
     SELECT DISTINCT lexeme
     FROM unnest(tsvector_to_array(to_tsvector('simple', :query_terms))) AS lexeme
@@ -102,7 +115,7 @@ vector_hits AS MATERIALIZED (
 ),
 vector_ranked AS (
     -- relaxed_order may return rows slightly out of order: rank by the real distance.
-    SELECT id, row_number() OVER (ORDER BY distance, id) AS rank FROM vector_hits
+    SELECT id, distance, row_number() OVER (ORDER BY distance, id) AS rank FROM vector_hits
 ),
 keyword_rows AS MATERIALIZED (
     SELECT m.id, m.search_terms
@@ -137,11 +150,13 @@ keyword_scored AS (
     GROUP BY f.id
 ),
 keyword_ranked AS (
-    SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rank
+    SELECT id, score, row_number() OVER (ORDER BY score DESC, id) AS rank
     FROM keyword_scored
     ORDER BY score DESC, id
     LIMIT :candidates
-),
+)"""
+
+_RRF_FUSION = """,
 fused AS (
     SELECT coalesce(v.id, k.id) AS id, v.rank AS vector_rank, k.rank AS keyword_rank,
            (coalesce(CAST(:vector_weight AS float8) / (CAST(:rrf_k AS float8) + v.rank), 0)
@@ -177,11 +192,69 @@ LIMIT :k
 """
 
 
-def _hybrid_search_sql(*, by_conversation: bool) -> Any:
-    owner = _OWNER_FILTER.format(
+# The union of both top lists with every signal the learned fusion reads (memory/learned_fusion.py),
+# the neighbours' scores included: fetched here, so a neighbour outside both lists still counts.
+_CANDIDATE_SIGNALS = """,
+candidates AS (
+    SELECT coalesce(v.id, k.id) AS id, v.rank AS vector_rank, k.rank AS keyword_rank
+    FROM vector_ranked v
+    FULL OUTER JOIN keyword_ranked k ON v.id = k.id
+),
+candidate_rows AS MATERIALIZED (
+    SELECT c.id, c.vector_rank, c.keyword_rank, m.turn_id, m.conversation_id, m.chunk_index, m.role,
+           m.name, m.text, m.turn_created_at, m.external_id, m.metadata,
+           1 - (m.embedding <=> :embedding) AS cosine
+    FROM candidates c
+    JOIN memory_items m ON m.id = c.id
+),
+-- The indexed turns just before and after each turn of the candidates' conversations (first
+-- chunks; rows the owner filter hides are skipped over).
+neighbours AS (
+    SELECT m.turn_id, lag(m.id) OVER turns AS previous_id, lead(m.id) OVER turns AS next_id
+    FROM memory_items m
+    WHERE {owner} AND m.chunk_index = 0
+      AND m.conversation_id IN (SELECT conversation_id FROM candidate_rows)
+    WINDOW turns AS (PARTITION BY m.conversation_id ORDER BY m.turn_seq, m.id)
+)
+SELECT c.turn_id, c.conversation_id, c.chunk_index, c.role, c.name, c.text, c.turn_created_at,
+       c.external_id, c.metadata, c.vector_rank, c.keyword_rank, c.cosine,
+       coalesce(ck.score, 0) AS bm25,
+       p.id IS NOT NULL AS has_previous, 1 - (p.embedding <=> :embedding) AS previous_cosine,
+       coalesce(pk.score, 0) AS previous_bm25, pc.vector_rank AS previous_vector_rank,
+       pc.keyword_rank AS previous_keyword_rank, p.text ~ :question_pattern AS previous_is_question,
+       x.id IS NOT NULL AS has_next, 1 - (x.embedding <=> :embedding) AS next_cosine,
+       coalesce(xk.score, 0) AS next_bm25, xc.vector_rank AS next_vector_rank,
+       xc.keyword_rank AS next_keyword_rank, x.text ~ :question_pattern AS next_is_question
+FROM candidate_rows c
+LEFT JOIN keyword_scored ck ON ck.id = c.id
+LEFT JOIN neighbours n ON n.turn_id = c.turn_id
+LEFT JOIN memory_items p ON p.id = n.previous_id
+LEFT JOIN keyword_scored pk ON pk.id = p.id
+LEFT JOIN candidates pc ON pc.id = p.id
+LEFT JOIN memory_items x ON x.id = n.next_id
+LEFT JOIN keyword_scored xk ON xk.id = x.id
+LEFT JOIN candidates xc ON xc.id = x.id
+"""
+
+
+def _owner_filter(*, by_conversation: bool) -> str:
+    return _OWNER_FILTER.format(
         conversation_filter="\n      AND m.conversation_id = :conversation_id" if by_conversation else ""
     )
-    return text(_HYBRID_SEARCH.format(owner=owner)).bindparams(
+
+
+def _candidate_signals_sql(*, by_conversation: bool) -> Any:
+    owner = _owner_filter(by_conversation=by_conversation)
+    statement = (_RANKED_LISTS + _CANDIDATE_SIGNALS).format(owner=owner)
+    return text(statement).bindparams(
+        bindparam("embedding", type_=Vector(EMBEDDING_DIM)),
+        bindparam("exclude_turn_ids", type_=ARRAY(UUID(as_uuid=True))),
+    )
+
+
+def _hybrid_search_sql(*, by_conversation: bool) -> Any:
+    owner = _owner_filter(by_conversation=by_conversation)
+    return text((_RANKED_LISTS + _RRF_FUSION).format(owner=owner)).bindparams(
         bindparam("embedding", type_=Vector(EMBEDDING_DIM)),
         bindparam("exclude_turn_ids", type_=ARRAY(UUID(as_uuid=True))),
     )
@@ -189,6 +262,8 @@ def _hybrid_search_sql(*, by_conversation: bool) -> Any:
 
 HYBRID_SEARCH_USER = _hybrid_search_sql(by_conversation=False)
 HYBRID_SEARCH_CONVERSATION = _hybrid_search_sql(by_conversation=True)
+CANDIDATE_SIGNALS_USER = _candidate_signals_sql(by_conversation=False)
+CANDIDATE_SIGNALS_CONVERSATION = _candidate_signals_sql(by_conversation=True)
 
 
 @dataclass(frozen=True)
@@ -205,10 +280,19 @@ class MemoryHit:
     turn_created_at: datetime
     external_id: str | None
     metadata: dict[str, Any] | None
-    # Fused RRF score normalised to (0, 1]: 1.0 means first in both lists.
+    # The fused score, higher is better: the learned formula's (0, 1) value, or the RRF score
+    # normalised to (0, 1] (1.0 means first in both lists).
     score: float
     vector_rank: int | None
     keyword_rank: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One candidate chunk of the learned fusion: the hit it would become and its signals."""
+
+    hit: MemoryHit
+    signals: CandidateSignals
 
 
 async def search_memory(
@@ -227,33 +311,38 @@ async def search_memory(
     """The user's ``k`` most relevant memories for a query, best first, one per turn and text."""
     if k <= 0:
         return []
-    candidates = max(fusion.candidates, k)
-    scope = current_tenant()
-    if scope is not None and scope != tenant_id:
-        raise NotFound("no such memory")  # a scoped caller never searches another tenant
-    settings = SET_SEARCH_SETTINGS if scope is None else SET_SEARCH_SETTINGS_AS_OWNER
-    await session.execute(settings, {"ef_search": str(max(MIN_EF_SEARCH, candidates))})
-    statement = HYBRID_SEARCH_USER if conversation_id is None else HYBRID_SEARCH_CONVERSATION
-    params: dict[str, Any] = {
-        "tenant_id": tenant_id,
-        "user_id": user_id,
-        "exclude_turn_ids": list(exclude_turn_ids),
-        "embedding": list(query_embedding),
-        "query_terms": " ".join(query_terms(query_text)),
-        "candidates": candidates,
+    if fusion.method == "learned":
+        candidates = await search_candidates(
+            session,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            query_text=query_text,
+            query_embedding=query_embedding,
+            depth=max(fusion.candidates, k),
+            conversation_id=conversation_id,
+            exclude_turn_ids=exclude_turn_ids,
+        )
+        scores = learned_scores([c.signals for c in candidates], query_text)
+        return best_distinct_hits(
+            [replace(c.hit, score=score) for c, score in zip(candidates, scores, strict=True)], k, min_score
+        )
+    params = _search_params(
+        tenant_id=tenant_id,
+        user_id=user_id,
+        query_text=query_text,
+        query_embedding=query_embedding,
+        depth=max(fusion.candidates, k),
+        conversation_id=conversation_id,
+        exclude_turn_ids=exclude_turn_ids,
+    ) | {
         "k": k,
         "min_score": min_score,
         "keyword_weight": fusion.keyword_weight,
         "vector_weight": fusion.vector_weight,
         "rrf_k": fusion.rrf_k,
-        "bm25_k1": BM25_K1,
-        "bm25_b": BM25_B,
     }
-    if conversation_id is not None:
-        params["conversation_id"] = conversation_id
-    result = (await session.execute(statement, params)).all()
-    if scope is not None:
-        await session.execute(RESTORE_TENANT_ROLE)
+    statement = HYBRID_SEARCH_USER if conversation_id is None else HYBRID_SEARCH_CONVERSATION
+    result = await _execute_search(session, tenant_id, statement, params)
     return [
         MemoryHit(
             turn_id=row.turn_id,
@@ -271,3 +360,130 @@ async def search_memory(
         )
         for row in result
     ]
+
+
+async def search_candidates(
+    session: AsyncSession,
+    *,
+    tenant_id: str,
+    user_id: str,
+    query_text: str,
+    query_embedding: Sequence[float],
+    depth: int,
+    conversation_id: uuid.UUID | None = None,
+    exclude_turn_ids: Collection[uuid.UUID] = (),
+) -> list[Candidate]:
+    """The union of the dense and keyword top ``depth`` chunks, with the learned fusion's signals.
+
+    Unscored (``hit.score`` is 0.0) and in no particular order; ``bench/fit_fusion.py``
+    fits the weights on exactly these.
+    """
+    params = _search_params(
+        tenant_id=tenant_id,
+        user_id=user_id,
+        query_text=query_text,
+        query_embedding=query_embedding,
+        depth=depth,
+        conversation_id=conversation_id,
+        exclude_turn_ids=exclude_turn_ids,
+    ) | {"question_pattern": QUESTION_PATTERN}
+    statement = CANDIDATE_SIGNALS_USER if conversation_id is None else CANDIDATE_SIGNALS_CONVERSATION
+    return [_candidate(row) for row in await _execute_search(session, tenant_id, statement, params)]
+
+
+def _search_params(
+    *,
+    tenant_id: str,
+    user_id: str,
+    query_text: str,
+    query_embedding: Sequence[float],
+    depth: int,
+    conversation_id: uuid.UUID | None,
+    exclude_turn_ids: Collection[uuid.UUID],
+) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "user_id": user_id,
+        "exclude_turn_ids": list(exclude_turn_ids),
+        "embedding": list(query_embedding),
+        "query_terms": " ".join(query_terms(query_text)),
+        "candidates": depth,
+        "bm25_k1": BM25_K1,
+        "bm25_b": BM25_B,
+    }
+    if conversation_id is not None:
+        params["conversation_id"] = conversation_id
+    return params
+
+
+async def _execute_search(
+    session: AsyncSession, tenant_id: str, statement: Any, params: dict[str, Any]
+) -> Any:
+    scope = current_tenant()
+    if scope is not None and scope != tenant_id:
+        raise NotFound("no such memory")  # a scoped caller never searches another tenant
+    settings = SET_SEARCH_SETTINGS if scope is None else SET_SEARCH_SETTINGS_AS_OWNER
+    await session.execute(settings, {"ef_search": str(max(MIN_EF_SEARCH, params["candidates"]))})
+    result = (await session.execute(statement, params)).all()
+    if scope is not None:
+        await session.execute(RESTORE_TENANT_ROLE)
+    return result
+
+
+def _neighbour(row: Any, side: str) -> NeighbourSignals | None:
+    if not getattr(row, f"has_{side}"):
+        return None
+    return NeighbourSignals(
+        cosine=float(getattr(row, f"{side}_cosine") or 0.0),
+        bm25=float(getattr(row, f"{side}_bm25")),
+        vector_rank=getattr(row, f"{side}_vector_rank"),
+        keyword_rank=getattr(row, f"{side}_keyword_rank"),
+        is_question=bool(getattr(row, f"{side}_is_question")),
+    )
+
+
+def _candidate(row: Any) -> Candidate:
+    hit = MemoryHit(
+        turn_id=row.turn_id,
+        conversation_id=row.conversation_id,
+        chunk_index=row.chunk_index,
+        role=row.role,
+        name=row.name,
+        text=row.text,
+        turn_created_at=row.turn_created_at,
+        external_id=row.external_id,
+        metadata=row.metadata,
+        score=0.0,
+        vector_rank=row.vector_rank,
+        keyword_rank=row.keyword_rank,
+    )
+    signals = CandidateSignals(
+        cosine=float(row.cosine),
+        bm25=float(row.bm25),
+        vector_rank=row.vector_rank,
+        keyword_rank=row.keyword_rank,
+        name=row.name,
+        text=row.text,
+        previous=_neighbour(row, "previous"),
+        next=_neighbour(row, "next"),
+    )
+    return Candidate(hit, signals)
+
+
+def normalised_text(text: str) -> str:
+    """The duplicate key: the same words regardless of date prefix, case and punctuation."""
+    return re.sub(r"\W+", "", re.sub(r"^\[[^]]*\]\s*", "", text).lower())
+
+
+def best_distinct_hits(hits: Sequence[MemoryHit], k: int, min_score: float = 0.0) -> list[MemoryHit]:
+    """What the RRF statement does after fusing, in Python: one hit per turn (its best chunk),
+    one per normalised text (best, then newest), best first, newest first on a tie, at most k."""
+    per_turn: dict[uuid.UUID, MemoryHit] = {}
+    for hit in sorted(hits, key=lambda h: (-h.score, h.chunk_index)):
+        per_turn.setdefault(hit.turn_id, hit)
+    per_text: dict[str, MemoryHit] = {}
+    for hit in sorted(per_turn.values(), key=lambda h: (-h.score, -h.turn_created_at.timestamp())):
+        per_text.setdefault(normalised_text(hit.text), hit)
+    kept = [h for h in per_text.values() if h.score >= min_score]
+    kept.sort(key=lambda h: (-h.score, -h.turn_created_at.timestamp()))
+    return kept[:k]
