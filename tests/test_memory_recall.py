@@ -365,12 +365,13 @@ def test_model_answers_are_cleaned_or_refused() -> None:
 
 
 async def test_fusion_settings_reach_the_search(start_server: Any, db: Database, make_settings: Any) -> None:
-    """MEMORY_RRF_K and MEMORY_KEYWORD_WEIGHT change the fused scores the memory API reports."""
+    """MEMORY_FUSION picks the fusion; with rrf, MEMORY_RRF_K and MEMORY_KEYWORD_WEIGHT change its scores."""
 
     async def scores(server: LiveServer) -> list[float]:
         async with server.client() as client:
             found = await client.post("/v1/memory/search", json={"query": QUESTION, "k": 10})
         assert found.status_code == 200, found.text
+        assert FACT in found.json()["items"][0]["text"]
         return [item["score"] for item in found.json()["items"]]
 
     default = await start_server()
@@ -379,9 +380,14 @@ async def test_fusion_settings_reach_the_search(start_server: Any, db: Database,
         await say(client, cid, FACT)
         await say(client, cid, "The weather report for tomorrow says light rain.")
     await index_outbox(db, make_settings())
-    before = await scores(default)
-    flat = await scores(await start_server(memory_rrf_k=1000.0, memory_keyword_weight=1.0))
-    assert len(before) == len(flat) >= 2
+    learned = await scores(default)
+    before = await scores(await start_server(memory_fusion="rrf"))
+    flat = await scores(
+        await start_server(memory_fusion="rrf", memory_rrf_k=1000.0, memory_keyword_weight=1.0)
+    )
+    assert len(before) == len(flat) == len(learned) >= 2
     assert before[0] == flat[0] == 1.0  # the fact is first in both rankings whatever the fusion
     # A large k flattens the fusion: every lower-ranked item scores closer to the top.
     assert min(flat) > min(before)
+    # The learned fusion's scores are its own (a probability-like value), not RRF's.
+    assert 0 < learned[0] < 1 and learned != before

@@ -11,7 +11,7 @@ from memory.db import Database
 from memory.embeddings import HashEmbedder
 from memory.keywords import memory_search_terms, memory_text
 from memory.models import MemoryItem
-from memory.retrieval import search_memory
+from memory.retrieval import Fusion, search_memory
 
 EMBEDDER = HashEmbedder()
 WHEN = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
@@ -121,15 +121,29 @@ async def test_duplicates_collapse_to_one_hit(db: Database) -> None:
 
 
 async def test_threshold_on_fused_score(db: Database) -> None:
+    """RRF's scale: first in both lists is 1.0, so 0.9 keeps only such a hit."""
+    await remember(db, "My favourite colour is teal.", seq=1)
+    for i in range(12):
+        await remember(db, f"Note {i}: groceries, errands and chores.", seq=i + 2)
+    rrf = Fusion(method="rrf")
+    everything = await search(db, "favourite colour", k=20, fusion=rrf)
+    assert len(everything) > 1
+    strict = await search(db, "favourite colour", k=20, min_score=0.9, fusion=rrf)
+    assert [h.text for h in strict] == [everything[0].text]
+    assert strict[0].score >= 0.9
+    assert await search(db, "favourite colour", k=20, min_score=1.01, fusion=rrf) == []
+
+
+async def test_threshold_on_learned_score(db: Database) -> None:
+    """The learned fusion's scores lie in (0, 1); the threshold cuts its list the same way."""
     await remember(db, "My favourite colour is teal.", seq=1)
     for i in range(12):
         await remember(db, f"Note {i}: groceries, errands and chores.", seq=i + 2)
     everything = await search(db, "favourite colour", k=20)
-    assert len(everything) > 1
-    strict = await search(db, "favourite colour", k=20, min_score=0.9)
+    assert len(everything) > 1 and everything[0].score > everything[1].score
+    strict = await search(db, "favourite colour", k=20, min_score=everything[0].score)
     assert [h.text for h in strict] == [everything[0].text]
-    assert strict[0].score >= 0.9
-    assert await search(db, "favourite colour", k=20, min_score=1.01) == []
+    assert await search(db, "favourite colour", k=20, min_score=1.0) == []
 
 
 async def test_k_limits_results(db: Database) -> None:

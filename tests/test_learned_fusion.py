@@ -1,0 +1,171 @@
+"""The learned fusion against the real Postgres: what it ranks first, its neighbour signals, the RRF fallback.
+
+Memories are inserted the way the indexer writes them (``memory_text`` with the speaker's
+name, keyword terms with the previous turn's words) and embedded by the deterministic
+HashEmbedder; the weights are the shipped ones (memory/fusion_weights.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, insert
+
+from memory.db import Database
+from memory.embeddings import HashEmbedder
+from memory.keywords import memory_search_terms, memory_text
+from memory.learned_fusion import FEATURE_NAMES, fusion_features, is_question, named_speakers
+from memory.models import MemoryItem
+from memory.retrieval import Fusion, search_candidates, search_memory
+
+EMBEDDER = HashEmbedder()
+WHEN = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+RRF = Fusion(method="rrf")
+LEARNED = Fusion(method="learned")
+
+
+async def remember_conversation(
+    db: Database, turns: list[tuple[str, str]], *, user_id: str = "u1"
+) -> list[uuid.UUID]:
+    """One conversation of (speaker, content) turns, indexed as the indexer would; the turn ids."""
+    conversation_id = uuid.uuid4()
+    ids = []
+    previous: str | None = None
+    async with db.transaction() as session:
+        for seq, (name, content) in enumerate(turns, 1):
+            turn_id = uuid.uuid4()
+            created = WHEN + timedelta(minutes=seq)
+            text = memory_text(content, name=name, created_at=created)
+            (vector,) = await EMBEDDER.embed([text])
+            await session.execute(
+                insert(MemoryItem).values(
+                    tenant_id="t1",
+                    user_id=user_id,
+                    conversation_id=conversation_id,
+                    turn_id=turn_id,
+                    chunk_index=0,
+                    turn_seq=seq,
+                    role="user" if seq % 2 else "assistant",
+                    name=name,
+                    text=text,
+                    search_terms=func.to_tsvector("simple", memory_search_terms(text, previous=previous)),
+                    embedding=vector,
+                    turn_created_at=created,
+                )
+            )
+            previous = f"{name}: {content}"
+            ids.append(turn_id)
+    return ids
+
+
+async def search(db: Database, query: str, fusion: Fusion = LEARNED, k: int = 5) -> list:
+    (vector,) = await EMBEDDER.embed([query])
+    async with db.transaction() as session:
+        return await search_memory(
+            session,
+            tenant_id="t1",
+            user_id="u1",
+            query_text=query,
+            query_embedding=vector,
+            k=k,
+            fusion=fusion,
+        )
+
+
+async def test_learned_fusion_puts_the_obvious_answer_first(db: Database) -> None:
+    ids = await remember_conversation(
+        db,
+        [
+            ("Ana", "My sister lives in Lisbon and teaches piano at the conservatory."),
+            ("Ben", "I had pasta for dinner yesterday."),
+            ("Ana", "The weather was rainy all week."),
+            ("Ben", "We are repainting the kitchen in a pale green."),
+        ],
+    )
+    hits = await search(db, "Where does Ana's sister teach piano?")
+    assert hits[0].turn_id == ids[0]
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert all(0 < h.score < 1 for h in hits)
+    assert hits[0].keyword_rank == 1 and hits[0].vector_rank is not None
+
+
+async def test_a_reply_right_after_a_matching_question_is_found(db: Database) -> None:
+    """The reply shares no word with the question; its neighbour (the question before it) does."""
+    ids = await remember_conversation(
+        db,
+        [
+            ("Mel", "What did you research for your volunteering project?"),
+            ("Caro", "Adoption agencies, mostly the small ones upstate."),
+            ("Mel", "Nice! My kids started swimming lessons."),
+            ("Caro", "Swimming is great, they will love it."),
+        ],
+    )
+    await remember_conversation(
+        db, [("Mel", f"Grocery list number {i}: apples and bread.") for i in range(6)]
+    )
+    question = "What did Caro research for the volunteering project?"
+    (vector,) = await EMBEDDER.embed([question])
+    async with db.transaction() as session:
+        candidates = await search_candidates(
+            session, tenant_id="t1", user_id="u1", query_text=question, query_embedding=vector, depth=1
+        )
+    reply = next(c for c in candidates if c.hit.turn_id == ids[1])
+    # Its previous turn's scores come from the statement even though that turn is outside both top-1 lists.
+    assert reply.signals.previous is not None and reply.signals.previous.is_question
+    assert reply.signals.previous.bm25 > 0 and reply.signals.previous.cosine > 0
+    assert reply.signals.next is not None and not reply.signals.next.is_question
+    features = dict(
+        zip(FEATURE_NAMES, fusion_features([c.signals for c in candidates], question)[0], strict=True)
+    )
+    assert features["previous_is_question"] in (0.0, 1.0)
+    hits = await search(db, question, k=2)
+    assert ids[1] in [h.turn_id for h in hits]
+
+
+async def test_the_rrf_fallback_still_fuses_ranks(db: Database) -> None:
+    ids = await remember_conversation(
+        db,
+        [
+            ("Ana", "My favourite colour is teal."),
+            *[("Ben", f"Note {i}: errands and chores.") for i in range(8)],
+        ],
+    )
+    hits = await search(db, "favourite colour", RRF, k=20)
+    assert hits[0].turn_id == ids[0]
+    assert hits[0].score == 1.0  # first in both lists: RRF's normalised top
+    assert hits[0].score == RRF.score(hits[0].vector_rank, hits[0].keyword_rank)
+    learned = await search(db, "favourite colour", LEARNED, k=20)
+    assert {h.turn_id for h in learned} == {h.turn_id for h in hits}  # the same candidates, re-ordered
+    assert learned[0].turn_id == ids[0]
+
+
+async def test_odd_queries_behave_as_with_rrf(db: Database) -> None:
+    await remember_conversation(
+        db,
+        [
+            ("Ana", "我下个月去成都出差，顺便吃火锅。"),
+            ("Ben", "Café crème at the Zürich station 🚆 was great."),
+            ("Ana", "I bought new running shoes."),
+        ],
+    )
+    huge = " ".join(f"word{i}" for i in range(400)) + " running shoes"
+    for query in ("", "   ", "？！…", "🚆🚆", "Zürich café", "成都", huge):
+        learned = await search(db, query, LEARNED, k=10)
+        rrf = await search(db, query, RRF, k=10)
+        assert {h.turn_id for h in learned} == {h.turn_id for h in rrf}, query
+        assert len({h.turn_id for h in learned}) == len(learned)
+
+
+async def test_no_memories_and_k_zero(db: Database) -> None:
+    assert await search(db, "anything at all", k=5) == []
+    await remember_conversation(db, [("Ana", "Something to remember.")])
+    assert await search(db, "remember", k=0) == []
+
+
+def test_speaker_names_and_questions_are_recognised_as_words() -> None:
+    assert named_speakers("What did Caroline paint?", ["Caroline", "Mel", None]) == {"Caroline"}
+    assert named_speakers("What did Carolines paint?", ["Caroline"]) == set()
+    assert named_speakers("Did mel and CAROLINE meet?", ["Caroline", "Mel"]) == {"Caroline", "Mel"}
+    assert is_question("[1 May 2023] Mel: Did you go? [photo: a dog on a beach]")
+    assert not is_question("[1 May 2023] Mel: I went. [photo: a dog?]x")
