@@ -55,6 +55,7 @@ from memory.retrieval import MemoryHit, best_distinct_hits, search_candidates
 # The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall_search.
 RANKED = 25
 L2_C = 1.0
+TUNING_CONVERSATIONS = 3
 WEIGHTS_MODULE = ROOT / "memory" / "fusion_weights.py"
 # Ablation: feature groups added one after another.
 GROUPS = {
@@ -95,9 +96,10 @@ class Asked:
         ranked = best_distinct_hits(scored, RANKED)
         return [str(h.external_id) for h in ranked]
 
-    def recall(self, scores: np.ndarray, k: int) -> float:
-        evidence = set(self.question.evidence)
-        return len(set(self.found(scores)[:k]) & evidence) / len(evidence)
+    def recalls(self, scores: np.ndarray) -> dict[int, float]:
+        """Recall@k for every k of KS, of the ranking these scores give."""
+        found, evidence = self.found(scores), set(self.question.evidence)
+        return {k: len(set(found[:k]) & evidence) / len(evidence) for k in KS}
 
 
 async def collect(database_url: str, questions: Sequence[Question], depth: int) -> list[Asked]:
@@ -182,11 +184,12 @@ def rrf_scores(a: Asked) -> np.ndarray:
 def table(asked: Sequence[Asked], scores: Sequence[np.ndarray]) -> dict[str, dict[str, float]]:
     """Recall@k overall (categories 1-4) and per category."""
     out: dict[str, dict[str, float]] = {}
-    groups: dict[str, list[tuple[Asked, np.ndarray]]] = {"overall": list(zip(asked, scores, strict=True))}
+    measured = [(a.question.category, a.recalls(s)) for a, s in zip(asked, scores, strict=True)]
+    groups = {"overall": [r for _, r in measured]}
     for number, name in CATEGORIES.items():
-        groups[name] = [(a, s) for a, s in groups["overall"] if a.question.category == number]
+        groups[name] = [r for category, r in measured if category == number]
     for name, members in groups.items():
-        out[name] = {f"R@{k}": statistics.fmean(a.recall(s, k) for a, s in members) for k in KS}
+        out[name] = {f"R@{k}": statistics.fmean(r[k] for r in members) if members else 0.0 for k in KS}
         out[name]["n"] = len(members)
     return out
 
@@ -204,7 +207,8 @@ def cross_validate(asked: Sequence[Asked], sample_ids: list[str], columns: list[
         layout: {"rrf": [], "learned": []} for layout in (*LAYOUTS, "both")
     }
     splits = []
-    for tune in itertools.combinations(sample_ids, 3):
+    # Three of five conversations; fewer when a small run loads fewer (bench/run_small.py).
+    for tune in itertools.combinations(sample_ids, min(TUNING_CONVERSATIONS, len(sample_ids) - 1)):
         model = fit([a for a in asked if a.question.sample_id in tune], columns)
         held = [a for a in asked if a.question.sample_id not in tune]
         split: dict[str, Any] = {"tune": list(tune)}

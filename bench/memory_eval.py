@@ -265,9 +265,24 @@ def grid_configs(grid: list[str]) -> dict[str, dict[str, str]]:
 
 
 def print_report(result: dict[str, Any]) -> None:
+    print_layouts(result["layouts"])
+    for name, config in result.get("configs", {}).items():
+        if name != "default":
+            print(f"\nconfiguration {name}:")
+            print_layouts(config["layouts"])
+    for split in result.get("cross_validation", []):
+        print(
+            f"\ncv: tune on {', '.join(split['tune'])} -> chose {split['chosen']!r};"
+            f" on {', '.join(split['test'])}:"
+            f" chosen R@5 {split['test_chosen']['R@5']:.3f} R@10 {split['test_chosen']['R@10']:.3f},"
+            f" default R@5 {split['test_default']['R@5']:.3f} R@10 {split['test_default']['R@10']:.3f}"
+        )
+
+
+def print_layouts(layouts: dict[str, Any]) -> None:
     for layout in LAYOUTS:
-        table = result["layouts"][layout]["recall"]
-        lat = result["layouts"][layout]["search_latency"]
+        table = layouts[layout]["recall"]
+        lat = layouts[layout]["search_latency"]
         print(f"\nlayout: {layout} (one chatmem conversation per LoCoMo {layout})")
         print(f"{'set':<13}{'n':>5}" + "".join(f"{'R@' + str(k):>8}" for k in KS) + "   baseline R@5/R@10")
         for name, row in table.items():
@@ -277,13 +292,6 @@ def print_report(result: dict[str, Any]) -> None:
             tail = f"   {base['R@5']:.3f}/{base['R@10']:.3f}" if base else ""
             print(f"{name:<13}{row['n']:>5}" + "".join(f"{row[f'R@{k}']:>8.3f}" for k in KS) + tail)
         print(f"search latency p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms (n={lat['n']})")
-    for split in result.get("cross_validation", []):
-        print(
-            f"\ncv: tune on {', '.join(split['tune'])} -> chose {split['chosen']!r};"
-            f" on {', '.join(split['test'])}:"
-            f" chosen R@5 {split['test_chosen']['R@5']:.3f} R@10 {split['test_chosen']['R@10']:.3f},"
-            f" default R@5 {split['test_default']['R@5']:.3f} R@10 {split['test_default']['R@10']:.3f}"
-        )
 
 
 async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
@@ -319,6 +327,8 @@ async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
                     layout: recall_table([a for a in answers if a.layout == layout])["overall"]
                     for layout in LAYOUTS
                 },
+                # Per category and latency too: configurations are compared on all of it.
+                "layouts": summarise(answers),
             }
             for name, answers in runs.items()
         }

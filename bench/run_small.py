@@ -29,7 +29,10 @@ SMALL_RUNS: dict[str, list[str]] = {
     "load_streams": ["--streams", "4"],
     "capacity": ["--rates", "2", "--seconds", "2", "--users", "2", "--all-rates"],
     "memory_eval": ["--limit-conversations", "1", "--data", str(LOCOMO)],
+    "fit_fusion": ["--limit-conversations", "2", "--data", str(LOCOMO)],
 }
+# The benchmarks that read the LoCoMo slice (skipped where it is not).
+NEEDS_LOCOMO = ("memory_eval", "fit_fusion")
 
 
 def run_small(out_dir: Path, only: list[str] | None = None) -> dict[str, float]:
@@ -38,7 +41,7 @@ def run_small(out_dir: Path, only: list[str] | None = None) -> dict[str, float]:
     for name, args in SMALL_RUNS.items():
         if only and name not in only:
             continue
-        if name == "memory_eval" and not LOCOMO.exists():
+        if name in NEEDS_LOCOMO and not LOCOMO.exists():
             print(f"skip {name}: {LOCOMO} not found")
             continue
         out = out_dir / f"{name}.json"

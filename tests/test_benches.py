@@ -12,13 +12,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-from run_small import SMALL_RUNS, run_small
+from run_small import NEEDS_LOCOMO, SMALL_RUNS, run_small
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SMALL_RUNS))
 def test_benchmark_runs_small(name: str, tmp_path: Path) -> None:
     timings = run_small(tmp_path, [name])
-    if name == "memory_eval" and not timings:
+    if name in NEEDS_LOCOMO and not timings:
         pytest.skip("the LoCoMo slice (../shared/bench) is not on this machine")
     assert (tmp_path / f"{name}.json").read_text().strip().startswith("{")
