@@ -1,13 +1,16 @@
-"""Hybrid memory search: dense (pgvector HNSW) and keyword (BM25 over tsvector), fused by RRF.
+"""Hybrid memory search: dense (pgvector HNSW) and keyword (BM25 over tsvector), then fused.
 
-One SQL statement in the style of pgvector-python's ``examples/hybrid_search/rrf.py``.
-Choices measured on the LoCoMo slice (``bench/memory_eval.py``):
+Two fusions, one statement each, sharing the two top lists: the learned fusion (the
+default) fetches the union of both lists with every signal ``memory.learned_fusion``
+scores, neighbours included, and ranks in Python; the RRF fallback fuses, dedupes and
+cuts in SQL, in the style of pgvector-python's ``examples/hybrid_search/rrf.py``.
+Choices measured on the LoCoMo slice (``bench/memory_eval.py``, ``bench/fit_fusion.py``):
 
 - Keyword scoring is Okapi BM25 computed in SQL from the matching rows' tsvectors
   (term frequency from lexeme positions, document frequency over the user's matching
   rows, N over the user's rows). ``ts_rank_cd`` has no IDF, and frequent words drowned
   the rare names and nouns that questions hinge on.
-- The keyword list is weighted 1.5x the dense list and RRF uses k = 10: on this data
+- RRF: the keyword list is weighted 1.5x the dense list and k = 10: on this data
   the keyword ranking is the stronger signal, and a small k lets the top of each list
   matter more than the long tail.
 - Every row that can be returned passes the tenant/user filter inside both candidate
