@@ -32,7 +32,7 @@ from memory.branches import turns_off_active_branch
 from memory.config import Settings
 from memory.db import Database
 from memory.embeddings import Embedder
-from memory.keywords import memory_search_terms, memory_text
+from memory.keywords import memory_search_terms, memory_text, photo_caption
 from memory.models import EMBEDDING_DIM
 from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.redaction import redact
@@ -42,8 +42,6 @@ from memory.remembering import is_low_information
 # tens of milliseconds, large enough to keep the encoder's batching (see _embed).
 EMBED_SLICE = 16
 
-# Metadata keys holding the caption of a shared photo (LoCoMo's `blip_caption`).
-CAPTION_KEYS = ("image_caption", "blip_caption")
 
 READ_CONVERSATIONS = text(
     "SELECT id, memory_mode, deleted_at, memory_forgotten_seq FROM conversations"
@@ -210,14 +208,6 @@ def _vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(format(float(x), ".8g") for x in vector) + "]"
 
 
-def _caption(metadata: dict[str, Any] | None) -> str | None:
-    for key in CAPTION_KEYS:
-        value = (metadata or {}).get(key)
-        if isinstance(value, str) and value.strip():
-            return f"photo: {value.strip()}"
-    return None
-
-
 @dataclass(slots=True)
 class _Chunk:
     record: TurnRecord
@@ -275,7 +265,7 @@ class IndexPipeline:
             pieces = chunk_text(
                 body, max_chars=self._settings.chunk_chars, overlap=self._settings.chunk_overlap_chars
             )
-            extra = _caption(record.metadata)
+            extra = photo_caption(record.metadata)
             for index, piece in enumerate(p for p in pieces if p.strip()):
                 embedded = memory_text(piece, name=record.name, created_at=record.created_at, extra=extra)
                 out.append(_Chunk(record, index, piece, embedded, before_text))

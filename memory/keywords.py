@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 # Han, Hiragana/Katakana and Hangul are written without spaces: index them as bigrams.
 _CJK_CLASS = (
@@ -117,6 +119,19 @@ def query_terms(text: str) -> list[str]:
 def memory_date(created_at: datetime) -> str:
     """The date as written in front of a memory: ``8 May 2023``."""
     return f"{created_at.day} {created_at:%B %Y}"
+
+
+# Metadata keys holding the caption of a shared image (LoCoMo's ``blip_caption``).
+CAPTION_KEYS = ("image_caption", "blip_caption")
+
+
+def photo_caption(metadata: Mapping[str, Any] | None) -> str | None:
+    """``photo: <caption>`` when the turn's metadata carries an image caption, else None."""
+    for key in CAPTION_KEYS:
+        value = (metadata or {}).get(key)
+        if isinstance(value, str) and value.strip():
+            return f"photo: {value.strip()}"
+    return None
 
 
 def memory_text(content: str, *, name: str | None, created_at: datetime, extra: str | None = None) -> str:

@@ -7,7 +7,7 @@ things it cannot express carry most of the evidence it misses:
 - the neighbouring turns: the answer is often the reply right after the turn that
   matches the question ("What did you research?" / "Adoption agencies."), so the
   previous and next turn's scores are features of a candidate;
-- priors: the question names this turn's speaker; the turn carries a photo caption;
+- priors: the question names this turn's speaker; the turn shared a captioned image;
   its length; whether it (or the turn before it) is itself a question.
 
 Every signal comes from the search statement (``memory.retrieval``) or the candidate's
@@ -33,11 +33,9 @@ from memory import fusion_weights
 RRF_FEATURE_K = 10.0
 RRF_FEATURE_KEYWORD_WEIGHT = 1.5
 RRF_FEATURE_VECTOR_WEIGHT = 1.0
-# Shared with the SQL (``memory.retrieval``): one definition of each text test.
-QUESTION_PATTERN = r"\?\s*(\[photo: [^]]*\]\s*)?$"
-CAPTION_PATTERN = r"\[photo: [^]]*\]\s*$"
+# Shared with the SQL (``memory.retrieval``): one definition of the question test.
+QUESTION_PATTERN = r"\?\s*$"
 _QUESTION = re.compile(QUESTION_PATTERN)
-_CAPTION = re.compile(CAPTION_PATTERN)
 
 FEATURE_NAMES: tuple[str, ...] = (
     "cosine",
@@ -85,12 +83,14 @@ class CandidateSignals:
     keyword_rank: int | None
     name: str | None
     text: str
+    # The turn shared an image with a caption (``memory.keywords.photo_caption``).
+    has_caption: bool
     previous: NeighbourSignals | None
     next: NeighbourSignals | None
 
 
 def is_question(text: str) -> bool:
-    """The text ends with a question mark (before a trailing photo caption, if any)."""
+    """The text ends with a question mark."""
     return _QUESTION.search(text) is not None
 
 
@@ -148,7 +148,7 @@ def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> 
                 next_rrf,
                 max(previous_rrf, next_rrf),
                 1.0 if speaker is not None and (c.name or "").strip().lower() == speaker.lower() else 0.0,
-                1.0 if _CAPTION.search(c.text) else 0.0,
+                1.0 if c.has_caption else 0.0,
                 math.log1p(len(c.text)),
                 1.0 if is_question(c.text) else 0.0,
                 1.0 if previous is not None and previous.is_question else 0.0,

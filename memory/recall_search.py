@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.db import Database
 from memory.embeddings import Embedder
-from memory.keywords import memory_text, query_terms, search_terms
+from memory.keywords import memory_text, photo_caption, query_terms, search_terms
 from memory.learned_fusion import CandidateSignals, NeighbourSignals, is_question, learned_scores
 from memory.outbox import RECORDED_ROLES, RECORDED_STATUSES
 from memory.retrieval import DEFAULT_FUSION, Fusion, MemoryHit, normalised_text, search_memory
@@ -165,15 +165,17 @@ def score_unindexed(
 ) -> list[MemoryHit]:
     """Unindexed turns as hits, scored by the search's fusion over ranks within this list.
 
-    The keyword score here is the number of query terms the turn holds (there is no BM25
-    over a list this short); the learned fusion divides it by the list's best, as it does
-    BM25, and takes neighbours from this list (the turns just before and after).
+    The keyword score here is the number of query terms the turn holds, counting its
+    speaker's name and image caption as the index does (there is no BM25 over a list this
+    short); the learned fusion divides it by the list's best, as it does BM25, and takes
+    neighbours from this list (the turns just before and after).
     """
     wanted = set(query_terms(query_text))
     scored = []
     for turn, vector in zip(turns, vectors, strict=True):
         similarity = sum(a * b for a, b in zip(vector, query, strict=True))
-        terms = set(search_terms(turn.text).split()) | set(search_terms(turn.name or "").split())
+        said = f"{turn.name or ''} {turn.text} {photo_caption(turn.metadata) or ''}"
+        terms = set(search_terms(said).split())
         matches = len(wanted & terms)
         if matches or similarity >= UNINDEXED_MIN_SIMILARITY:
             scored.append((turn, similarity, matches))
@@ -222,6 +224,7 @@ def score_unindexed(
             keyword_rank=by_keyword.get(id(turn)),
             name=turn.name,
             text=turn.text,
+            has_caption=photo_caption(turn.metadata) is not None,
             previous=neighbour(turn, -1),
             next=neighbour(turn, 1),
         )
@@ -352,7 +355,12 @@ async def embed_for_recall(
     connection held: under load, replies queue here for the CPU.
     """
     embedded = [
-        memory_text(turn.text[:UNINDEXED_EMBED_CHARS], name=turn.name, created_at=turn.created_at)
+        memory_text(
+            turn.text[:UNINDEXED_EMBED_CHARS],
+            name=turn.name,
+            created_at=turn.created_at,
+            extra=photo_caption(turn.metadata),
+        )
         for turn in unindexed
     ]
     kept = cache.take(embedded) if cache is not None else [None] * len(embedded)

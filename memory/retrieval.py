@@ -39,7 +39,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
-from memory.keywords import query_terms
+from memory.keywords import photo_caption, query_terms
 from memory.learned_fusion import QUESTION_PATTERN, CandidateSignals, NeighbourSignals, learned_scores
 from memory.models import EMBEDDING_DIM
 from memory.tenancy import TENANT_ROLE, current_tenant
@@ -467,6 +467,7 @@ def _candidate(row: Any) -> Candidate:
         keyword_rank=row.keyword_rank,
         name=row.name,
         text=row.text,
+        has_caption=photo_caption(row.metadata) is not None,
         previous=_neighbour(row, "previous"),
         next=_neighbour(row, "next"),
     )

@@ -14,7 +14,7 @@ from sqlalchemy import func, insert
 
 from memory.db import Database
 from memory.embeddings import HashEmbedder
-from memory.keywords import memory_search_terms, memory_text
+from memory.keywords import memory_search_terms, memory_text, photo_caption
 from memory.learned_fusion import FEATURE_NAMES, fusion_features, is_question, named_speakers
 from memory.models import MemoryItem
 from memory.retrieval import Fusion, search_candidates, search_memory
@@ -26,9 +26,16 @@ LEARNED = Fusion(method="learned")
 
 
 async def remember_conversation(
-    db: Database, turns: list[tuple[str, str]], *, user_id: str = "u1"
+    db: Database,
+    turns: list[tuple[str, str]],
+    *,
+    user_id: str = "u1",
+    metadata: dict[int, dict[str, str]] | None = None,
 ) -> list[uuid.UUID]:
-    """One conversation of (speaker, content) turns, indexed as the indexer would; the turn ids."""
+    """One conversation of (speaker, content) turns, indexed as the indexer would; the turn ids.
+
+    ``metadata`` maps a turn's position (0-based) to its stored metadata.
+    """
     conversation_id = uuid.uuid4()
     ids = []
     previous: str | None = None
@@ -36,7 +43,8 @@ async def remember_conversation(
         for seq, (name, content) in enumerate(turns, 1):
             turn_id = uuid.uuid4()
             created = WHEN + timedelta(minutes=seq)
-            text = memory_text(content, name=name, created_at=created)
+            meta = (metadata or {}).get(seq - 1)
+            text = memory_text(content, name=name, created_at=created, extra=photo_caption(meta))
             (vector,) = await EMBEDDER.embed([text])
             await session.execute(
                 insert(MemoryItem).values(
@@ -52,6 +60,7 @@ async def remember_conversation(
                     search_terms=func.to_tsvector("simple", memory_search_terms(text, previous=previous)),
                     embedding=vector,
                     turn_created_at=created,
+                    meta=meta,
                 )
             )
             previous = f"{name}: {content}"
@@ -167,5 +176,24 @@ def test_speaker_names_and_questions_are_recognised_as_words() -> None:
     assert named_speakers("What did Caroline paint?", ["Caroline", "Mel", None]) == {"Caroline"}
     assert named_speakers("What did Carolines paint?", ["Caroline"]) == set()
     assert named_speakers("Did mel and CAROLINE meet?", ["Caroline", "Mel"]) == {"Caroline", "Mel"}
-    assert is_question("[1 May 2023] Mel: Did you go? [photo: a dog on a beach]")
-    assert not is_question("[1 May 2023] Mel: I went. [photo: a dog?]x")
+    assert is_question("Did you go?  ")
+    assert not is_question("Did you go? I went.")
+
+
+async def test_a_captioned_image_is_a_signal_of_its_turn(db: Database) -> None:
+    ids = await remember_conversation(
+        db,
+        [("Mel", "Look what we found at the beach!"), ("Caro", "Looks like a fun beach day.")],
+        metadata={0: {"blip_caption": "a dog digging in the sand"}},
+    )
+    question = "What did Mel find at the beach?"
+    (vector,) = await EMBEDDER.embed([question])
+    async with db.transaction() as session:
+        candidates = await search_candidates(
+            session, tenant_id="t1", user_id="u1", query_text=question, query_embedding=vector, depth=5
+        )
+    captioned = {c.hit.turn_id: c.signals.has_caption for c in candidates}
+    assert captioned == {ids[0]: True, ids[1]: False}
+    column = FEATURE_NAMES.index("has_caption")
+    features = fusion_features([c.signals for c in candidates], question)
+    assert sorted(features[:, column]) == [0.0, 1.0]

@@ -106,6 +106,29 @@ async def test_an_unindexed_turn_is_encoded_once_across_recalls(start_server: An
     assert len(fact_encodes) == 1, fact_encodes
 
 
+async def test_an_unindexed_image_caption_is_searched_as_the_index_will_hold_it(server: LiveServer) -> None:
+    # The indexer embeds and keyword-indexes a shared image's caption with its turn; before
+    # it runs, recall must find the turn by the caption's words too.
+    async with server.client() as client:
+        conversation = await new_conversation(client, "Beach")
+        turns = [
+            {
+                "role": "user",
+                "content": "Look what we found this morning!",
+                "name": "Mel",
+                "metadata": {"blip_caption": "a golden retriever digging in the sand"},
+            },
+            {"role": "assistant", "content": "What a lovely morning.", "name": "Caro"},
+        ]
+        imported = await client.post(f"/v1/conversations/{conversation}/import", json={"turns": turns})
+        assert imported.status_code == 201, imported.text
+        found = await client.post("/v1/memory/search", json={"query": "golden retriever", "k": 5})
+    assert found.status_code == 200, found.text
+    items = found.json()["items"]
+    assert items and items[0]["text"] == "Look what we found this morning!", items
+    assert items[0]["metadata"]["blip_caption"].startswith("a golden retriever")
+
+
 async def test_indexed_fact_is_recalled_once_and_keywords_include_the_question(
     server: LiveServer, db: Database, make_settings: Any
 ) -> None:
