@@ -61,10 +61,16 @@ def _migrate(url: str) -> None:
 def _embedded_workers(settings: Settings) -> list[Any]:
     """The relay or Postgres consumer and the indexer, run inside the API process."""
     from indexer.worker import IndexerWorker, OutboxRelay
+    from memory.embeddings import SentenceTransformerEmbedder
 
     async def indexer(services: Any, stop: asyncio.Event) -> None:
-        # Shares the API's model: one copy of the weights per process.
-        await IndexerWorker(services.db, settings, services.embedder).run(stop)
+        embedder = services.embedder
+        if isinstance(embedder, SentenceTransformerEmbedder):
+            # A second copy of the weights (~90 MB): otherwise a reply's query waits for the
+            # indexer's batch to finish encoding (search p95 5x its idle figure while importing).
+            embedder = embedder.twin()
+            await asyncio.to_thread(embedder.load)
+        await IndexerWorker(services.db, settings, embedder).run(stop)
 
     async def relay(services: Any, stop: asyncio.Event) -> None:
         await OutboxRelay(services.db, settings).run(stop)

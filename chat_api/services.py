@@ -47,6 +47,6 @@ class Services:
     prompter: Prompter
     runner: ReplyRunner
     process_id: str
-    embedder: Embedder  # one copy of the model per process: retrieval and an in-process indexer
+    embedder: Embedder  # retrieval's encoder; an in-process indexer encodes with its twin
     recaller: MemoryRecaller | None = None  # long-term memory; set once the services exist
     queues: ReplyQueues = field(default_factory=ReplyQueues)  # on_busy=enqueue, per conversation

@@ -149,6 +149,15 @@ class SentenceTransformerEmbedder:
         # Concurrent queries (a few texts each) share encode calls; an indexer batch goes alone.
         self._batcher = EncodeBatcher(self.encode_sync, max_texts=batch_size)
 
+    def twin(self) -> SentenceTransformerEmbedder:
+        """Another copy of this model, with its own lock and batcher (call ``load()`` on it).
+
+        The indexer inside an API process encodes with a twin: its batches then run on one
+        thread while queries run on another, and a reply's query never waits behind an
+        indexer batch (``bench/indexer_fairness.py``). It costs a second copy of the weights.
+        """
+        return SentenceTransformerEmbedder(self.model_name_or_path, batch_size=self.batch_size)
+
     def load(self, *, threads: int = 0) -> None:
         """Load the model (synchronous; call it at startup, e.g. via ``asyncio.to_thread``).
 

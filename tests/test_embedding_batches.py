@@ -15,6 +15,7 @@ from memory.embeddings import (
     SentenceTransformerEmbedder,
     padded_batches,
 )
+from tests.support import wait_until
 
 QUERIES = [
     "where did I go hiking last summer",
@@ -140,3 +141,21 @@ def test_real_model_mixed_lengths_come_back_in_order_and_as_if_alone(
     for text, vector in zip(texts, mixed, strict=True):
         [alone] = real_model.encode_sync([text])
         assert max(abs(a - b) for a, b in zip(alone, vector, strict=True)) < 1e-4
+
+
+async def test_a_query_does_not_wait_for_a_long_encode_on_the_twin(
+    real_model: SentenceTransformerEmbedder,
+) -> None:
+    # The indexer inside an API process encodes with a twin (chat_api/cli.py): a reply's
+    # query must not queue behind its batch, as it did when both shared one encoder.
+    twin = real_model.twin()
+    await asyncio.to_thread(twin.load)
+    backlog = [f"Turn {i}: " + "the harbour log of a long and windy day at sea. " * 40 for i in range(48)]
+    indexing = asyncio.create_task(asyncio.to_thread(twin.encode_sync, backlog))
+    await wait_until(twin._encode_lock.locked, 30, "the twin started encoding", every=0.005)
+    (query,) = await asyncio.wait_for(real_model.embed(["where did the ship go?"]), 30)
+    assert not indexing.done(), "the backlog finished first: the test proves nothing"
+    vectors = await indexing
+    assert len(vectors) == len(backlog)
+    (again,) = await twin.embed(["where did the ship go?"])
+    assert max(abs(a - b) for a, b in zip(query, again, strict=True)) < 1e-5  # the same weights
