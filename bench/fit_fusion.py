@@ -49,7 +49,7 @@ from memory_eval import load as load_both_layouts
 from memory.config import default_embedding_model
 from memory.db import Database
 from memory.embeddings import SentenceTransformerEmbedder
-from memory.learned_fusion import FEATURE_NAMES, fusion_features, linear_scores, rrf
+from memory.learned_fusion import FEATURE_NAMES, SQUARED, fusion_features, linear_scores, rrf
 from memory.retrieval import MemoryHit, best_distinct_hits, search_candidates
 
 # The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall_search.
@@ -77,7 +77,8 @@ GROUPS = {
         "next_rrf",
         "neighbour_rrf_max",
     ],
-    "priors": ["speaker_named", "has_caption", "log_length", "is_question", "previous_is_question"],
+    "priors": ["speaker_named", "has_caption", "is_question", "previous_is_question"],
+    "squares": [f"{name}_squared" for name in SQUARED],
 }
 
 

@@ -17,6 +17,7 @@ from memory.embeddings import HashEmbedder
 from memory.keywords import memory_search_terms, memory_text, photo_caption
 from memory.learned_fusion import FEATURE_NAMES, fusion_features, is_question, named_speakers
 from memory.models import MemoryItem
+from memory.recall_search import UnindexedTurn, score_unindexed
 from memory.retrieval import Fusion, search_candidates, search_memory
 
 EMBEDDER = HashEmbedder()
@@ -197,3 +198,25 @@ async def test_a_captioned_image_is_a_signal_of_its_turn(db: Database) -> None:
     column = FEATURE_NAMES.index("has_caption")
     features = fusion_features([c.signals for c in candidates], question)
     assert sorted(features[:, column]) == [0.0, 1.0]
+
+
+async def test_a_long_reply_quoting_a_fact_does_not_outrank_the_statement() -> None:
+    # A model's replies are far longer than the turns the weights were fitted on; a length
+    # prior once ranked such an echo above the user's own words among unindexed turns.
+    conversation = uuid.uuid4()
+    fact = "我妹妹去年搬到了雷克雅未克，还养了很多蜜蜂。"
+    echo = (
+        f"You said: “{fact}”. This reply comes from a demo model, which runs offline and streams"
+        " deterministic text so that every part of the backend can be tried without a real model."
+    )
+    turns = [
+        UnindexedTurn(uuid.uuid4(), conversation, None, seq, role, None, text, WHEN, None, None)
+        for seq, (role, text) in enumerate([("user", fact), ("assistant", echo)], 1)
+    ]
+    query = "我妹妹现在住在雷克雅未克吗？"
+    (query_vector, *vectors) = await EMBEDDER.embed(
+        [query, *(memory_text(t.text, name=t.name, created_at=t.created_at) for t in turns)]
+    )
+    hits = score_unindexed(turns, vectors, query, query_vector, LEARNED)
+    best = max(hits, key=lambda h: h.score)
+    assert best.turn_id == turns[0].turn_id, [(h.text[:20], h.score) for h in hits]
