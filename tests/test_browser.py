@@ -75,14 +75,19 @@ def last_reply_id(page: Page) -> str:
 
 
 def wait_stored_status(api: httpx.Client, turn_id: str, timeout: float = 60.0) -> dict[str, Any]:
-    """Poll the stored turn until it has left `streaming` (bounded)."""
+    """Poll the stored turn until it has left `streaming` (bounded).
+
+    Twice a second: the page and this client are one user, and polling five times a second
+    through a 23-second reply used up the server's 120 requests a minute, so the next
+    test's page got 429s (seen on a loaded machine).
+    """
     deadline = time.monotonic() + timeout
     while True:
         turn = stored_turn(api, turn_id)
         if turn["status"] != "streaming":
             return turn
         assert time.monotonic() < deadline, f"turn {turn_id} still streaming after {timeout}s"
-        time.sleep(0.2)
+        time.sleep(0.5)
 
 
 # --- tests ---------------------------------------------------------------------------------
