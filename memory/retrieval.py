@@ -346,23 +346,7 @@ async def search_memory(
     }
     statement = HYBRID_SEARCH_USER if conversation_id is None else HYBRID_SEARCH_CONVERSATION
     result = await _execute_search(session, tenant_id, statement, params)
-    return [
-        MemoryHit(
-            turn_id=row.turn_id,
-            conversation_id=row.conversation_id,
-            chunk_index=row.chunk_index,
-            role=row.role,
-            name=row.name,
-            text=row.text,
-            turn_created_at=row.turn_created_at,
-            external_id=row.external_id,
-            metadata=row.metadata,
-            score=float(row.score),
-            vector_rank=row.vector_rank,
-            keyword_rank=row.keyword_rank,
-        )
-        for row in result
-    ]
+    return [_hit(row, score=float(row.score)) for row in result]
 
 
 async def search_candidates(
@@ -445,8 +429,8 @@ def _neighbour(row: Any, side: str) -> NeighbourSignals | None:
     )
 
 
-def _candidate(row: Any) -> Candidate:
-    hit = MemoryHit(
+def _hit(row: Any, *, score: float) -> MemoryHit:
+    return MemoryHit(
         turn_id=row.turn_id,
         conversation_id=row.conversation_id,
         chunk_index=row.chunk_index,
@@ -456,10 +440,14 @@ def _candidate(row: Any) -> Candidate:
         turn_created_at=row.turn_created_at,
         external_id=row.external_id,
         metadata=row.metadata,
-        score=0.0,
+        score=score,
         vector_rank=row.vector_rank,
         keyword_rank=row.keyword_rank,
     )
+
+
+def _candidate(row: Any) -> Candidate:
+    hit = _hit(row, score=0.0)
     signals = CandidateSignals(
         cosine=float(row.cosine),
         bm25=float(row.bm25),
