@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import httpx
 
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply, ToolCall
@@ -92,3 +95,30 @@ async def test_provider_error_mid_stream_keeps_what_was_streamed(
         )
         assert r.json()["status"] == "failed"
         assert r.json()["turns"][-1]["error"]["code"] == "provider_error"
+
+
+async def test_the_providers_own_error_text_reaches_operators_not_users(
+    start_server: Any, fake_openai: FakeOpenAI, caplog: Any
+) -> None:
+    """Found: a refused operator key's text (masked key, organisation, project) reached users verbatim."""
+    server: LiveServer = await start_server(
+        llm_provider="openai", llm_base_url=fake_openai.base_url, llm_api_key="sk-proj-abc", llm_max_retries=0
+    )
+    secret = "Incorrect API key provided: sk-proj-****wxyz. Organization org-SECRET, project proj_SECRET."
+    fake_openai.script(*[Reply(fail_status=401, fail_message=secret)] * 3)
+    async with server.client() as client:
+        cid = (await client.post("/v1/conversations", json={})).json()["id"]
+        url = f"/v1/conversations/{cid}/messages"
+        async with client.stream("POST", url, json={"content": "hi", **NO_RECALL}) as r:
+            events = [e async for e in iter_sse(r)]
+        stored = await client.post(url, json={"content": "again", "stream": False, **NO_RECALL})
+        async with httpx.AsyncClient(base_url=f"{server.base_url}/openai/v1", headers=client.headers) as oa:
+            body = {"model": server.services.provider.model, "messages": [{"role": "user", "content": "hi"}]}
+            answered = await oa.post("/chat/completions", json=body)
+    seen_by_users = json.dumps([e.data for e in events]) + stored.text + answered.text
+    for word in ("sk-proj", "org-SECRET", "proj_SECRET", "Incorrect API key"):
+        assert word not in seen_by_users, word
+    assert events[-1].data["error"]["code"] == "provider_error"
+    assert stored.json()["turns"][-1]["error"]["code"] == "provider_error"
+    assert answered.status_code == 500 and answered.json()["error"]["type"] == "server_error"
+    assert "org-SECRET" in caplog.text  # the operator still reads what the provider said

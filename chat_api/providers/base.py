@@ -41,13 +41,34 @@ class StreamEnd:
 Delta = TextDelta | ToolCallDelta | StreamEnd
 
 
-class ProviderError(Exception):
-    """The model failed; ``retryable`` says whether a retry before the first token may help."""
+def public_message(status: int | None) -> str:
+    """What a user is told when the model failed with this HTTP status (None: no answer at all)."""
+    if status is None:
+        return "the model did not answer (unreachable or too slow); try again"
+    if status == 429:
+        return "the model is over its rate limit; try again shortly"
+    if status in (401, 403):
+        return "the model endpoint refused chatmem's credentials; an operator must check them"
+    if 400 <= status < 500:
+        return "the model endpoint refused the request"
+    return "the model failed; try again"
 
-    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None) -> None:
+
+class ProviderError(Exception):
+    """The model failed; ``retryable`` says whether a retry before the first token may help.
+
+    The message is the provider's own account, for operators (the server log): it can
+    carry a masked operator key, organisation and project ids. Users see ``public``, a
+    fixed sentence chosen by the status, with the code ``provider_error``.
+    """
+
+    def __init__(
+        self, message: str, *, retryable: bool = False, status: int | None = None, public: str | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.status = status
+        self.public = public or public_message(status)
 
 
 class ChatProvider(Protocol):

@@ -115,7 +115,8 @@ class DemoProvider:
         user_text = str(user.get("content") or "") if user else ""
         if "/fail" in user_text and not any(m.get("role") == "tool" for m in messages[-1:]):
             if "/fail-mid" not in user_text:
-                raise ProviderError("demo model failure (asked for by /fail)", retryable=False, status=500)
+                message = "demo model failure (asked for by /fail)"
+                raise ProviderError(message, retryable=False, status=500, public=message)
         if self.first_token_delay:
             await asyncio.sleep(self.first_token_delay)
         emitted = 0
@@ -132,7 +133,8 @@ class DemoProvider:
             if i:
                 await pace.next_token()
             if "/fail-mid" in user_text and i == 5:
-                raise ProviderError("demo model failure mid-stream (asked for by /fail-mid)", status=500)
+                message = "demo model failure mid-stream (asked for by /fail-mid)"
+                raise ProviderError(message, status=500, public=message)
             yield TextDelta(word if i == 0 else " " + word)
             emitted += 1
         prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in messages)

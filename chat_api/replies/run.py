@@ -141,9 +141,13 @@ class ReplyRunner:
         elif (exc := generation.exception()) is not None:
             produced = bool(reply.content or reply.tool_calls or reply.turn_id != reply.id)
             status = TurnStatus.INTERRUPTED_BY_ERROR if produced else TurnStatus.FAILED
-            error = {"code": "provider_error", "message": str(exc)[:2000]}
-            if not isinstance(exc, ProviderError):  # a provider failing is expected; anything else is a bug
+            if isinstance(exc, ProviderError):
+                # The provider's own words (which may name the operator's account) go to the log only.
+                log.warning("reply %s: the model failed: %s", reply.id, exc)
+                error = {"code": "provider_error", "message": exc.public}
+            else:  # a provider failing is expected; anything else is a bug
                 log.error("reply %s failed", reply.id, exc_info=exc)
+                error = {"code": "internal_error", "message": "the reply failed on the server"}
         elif generation.result() == PARKED:
             status = TurnStatus.AWAITING_APPROVAL
         else:

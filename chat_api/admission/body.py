@@ -1,0 +1,95 @@
+"""The body limit, as plain ASGI middleware (safe around streaming responses).
+
+Every body is held to MAX_BODY_BYTES, by its Content-Length before anything is read, or
+as it arrives. The one route that takes more (the import: thousands of turns) is named
+by its route, method and path pattern (`LargeBody`), not by how a path ends: a limit
+keyed on the suffix `/import` gave any such path, `PATCH /v1/memory/items/import`
+included, the 25 MB import limit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from chat_api.errors import error_body
+
+
+@dataclass(frozen=True, slots=True)
+class LargeBody:
+    """A route allowed a larger body than the rest."""
+
+    methods: frozenset[str]
+    path: re.Pattern[str]
+    max_bytes: int
+
+    @classmethod
+    def of(cls, route: Route, max_bytes: int) -> LargeBody:
+        return cls(frozenset(route.methods or ()), route.path_regex, max_bytes)
+
+    def matches(self, scope: Scope) -> bool:
+        return scope.get("method") in self.methods and self.path.match(scope.get("path", "")) is not None
+
+
+class BodyLimit:
+    """Answer 413 to bodies over the limit, by Content-Length or as they arrive."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, large: Sequence[LargeBody] = ()) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.large = tuple(large)
+
+    def limit(self, scope: Scope) -> int:
+        """The largest body this request may carry."""
+        return next((route.max_bytes for route in self.large if route.matches(scope)), self.max_bytes)
+
+    @staticmethod
+    def _too_large(limit: int) -> JSONResponse:
+        body = error_body("payload_too_large", f"request body over {limit} bytes")
+        body["error"].update(type="invalid_request_error", param=None)  # also OpenAI's shape (/openai/v1)
+        return JSONResponse(body, status_code=413)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit(scope)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            await self._too_large(limit)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message: Any = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge
+            return message  # type: ignore[no-any-return]
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except BodyTooLarge:
+            await self._too_large(limit)(scope, receive, send)
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from receive() when a streamed body passes the limit.
+
+    An HTTPException, because FastAPI turns any other error raised while it reads a body
+    into a 400 ("error parsing the body"): a chunked body with no Content-Length would
+    answer 400 where one with a Content-Length answers 413. FastAPI re-raises these as is.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(status_code=413, detail="request body too large")
