@@ -3,9 +3,11 @@
 A `useChat` frontend names a chat with an id it made (`generateId()`: letters, digits,
 `_` and `-`). `ai_sdk_chats` (migration 0010) maps (tenant, user, chat id) to one of that
 user's conversations, created on first use. A chatmem conversation id works as a chat id
-too, but only for its owner: a UUID that names anyone else's conversation is never taken
-as a new chat id, so a chat id cannot be used to reach, or find out about, another
-user's conversation. Functions here take a session and never commit.
+too, but only for its owner. Any other id, unused or naming another user's (or tenant's)
+conversation, is a chat this user has not used yet: the two answer exactly alike, so a
+chat id can neither reach another user's conversation nor tell whether it exists (the
+404 one got and the empty list the other got were such an oracle). Functions here take a
+session and never commit.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import uuid
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.conversations import Owner, create_conversation, get_conversation
 from memory.errors import InvalidInput, NotFound
@@ -39,8 +41,6 @@ ADD_CHAT = text(
 
 # Two first requests of one new chat racing each other: the second waits, then finds the first's.
 LOCK_NEW_CHAT = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
-
-CONVERSATION_EXISTS = text("SELECT 1 FROM conversations WHERE id = :id")
 
 # The `memory.retrieved` payload of each reply, straight from the stored event log.
 MEMORY_PAYLOADS = text(
@@ -68,8 +68,7 @@ def _as_uuid(chat_id: str) -> uuid.UUID | None:
 async def find_chat(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation | None:
     """The owner's conversation for this chat id, or None if the owner never used it.
 
-    NotFound when the id is another user's (or tenant's) conversation id, or names a
-    conversation of the owner's that was deleted.
+    NotFound when the owner's chat names a conversation of theirs that was deleted.
     """
     check_chat_id(chat_id)
     params = {"tenant_id": owner.tenant_id, "user_id": owner.user_id, "chat_id": chat_id}
@@ -82,22 +81,7 @@ async def find_chat(session: AsyncSession, owner: Owner, chat_id: str) -> Conver
     try:
         return await get_conversation(session, owner, as_uuid)
     except NotFound:
-        if await _conversation_exists(session, as_uuid):
-            raise
-    return None
-
-
-async def _conversation_exists(session: AsyncSession, conversation_id: uuid.UUID) -> bool:
-    # Row-level security hides other tenants' rows from the request's session; this one
-    # question (does any conversation have this id?) is asked on a plain connection of the
-    # engine, as the process, and answers nothing but yes or no, which the caller turns into
-    # the same 404 as for a conversation of another user.
-    engine = session.bind
-    if not isinstance(engine, AsyncEngine):
-        raise TypeError("find_chat needs a session bound to an engine")
-    async with engine.connect() as connection:
-        row = await connection.execute(CONVERSATION_EXISTS, {"id": conversation_id})
-        return row.first() is not None
+        return None  # unused, or anyone else's: the same answer
 
 
 async def chat_conversation(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation:

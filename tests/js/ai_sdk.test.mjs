@@ -374,7 +374,7 @@ test('bad input is refused with chatmem error bodies before any stream, and noth
   assert.match(chat.error.message, /validation_error/);
 });
 
-test("another user's chat: the same client id is another conversation; a conversation id answers 404", BOUND, async () => {
+test("another user's chat: the same client id, or the owner's conversation id, is just a chat they have not used", BOUND, async () => {
   const chat = newChat();
   await chat.sendMessage({ text: 'mine alone' });
   const conversations = (await call('GET', '/v1/conversations')).body.items;
@@ -382,25 +382,33 @@ test("another user's chat: the same client id is another conversation; a convers
   // The owner may use the conversation's own id as the chat id.
   assert.deepEqual(await stored(conversationId), await stored(chat.id));
 
+  const unused = crypto.randomUUID();
   for (const token of [OTHER_USER, OTHER_TENANT]) {
     assert.deepEqual(await stored(chat.id, token), []);
     assert.equal(await transport(token).reconnectToStream({ chatId: chat.id }), null);
-    for (const [method, path, body] of [
-      ['GET', `/v1/ai-sdk/chat/${conversationId}/messages`],
-      ['GET', `/v1/ai-sdk/chat/${conversationId}/stream`],
-      ['POST', `/v1/ai-sdk/chat/${conversationId}/stop`, {}],
-      ['POST', '/v1/ai-sdk/chat', { id: conversationId, trigger: 'submit-message', messages: [userMessage('let me in')] }],
-    ]) {
-      const answer = await call(method, path, { token, body });
-      assert.equal(answer.status, 404, `${method} ${path}`);
-      assert.equal(answer.body.error.code, 'not_found');
+    // Someone else's conversation id answers exactly as an id nobody used: no way to tell it exists.
+    for (const id of [conversationId, unused]) {
+      for (const [method, path, body, status] of [
+        ['GET', `/v1/ai-sdk/chat/${id}/messages`, undefined, 200],
+        ['GET', `/v1/ai-sdk/chat/${id}/stream`, undefined, 204],
+        ['POST', `/v1/ai-sdk/chat/${id}/stop`, {}, 200],
+      ]) {
+        const answer = await call(method, path, { token, body });
+        assert.equal(answer.status, status, `${method} ${path}`);
+        if (method === 'GET' && status === 200) assert.deepEqual(answer.body, []);
+      }
     }
+    // Sending to it starts a chat of their own; the owner's conversation is untouched.
     const theirs = new Chat({ id: conversationId, transport: transport(token) });
     await theirs.sendMessage({ text: 'let me in' });
-    assert.equal(theirs.status, 'error');
-    assert.equal((await call('GET', '/v1/conversations', { token })).body.items.length, 0);
+    assert.equal(theirs.status, 'ready');
+    const mine = (await call('GET', '/v1/conversations', { token })).body.items;
+    assert.equal(mine.length, 1);
+    assert.notEqual(mine[0].id, conversationId);
+    assert.equal(textOf((await stored(conversationId, token))[0]), 'let me in');
   }
   assert.equal(textOf((await stored(chat.id))[0]), 'mine alone');
+  assert.equal((await stored(chat.id)).length, 2);
 });
 
 test("useChat's stop() is a disconnect; with on_disconnect=stop in the body it stops the reply", BOUND, async () => {
