@@ -12,14 +12,14 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.routing import APIRoute
 
+from chat_api.admission import Admission, BodyLimit, LargeBody, unguarded_routes
 from chat_api.auth import TokenVerifier
 from chat_api.errors import install_error_handlers
-from chat_api.limits import BodyLimit
 from chat_api.mcp_server import install_mcp
 from chat_api.observability import install_observability
 from chat_api.providers.base import ChatProvider
-from chat_api.ratelimit import enforce_request_rate, install_rate_limits
 from chat_api.recall import MemoryRecaller
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.replies.checkpoint import Checkpointer
@@ -156,6 +156,7 @@ def create_app(
                 process_id=pid,
             ),
             process_id=pid,
+            admission=Admission(settings, registry),
             embedder=model,
         )
         # The recaller reads through the services (prompt window, rewriter, database).
@@ -225,17 +226,9 @@ def create_app(
             expose_headers=["Retry-After"],
         )
 
-    app.add_middleware(
-        BodyLimit, max_bytes=settings.max_body_bytes, import_max_bytes=settings.import_max_body_bytes
-    )
-
-    app.add_middleware(ResponseHeaders)
-    install_observability(app, settings)
-    install_rate_limits(app, settings)
     for public in (health.router, page.router):
         app.include_router(public)
     install_docs(app)
-    limited = [Depends(enforce_request_rate), Depends(watch_client)]
     routers = (
         conversations,
         messages,
@@ -249,7 +242,21 @@ def create_app(
         keys,
         openai_compat,
     )
+    # Every router here is a door_router: authenticated, rate-limited and input-bounded
+    # before a body is read (chat_api.admission.door).
+    unguarded = unguarded_routes(module.router for module in routers)
+    if unguarded:
+        raise RuntimeError(f"routes that read the caller without passing the door: {unguarded}")
     for module in routers:
-        app.include_router(module.router, dependencies=limited)
+        app.include_router(module.router, dependencies=[Depends(watch_client)])
     app.state.mcp = install_mcp(app)
+    # Only the import route takes a body larger than MAX_BODY_BYTES.
+    large = [
+        LargeBody.of(route, settings.import_max_body_bytes)
+        for route in imports.router.routes
+        if isinstance(route, APIRoute) and route.endpoint is imports.import_conversation_turns
+    ]
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, large=large)
+    app.add_middleware(ResponseHeaders)
+    install_observability(app, settings)
     return app

@@ -31,6 +31,14 @@ def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
     return {"error": body}
 
 
+class Forbidden(Exception):
+    """The caller is known but may not do this (403), with a machine-readable `code`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class RateLimited(Exception):
     """Too many requests; retry after `retry_after` seconds."""
 
@@ -52,6 +60,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body("unauthorized", str(exc)), status_code=401, headers={"WWW-Authenticate": "Bearer"}
         )
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_: Request, exc: Forbidden) -> JSONResponse:
+        return JSONResponse(error_body(exc.code, str(exc)), status_code=403)
 
     @app.exception_handler(RateLimited)
     async def _limited(_: Request, exc: RateLimited) -> JSONResponse:

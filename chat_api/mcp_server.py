@@ -9,11 +9,14 @@ backend, so both transports expose exactly the same thing:
 
 Transports:
 
-- streamable HTTP at ``/mcp`` inside the API process (``McpEndpoint``). It is
-  authenticated like the API: a request without a valid bearer token gets the API's 401
-  before the SDK sees it, and every tool call acts for the token's tenant and user (in
-  that tenant's row-level-security scope) through ``chat_api.memory_access``. Stateless,
-  so any replica answers any request, and JSON responses (each call is one short answer).
+- streamable HTTP at ``/mcp`` inside the API process (``McpEndpoint``). It passes the
+  same door as every API route (``chat_api.admission.pass_door``): the failed-auth
+  throttle, a session token or an API key, the request rate, all before the SDK sees
+  the request; a held stream (``GET /mcp``) takes a stream slot like any other; a body
+  is held to the same input bounds (a JSON-RPC parse error otherwise). Every tool call
+  acts for the caller the door found (in that tenant's row-level-security scope) through
+  ``chat_api.memory_access``. Stateless, so any replica answers any request, and JSON
+  responses (each call is one short answer).
 - stdio: ``chatmem mcp`` (``chat_api/mcp_stdio.py``), which talks to a running chatmem
   over the same HTTP API.
 
@@ -33,18 +36,19 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from chat_api.admission.door import credential_of, pass_door
+from chat_api.admission.inputs import parse_json
 from chat_api.auth import AuthError
-from chat_api.errors import error_body
+from chat_api.errors import RateLimited, error_body
 from chat_api.memory_access import MemoryAccess
 from chat_api.routes.memory_items import MemoryItemRecord
 from chat_api.services import Services
 from memory.conversations import Owner
-from memory.errors import DomainError
+from memory.errors import DomainError, InvalidInput
 from memory.tenancy import tenant_scope
 
 T = TypeVar("T")
@@ -144,12 +148,46 @@ class LocalMemory:
             await self.access.forget(self.owner, item_id)
 
 
-def _owner(services: Services, headers: Headers | Any) -> Owner:
-    """The owner named by the request's bearer token, or AuthError (as chat_api.deps does)."""
-    scheme, _, token = str(headers.get("authorization", "") if headers else "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise AuthError("missing bearer token")
-    return services.verifier.verify(token.strip())
+def _refusal(exc: AuthError | RateLimited) -> JSONResponse:
+    """The door's refusal, as the API answers it (401 with WWW-Authenticate, or 429 with Retry-After)."""
+    if isinstance(exc, AuthError):
+        body = error_body("unauthorized", str(exc))
+        return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    body = error_body("rate_limited", str(exc))
+    return JSONResponse(body, status_code=429, headers={"Retry-After": str(exc.retry_after)})
+
+
+def _parse_error(exc: Exception) -> JSONResponse:
+    """A body outside the input bounds, as JSON-RPC says a request that cannot be read is answered."""
+    message = exc.message if isinstance(exc, InvalidInput) else "the body is not valid JSON"
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": f"Parse error: {message}"}}
+    return JSONResponse(body, status_code=400)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the body already read once, then the connection's own messages."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 class McpEndpoint:
@@ -173,12 +211,12 @@ class McpEndpoint:
         return services
 
     async def _memory_of(self, ctx: Context) -> MemoryTools:
-        # Checked again per call: the SDK runs tools in its own tasks, not the request's.
-        try:
-            owner = _owner(self.services, ctx.headers)
-        except AuthError as exc:
-            raise ToolError(f"unauthorized: {exc}") from exc
-        return LocalMemory(self.services, owner)
+        # The SDK runs tools in its own tasks: the caller is read from the request's state,
+        # where the door left it, and the tools scope themselves to the tenant.
+        scope = getattr(ctx.request_context.request, "scope", None)
+        if scope is None:
+            raise ToolError("unauthorized: no request")
+        return LocalMemory(self.services, credential_of(scope).owner)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve MCP requests until ``stop`` is set (a lifespan task of the API process)."""
@@ -186,15 +224,30 @@ class McpEndpoint:
             await stop.wait()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] != "http":
+            await self._asgi(scope, receive, send)
+            return
+        slot = None
+        try:
+            credential = await pass_door(self.services, scope)
+            if scope["method"] == "GET":  # a stream the client holds open
+                slot = self.services.admission.admit_stream(credential.owner)
+        except (AuthError, RateLimited) as exc:
+            await _refusal(exc)(scope, receive, send)
+            return
+        if scope["method"] == "POST":
+            body = await _read_body(receive)
             try:
-                _owner(self.services, Headers(scope=scope))
-            except AuthError as exc:
-                body = error_body("unauthorized", str(exc))
-                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, send)
+                await parse_json(body)
+            except Exception as exc:  # RequestValidationError or InvalidInput: the body is not readable
+                await _parse_error(exc)(scope, receive, send)
                 return
-        await self._asgi(scope, receive, send)
+            receive = _replay(body, receive)
+        try:
+            await self._asgi(scope, receive, send)
+        finally:
+            if slot is not None:
+                slot.release()
 
 
 def install_mcp(app: FastAPI) -> McpEndpoint:

@@ -19,8 +19,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from chat_api.admission.inputs import check_text
 from chat_api.services import Services
-from chat_api.text_checks import check_text
 from memory.conversations import Owner
 from memory.embeddings import Embedder
 from memory.keywords import memory_search_terms, memory_text

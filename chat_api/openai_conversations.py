@@ -12,24 +12,34 @@ of the caller's conversations:
    longest prefix with the one sent (at least a question and its answer);
 4. otherwise a new conversation.
 
-In the chosen conversation, under its row lock (`control.start_reply`), the sent history
-is compared with the stored one (`memory.history_match`): the same history → the new
-message continues it; the new message already stored after the same history → its
+In the chosen conversation, under its row lock (`chat_api.replies.start_reply`), the sent
+history is compared with the stored one (`memory.history_match`): the same history → the
+new message continues it; the new message already stored after the same history → its
 answer is generated again on a new branch (regenerate); a history that agrees only up
 to an earlier point → a new branch from there (edit), where the messages the client has
 and chatmem has not are imported as ordinary turns (so they reach memory too).
+
+Those imported messages are an import like any other: they pass the import admission
+(`chat_api.admission`: turns per request, characters per message, the hourly quota) and
+a request over it is refused before anything is stored. A new conversation is made only
+once its whole history (all of it new to chatmem) has been admitted, so a refused request
+leaves no empty conversation behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.admission import Admission, AdmittedImport, AdmittedReply
 from chat_api.protocols.openai_chat import ChatRequest, ClientMessage
 
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
@@ -37,9 +47,9 @@ from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_
 from chat_api.services import Services
 from memory.branches import activate_branch, branch_history, conversation_branch, create_branch
 from memory.conversations import Owner, create_conversation, get_conversation
-from memory.errors import InvalidInput
+from memory.errors import InvalidInput, NotFound
 from memory.history_match import Unit, matched_prefix, sent_units, stored_units
-from memory.imports import ImportTurn, import_turns
+from memory.imports import import_turns
 from memory.models import Branch, Conversation, Turn, TurnStatus
 
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
@@ -63,6 +73,7 @@ CANDIDATE_CONVERSATIONS = text(
     LIMIT :limit
     """
 )
+KEY_CONVERSATION = text("SELECT deleted_at FROM conversations WHERE id = :id")
 CONVERSATION_OF_CALL = text(
     """
     SELECT t.conversation_id FROM turns t JOIN conversations c ON c.id = t.conversation_id
@@ -79,6 +90,15 @@ def chat_key_conversation(owner: Owner, key: str) -> uuid.UUID:
     return uuid.uuid5(CHAT_KEY_NAMESPACE, f"{owner.tenant_id}\x1f{owner.user_id}\x1f{key}")
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The conversation a request goes to; `new`: not made yet (made once the request is admitted)."""
+
+    conversation_id: uuid.UUID | None
+    new: bool = False
+    chat_key: str | None = None
+
+
 async def choose_conversation(
     services: Services,
     owner: Owner,
@@ -86,16 +106,16 @@ async def choose_conversation(
     *,
     conversation_id: uuid.UUID | None,
     chat_key: str | None,
-) -> uuid.UUID:
-    """The caller's conversation this request goes to, made if needed (NotFound for another's id)."""
+) -> Target:
+    """The caller's conversation this request goes to, or a new one (NotFound for another's id)."""
     if conversation_id is not None:
         async with services.db.session() as session:
             await get_conversation(session, owner, conversation_id)  # 404 unless the caller's
-        return conversation_id
+        return Target(conversation_id)
     if chat_key is not None:
         if not chat_key.strip() or len(chat_key) > MAX_CHAT_KEY_CHARS:
             raise InvalidInput(f"a chat key must be 1 to {MAX_CHAT_KEY_CHARS} characters", field="chat_key")
-        return await _conversation_for_key(services, owner, chat, chat_key)
+        return await _target_of_key(services, owner, chat_key)
     async with services.db.session() as session:
         if chat.tool_results:
             found = await _conversation_of_call(session, owner, chat.tool_results[0])
@@ -103,13 +123,9 @@ async def choose_conversation(
                 raise InvalidInput(
                     "the tool results answer no tool call of yours that chatmem knows", field="messages"
                 )
-            return found
+            return Target(found)
         best = await _best_match(session, owner, chat)
-    if best is not None:
-        return best
-    async with services.db.transaction() as session:
-        conversation = await create_conversation(session, owner, title=_title(chat))
-    return conversation.id
+    return Target(best) if best is not None else Target(None, new=True)
 
 
 def _title(chat: ChatRequest) -> str:
@@ -118,16 +134,34 @@ def _title(chat: ChatRequest) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
 
 
-async def _conversation_for_key(services: Services, owner: Owner, chat: ChatRequest, key: str) -> uuid.UUID:
+async def _target_of_key(services: Services, owner: Owner, key: str) -> Target:
     conversation_id = chat_key_conversation(owner, key)
+    async with services.db.session() as session:
+        found = (await session.execute(KEY_CONVERSATION, {"id": conversation_id})).first()
+    if found is None:
+        return Target(conversation_id, new=True, chat_key=key)
+    if found.deleted_at is not None:
+        raise NotFound("conversation not found", conversation_id=str(conversation_id))
+    return Target(conversation_id)
+
+
+async def _make(services: Services, owner: Owner, chat: ChatRequest, target: Target) -> uuid.UUID:
+    """Make the target's new conversation (a chat key's: unless a request racing this one just did)."""
     async with services.db.transaction() as session:
+        if target.conversation_id is None:
+            return (await create_conversation(session, owner, title=_title(chat))).id
         await session.execute(
             insert(Conversation)
-            .values(id=conversation_id, tenant_id=owner.tenant_id, user_id=owner.user_id, title=_title(chat))
+            .values(
+                id=target.conversation_id,
+                tenant_id=owner.tenant_id,
+                user_id=owner.user_id,
+                title=_title(chat),
+            )
             .on_conflict_do_nothing(index_elements=["id"])
         )
-        await get_conversation(session, owner, conversation_id)  # deleted since: 404
-    return conversation_id
+        await get_conversation(session, owner, target.conversation_id)  # deleted since: 404
+    return target.conversation_id
 
 
 async def _conversation_of_call(
@@ -167,27 +201,61 @@ def _sent(chat: ChatRequest) -> list[Unit]:
 
 
 async def start_chat_reply(
-    services: Services, owner: Owner, chat: ChatRequest, conversation_id: uuid.UUID, *, memory_scope: str
-) -> Accepted:
-    """Store what the request adds to the conversation and start its reply (interrupting a running one)."""
-    begin = _begin_tool_answer(services, chat) if chat.tool_results else _begin_prompt(services, owner, chat)
-    accepted = await start_reply(
-        services,
-        owner,
-        conversation_id,
-        begin,
-        on_busy="interrupt",
-        idempotency_key=None,
-        memory_scope=memory_scope,
-    )
+    services: Services,
+    admission: Admission,
+    owner: Owner,
+    chat: ChatRequest,
+    target: Target,
+    *,
+    admitted: AdmittedReply,
+    memory_scope: str,
+) -> tuple[uuid.UUID, Accepted]:
+    """Store what the request adds to the conversation and start its reply (interrupting a running one).
+
+    Returns the conversation (made here for a new target) and the started reply.
+    """
+    history: AdmittedImport | None = None
+    rows = _turn_rows(_sent(chat)[:-1]) if target.new else []
+    if rows:
+        # A new conversation: all the client sent before its new message is history to import.
+        history = await admission.admit_import(owner, rows)
+    with history or contextlib.nullcontext():
+        conversation_id = await _make(services, owner, chat, target) if target.new else target.conversation_id
+        assert conversation_id is not None
+        if chat.tool_results:
+            begin = _begin_tool_answer(services, chat)
+        else:
+            begin = _begin_prompt(services, admission, owner, chat, history)
+        accepted = await start_reply(
+            services,
+            owner,
+            conversation_id,
+            begin,
+            admitted=admitted,
+            on_busy="interrupt",
+            idempotency_key=None,
+            memory_scope=memory_scope,
+        )
     reply = services.registry.get(accepted.reply_id)
     if reply is not None and not accepted.reattached:
         # Set before anything awaits: the reply's task has been created but has not run yet.
         reply.client_tools = chat.tools
-    return accepted
+    return conversation_id, accepted
 
 
-def _begin_prompt(services: Services, owner: Owner, chat: ChatRequest) -> BeginReply:
+def _turn_rows(units: list[Unit]) -> list[dict[str, Any]]:
+    """Sent units as the turns of an import request."""
+    return [{"role": unit.role, "content": unit.raw} for unit in units]
+
+
+def _begin_prompt(
+    services: Services, admission: Admission, owner: Owner, chat: ChatRequest, history: AdmittedImport | None
+) -> BeginReply:
+    """Store the new message after the sent history; what chatmem lacks of it is imported.
+
+    `history` is the new conversation's whole history, admitted before the conversation
+    was made; anything else lacking (an edit, a longer history) is admitted here.
+    """
     prompt = chat.prompt or ""
 
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
@@ -205,8 +273,14 @@ def _begin_prompt(services: Services, owner: Owner, chat: ChatRequest) -> BeginR
             await _fork(session, conversation, active, stored[matched - 1].last_seq if matched else 0)
         missing = sent[matched:-1]
         if missing:
-            items = [ImportTurn.model_validate({"role": u.role, "content": u.raw}) for u in missing]
-            await import_turns(session, owner, conversation.id, items)
+            if history is not None and matched == 0:
+                admitted = history  # admitted for exactly these turns before the conversation was made
+            else:
+                # Refused (422, or 429 past the hourly quota) before this transaction stores anything.
+                admitted = await admission.admit_import(owner, _turn_rows(missing))
+            with admitted:
+                result = await import_turns(session, owner, conversation.id, admitted.turns)
+                admitted.settle(result.created)
         return await store_message(services, session, conversation, reply_id, prompt)
 
     return begin

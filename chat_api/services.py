@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from chat_api.admission.limits import Admission
 from chat_api.auth import TokenVerifier
 from chat_api.providers.base import ChatProvider
 from chat_api.replies.checkpoint import Checkpointer
@@ -47,6 +48,7 @@ class Services:
     prompter: Prompter
     runner: ReplyRunner
     process_id: str
+    admission: Admission  # every door that costs work asks it first (chat_api.admission)
     embedder: Embedder  # retrieval's encoder; an in-process indexer encodes with its twin
     recaller: MemoryRecaller | None = None  # long-term memory; set once the services exist
     queues: ReplyQueues = field(default_factory=ReplyQueues)  # on_busy=enqueue, per conversation

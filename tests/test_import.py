@@ -57,7 +57,8 @@ async def test_a_bad_item_in_the_middle_stores_nothing(server: LiveServer, db: D
             error = response.json()["error"]
             assert error["code"] == "invalid_input"
             assert error["details"]["index"] == 3, error
-            assert error["details"]["field"] == field, error
+            # The import's rules name the field; the door's (NUL anywhere) the path to it.
+            assert field in error["details"]["field"].split("."), error
 
         too_many = [turn(i) for i in range(5001)]
         response = await client.post(f"/v1/conversations/{conversation}/import", json={"turns": too_many})

@@ -53,7 +53,8 @@ async def test_deep_metadata_import_is_refused_not_stored(server: LiveServer, db
             r = await import_raw(client, cid, f'{{"role": "user", "content": "hi", "metadata": {metadata}}}')
             assert r.status_code == 422, r.text
             error = r.json()["error"]
-            assert error["details"]["field"] == "metadata" and error["details"]["index"] == 0
+            # Named by the import's rules, or (past what any request may nest) by the door's path.
+            assert "metadata" in error["details"]["field"].split(".") and error["details"]["index"] == 0
             assert "levels deep" in error["message"]
         # Within the bound is fine, and reads back as sent.
         r = await import_raw(
@@ -139,8 +140,10 @@ async def test_deep_edited_tool_arguments_are_refused_naming_the_field(start_ser
         for arguments in (nested(256), {"amount": 1, "to": "x" * 70_000}, {"to": "nul \u0000"}):
             r = await client.post(approve_url(ask), json={"arguments": arguments, "stream": False})
             assert r.status_code == 422, r.text
-            [error] = r.json()["error"]["details"]["errors"]
-            assert error["loc"] == ["body", "arguments"]
+            details = r.json()["error"]["details"]
+            # The schema's own check names it in `errors`; the door's (a NUL, past any depth) in `field`.
+            field = details["field"] if "field" in details else ".".join(details["errors"][0]["loc"][1:])
+            assert field == "arguments" or field.startswith("arguments."), details
         # The call still waits: the refusal decided nothing.
         fine = {"arguments": {"amount": 1, "to": "bob"}, "stream": False}
         r = await client.post(approve_url(ask), json=fine)

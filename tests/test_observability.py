@@ -1,109 +1,15 @@
-"""Metrics, JSON logs and per-user limits."""
+"""Metrics and JSON logs."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import io
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
-from chat_api.errors import RateLimited
 from chat_api.observability import JsonFormatter, bind_log_context, log_context, loggable_text
-from chat_api.ratelimit import RequestRate, StreamLimit, held_while_streaming
-from memory.conversations import Owner
-
-ALICE = Owner("t1", "alice")
-BOB = Owner("t1", "bob")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_request_rate_allows_a_burst_then_answers_with_the_wait() -> None:
-    clock = Clock()
-    rate = RequestRate(3, clock=clock)
-    for _ in range(3):
-        rate.check(ALICE)
-    with pytest.raises(RateLimited) as refused:
-        rate.check(ALICE)
-    assert refused.value.retry_after == 20  # one request every 20 s at 3 per minute
-    rate.check(BOB)  # another user's allowance is untouched
-    clock.now += 19.0
-    with pytest.raises(RateLimited) as again:
-        rate.check(ALICE)
-    assert again.value.retry_after == 1
-    clock.now += 1.0
-    rate.check(ALICE)
-
-
-def test_request_rate_zero_means_no_limit() -> None:
-    rate = RequestRate(0)
-    for _ in range(1000):
-        rate.check(ALICE)
-
-
-async def _items(n: int) -> AsyncIterator[int]:
-    for i in range(n):
-        yield i
-
-
-async def test_stream_limit_counts_open_streams_per_user() -> None:
-    limit = StreamLimit(2)
-    first = limit.acquire(ALICE)
-    limit.acquire(ALICE)
-    with pytest.raises(RateLimited) as refused:
-        limit.acquire(ALICE)
-    assert refused.value.retry_after > 0
-    limit.acquire(BOB)
-    first.release()
-    first.release()  # twice is once
-    assert limit.open_count(ALICE) == 1
-    third = limit.acquire(ALICE)
-    # A stream that runs to its end gives its slot back.
-    assert [i async for i in held_while_streaming(third, _items(3))] == [0, 1, 2]
-    assert limit.open_count(ALICE) == 1
-
-
-async def test_stream_slot_is_released_when_the_response_never_started() -> None:
-    limit = StreamLimit(1)
-    stream = held_while_streaming(limit.acquire(ALICE), _items(3))
-    assert limit.open_count(ALICE) == 1
-    del stream
-    gc.collect()
-    assert limit.open_count(ALICE) == 0
-
-
-async def test_stream_slot_is_released_when_the_stream_is_cancelled() -> None:
-    limit = StreamLimit(1)
-    started = asyncio.Event()
-
-    async def endless() -> AsyncIterator[int]:
-        while True:
-            started.set()
-            yield 1
-            await asyncio.sleep(3600)
-
-    async def consume() -> None:
-        async for _ in held_while_streaming(limit.acquire(ALICE), endless()):
-            pass
-
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(started.wait(), 5)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert limit.open_count(ALICE) == 0
 
 
 def test_json_log_line_carries_the_bound_ids() -> None:

@@ -1,5 +1,9 @@
 """Property-based API tests from the OpenAPI schema: no 5xx, and every response matches the schema.
 
+Every route is in the run, the protocol adapters' too: the OpenAI chat completions route
+declares its request body's schema for this (it reads the body itself), and the AI SDK
+chat's comes from its model.
+
 Schemathesis calls the ASGI app in-process. It runs the app's lifespan itself, once, on
 its own event-loop thread (`schemathesis.python.asgi`), so the app's database pool and
 background loops live on that loop, not on pytest's; the module fixture shuts that
@@ -156,6 +160,10 @@ def test_api_conforms_to_its_schema(api_schema: Any) -> None:
             except Exception as exc:
                 failures.append(f"{operation.label} ({name}):\n{exc}")
     assert not failures, "\n\n".join(failures)
+    # The protocol adapters' schemas are in the run (their bodies are fuzzed per adapter in
+    # test_adapter_fuzz.py too).
+    for adapter in ("POST /openai/v1/chat/completions", "POST /v1/ai-sdk/chat"):
+        assert adapter in statuses, sorted(statuses)
     # The real ids got past the ownership checks: handlers ran, not only the 404 branch.
     reached = [label for label, codes in statuses.items() if "{" in label and any(c < 300 for c in codes)]
     assert len(reached) >= 5, statuses

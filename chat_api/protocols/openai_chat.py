@@ -127,6 +127,27 @@ class _Request(BaseModel):
     user: str | None = None
 
 
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with its `$defs` references inlined (OpenAPI resolves refs from its root)."""
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return dict(inline(schema))
+
+
+# The request body as the OpenAPI document describes it (and schemathesis generates it).
+REQUEST_SCHEMA = _inlined(_Request.model_json_schema())
+
+
 @dataclass(frozen=True, slots=True)
 class ClientMessage:
     """A message of the client's history, reduced to what chatmem keeps of it."""

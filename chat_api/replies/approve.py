@@ -45,6 +45,7 @@ from memory.tool_calls import tool_calls_of
 from memory.turns import append_events, load_events
 
 if TYPE_CHECKING:
+    from chat_api.admission import AdmittedReply
     from chat_api.services import Services
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,18 @@ class Decided:
 
 
 async def decide(
-    services: Services, owner: Owner, turn_id: uuid.UUID, call_id: str, decision: Decision
+    services: Services,
+    owner: Owner,
+    turn_id: uuid.UUID,
+    call_id: str,
+    decision: Decision,
+    *,
+    admitted: AdmittedReply,
 ) -> Decided:
-    """Record a person's decision on one call; the last decision resumes the reply here."""
+    """Record a person's decision on one call; the last decision resumes the reply here.
+
+    `admitted` is the admission of the reply this may resume (chat_api.admission).
+    """
     resumed: Resumed | None = None
     try:
         async with services.db.transaction() as session:
@@ -75,6 +85,8 @@ async def decide(
             after = turn.last_event_id
             await _record(session, turn, [call_id], decision)
             resumed = await _resume_if_decided(services, session, turn)
+            if resumed is not None:
+                admitted.registered()  # the registry counts it now: no await in between
     except BaseException:
         if resumed is not None:
             services.registry.remove(resumed[0].id)

@@ -27,6 +27,7 @@ from memory.outbox import record_finished_turn
 from memory.turns import begin_answer, begin_reply, find_by_idempotency_key, get_turn
 
 if TYPE_CHECKING:
+    from chat_api.admission import AdmittedReply
     from chat_api.services import Services
 
 
@@ -51,6 +52,7 @@ async def accept_message(
     conversation_id: uuid.UUID,
     content: str,
     *,
+    admitted: AdmittedReply,
     on_busy: str,
     idempotency_key: str | None,
     memory_scope: str,
@@ -65,6 +67,7 @@ async def accept_message(
         owner,
         conversation_id,
         begin,
+        admitted=admitted,
         on_busy=on_busy,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
@@ -119,6 +122,7 @@ async def regenerate_reply(
     owner: Owner,
     turn: Turn,
     *,
+    admitted: AdmittedReply,
     conversation_id: uuid.UUID,
     on_busy: str,
     idempotency_key: str | None,
@@ -138,6 +142,7 @@ async def regenerate_reply(
         owner,
         conversation_id,
         begin,
+        admitted=admitted,
         on_busy=on_busy,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
@@ -150,6 +155,7 @@ async def edit_message(
     turn: Turn,
     content: str,
     *,
+    admitted: AdmittedReply,
     conversation_id: uuid.UUID,
     on_busy: str,
     idempotency_key: str | None,
@@ -169,6 +175,7 @@ async def edit_message(
         owner,
         conversation_id,
         begin,
+        admitted=admitted,
         on_busy=on_busy,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
@@ -182,6 +189,7 @@ async def start_reply(
     conversation_id: uuid.UUID,
     begin: BeginReply,
     *,
+    admitted: AdmittedReply,
     on_busy: str,
     idempotency_key: str | None,
     memory_scope: str,
@@ -189,8 +197,10 @@ async def start_reply(
 ) -> Accepted:
     """Lock the conversation, apply the busy policy, store the reply's turns with `begin`, and launch it.
 
-    A request retried with the same Idempotency-Key reattaches to the reply it started;
-    `content` (the message's text, None for a regenerate) must be the same as then.
+    `admitted` is the reply's admission (chat_api.admission): it counts as running from
+    the moment the reply is registered. A request retried with the same Idempotency-Key
+    reattaches to the reply it started; `content` (the message's text, None for a regenerate)
+    must be the same as then.
     Requests that may wait (`on_busy=enqueue`) are served in arrival order (chat_api.reply_queue).
     """
 
@@ -200,6 +210,7 @@ async def start_reply(
             owner,
             conversation_id,
             begin,
+            admitted=admitted,
             on_busy=on_busy,
             idempotency_key=idempotency_key,
             memory_scope=memory_scope,
@@ -218,6 +229,7 @@ async def _start_reply(
     conversation_id: uuid.UUID,
     begin: BeginReply,
     *,
+    admitted: AdmittedReply,
     on_busy: str,
     idempotency_key: str | None,
     memory_scope: str,
@@ -254,6 +266,7 @@ async def _start_reply(
                     # Registered before commit: a stop sent by another process as soon as the
                     # turn is visible must find it here.
                     services.registry.add(reply)
+                    admitted.registered()  # the registry counts it now: no await in between
         except BaseException:
             if reply is not None:
                 services.registry.remove(reply.id)

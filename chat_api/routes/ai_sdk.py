@@ -14,14 +14,15 @@ starts, in chatmem's error body; nothing is stored for a refused request.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Response
+from fastapi import Path, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.protocols.ai_sdk import (
     CLIENT_MESSAGE_ID,
@@ -37,9 +38,7 @@ from chat_api.protocols.ai_sdk import (
     text_of,
     ui_messages,
 )
-from chat_api.ratelimit import RateLimits, RateLimitsDep, held_while_streaming
 from chat_api.services import Services
-from chat_api.text_checks import check_text
 from memory.ai_sdk_chats import CHAT_ID, chat_conversation, find_chat, memory_payloads, remember_message_id
 from memory.approvals import Decision
 from memory.branches import (
@@ -72,7 +71,7 @@ from chat_api.replies import (
     stop_reply,
 )
 
-router = APIRouter(prefix="/v1/ai-sdk/chat", tags=["ai-sdk"])
+router = door_router(prefix="/v1/ai-sdk/chat", tags=["ai-sdk"])
 
 ChatId = Annotated[str, Path(min_length=1, max_length=128, pattern=CHAT_ID.pattern)]
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
@@ -112,11 +111,13 @@ class ChatRequest(BaseModel):
 
 
 @router.post("", response_model=None, responses=STREAM_RESPONSE)
-async def chat(body: ChatRequest, owner: OwnerDep, services: ServicesDep, limits: RateLimitsDep) -> Response:
+async def chat(
+    body: ChatRequest, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
+) -> Response:
     """Answer the chat's last message (or edit, regenerate, or approve) as a UI message stream."""
     last = body.messages[-1]
     if body.trigger == "regenerate-message":
-        return await _regenerate(body, owner, services, limits)
+        return await _regenerate(body, owner, services, admission)
     if last.role == "assistant":
         try:
             responses = approval_responses(last.model_dump())
@@ -126,7 +127,7 @@ async def chat(body: ChatRequest, owner: OwnerDep, services: ServicesDep, limits
             raise InvalidInput(
                 "the last message is an assistant message with no approval response", field="messages"
             )
-        return await _approve(body, responses, owner, services, limits)
+        return await _approve(body, responses, owner, services, admission)
     if last.role != "user":
         raise InvalidInput("the last message must be the user's", field="messages")
     content = text_of(last.model_dump())
@@ -134,27 +135,28 @@ async def chat(body: ChatRequest, owner: OwnerDep, services: ServicesDep, limits
     if body.messageId is not None:
         if body.messageId != last.id:
             raise InvalidInput("messageId must name the last message (the one edited)", field="messageId")
-        return await _edit(body, content, owner, services, limits)
-    async with services.db.transaction() as session:
-        conversation = await chat_conversation(session, owner, body.id)
+        return await _edit(body, content, owner, services, admission)
 
-    async def start() -> Accepted:
+    async def start(admitted: AdmittedReply) -> Accepted:
+        async with services.db.transaction() as session:
+            conversation = await chat_conversation(session, owner, body.id)
         return await accept_message(
             services,
             owner,
             conversation.id,
             content,
+            admitted=admitted,
             on_busy=body.on_busy or services.settings.on_busy_default,
             # A retried request (same message id) reattaches to the reply it started.
             idempotency_key=f"ai-sdk:{last.id}",
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
 
-    return await _reply_stream(services, owner, limits, start, client_message_id=last.id, body=body)
+    return await _reply_stream(services, owner, admission, start, client_message_id=last.id, body=body)
 
 
 async def _edit(
-    body: ChatRequest, content: str, owner: Owner, services: Services, limits: RateLimits
+    body: ChatRequest, content: str, owner: Owner, services: Services, admission: Admission
 ) -> Response:
     """The client replaced an earlier user message (and cut what followed): chatmem's edit."""
     assert body.messageId is not None
@@ -162,22 +164,23 @@ async def _edit(
     async with services.db.session() as session:
         turn = await _user_turn_named(session, conversation, body.messageId)
 
-    async def start() -> Accepted:
+    async def start(admitted: AdmittedReply) -> Accepted:
         return await edit_message(
             services,
             owner,
             turn,
             content,
+            admitted=admitted,
             conversation_id=conversation.id,
             on_busy=body.on_busy or services.settings.on_busy_default,
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
 
-    return await _reply_stream(services, owner, limits, start, client_message_id=body.messageId, body=body)
+    return await _reply_stream(services, owner, admission, start, client_message_id=body.messageId, body=body)
 
 
-async def _regenerate(body: ChatRequest, owner: Owner, services: Services, limits: RateLimits) -> Response:
+async def _regenerate(body: ChatRequest, owner: Owner, services: Services, admission: Admission) -> Response:
     """Answer again the user message before the named reply (default: the last reply)."""
     conversation = await _existing_chat(services, owner, body.id)
     target: uuid.UUID | None = None
@@ -194,18 +197,19 @@ async def _regenerate(body: ChatRequest, owner: Owner, services: Services, limit
     async def begin(session: AsyncSession, locked: Conversation, reply_id: uuid.UUID) -> Started:
         return await _begin_regenerate(services, owner, session, locked, reply_id, target)
 
-    async def start() -> Accepted:
+    async def start(admitted: AdmittedReply) -> Accepted:
         return await start_reply(
             services,
             owner,
             conversation.id,
             begin,
+            admitted=admitted,
             on_busy=body.on_busy or services.settings.on_busy_default,
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
 
-    return await _reply_stream(services, owner, limits, start, client_message_id=None, body=body)
+    return await _reply_stream(services, owner, admission, start, client_message_id=None, body=body)
 
 
 async def _begin_regenerate(
@@ -247,7 +251,7 @@ async def _approve(
     responses: list[ApprovalResponse],
     owner: Owner,
     services: Services,
-    limits: RateLimits,
+    admission: Admission,
 ) -> Response:
     """Record the client's approval responses; the last decision resumes the reply, streamed from there."""
     conversation = await _existing_chat(services, owner, body.id)
@@ -271,47 +275,42 @@ async def _approve(
                     turn_status=turn.status,
                     call_state=call.get("state"),
                 )
-    slot = limits.streams.acquire(owner)
-    try:
+    # Admitted before any decision is stored: the last one resumes the reply.
+    with admission.admit_reply(owner, stream=True) as admitted:
         first = None
         for response in responses:
             decision = Decision(approved=response.approved, by="user", reason=response.reason)
-            decided = await decide(services, owner, response.turn_id, response.call_id, decision)
+            decided = await decide(
+                services, owner, response.turn_id, response.call_id, decision, admitted=admitted
+            )
             first = first or decided
         assert first is not None
-    except BaseException:
-        slot.release()
-        raise
     stream = UIMessageStream(continuing=True)
     prefix = stream.start(str(first.reply_id))
     events = _ui_stream(services, first.reply_id, first.after, stream, prefix, stop_on_disconnect=False)
-    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+    return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
 async def _reply_stream(
     services: Services,
     owner: Owner,
-    limits: RateLimits,
-    start: Any,
+    admission: Admission,
+    start: Callable[[AdmittedReply], Awaitable[Accepted]],
     *,
     client_message_id: str | None,
     body: ChatRequest,
 ) -> Response:
-    # Taken before anything is stored, so a 429 leaves nothing behind.
-    slot = limits.streams.acquire(owner)
-    try:
-        accepted: Accepted = await start()
+    # Admitted before anything is stored, so a 429 leaves nothing behind.
+    with admission.admit_reply(owner, stream=True) as admitted:
+        accepted = await start(admitted)
         if client_message_id is not None:
             async with services.db.transaction() as session:
                 await remember_message_id(
                     session, accepted.user_turn_id, CLIENT_MESSAGE_ID, client_message_id
                 )
-    except BaseException:
-        slot.release()
-        raise
     stop = body.on_disconnect == "stop"
     events = _ui_stream(services, accepted.reply_id, 0, UIMessageStream(), [], stop_on_disconnect=stop)
-    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+    return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
 async def _ui_stream(
@@ -346,16 +345,18 @@ async def _ui_stream(
     response_model=None,
     responses={**STREAM_RESPONSE, 204: {"description": "No reply is streaming in this chat"}},
 )
-async def resume(chat_id: ChatId, owner: OwnerDep, services: ServicesDep, limits: RateLimitsDep) -> Response:
+async def resume(
+    chat_id: ChatId, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
+) -> Response:
     """The streaming reply's whole stream from its `start`, then live; 204 when none streams."""
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, chat_id)
     reply_id = conversation.active_reply_id if conversation is not None else None
     if reply_id is None or not await reply_streaming(services, reply_id):
         return Response(status_code=204)
-    slot = limits.streams.acquire(owner)
+    slot = admission.admit_stream(owner)
     events = _ui_stream(services, reply_id, 0, UIMessageStream(), [], stop_on_disconnect=False)
-    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+    return StreamingResponse(slot.hold(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
 class StopResult(BaseModel):

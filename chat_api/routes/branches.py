@@ -10,11 +10,11 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header
+from fastapi import Body, Header
 from sse_starlette import EventSourceResponse
 
+from chat_api.admission import AdmissionDep, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.ratelimit import RateLimitsDep
 from chat_api.replies import edit_message, regenerate_reply
 from chat_api.routes.messages import reply_response
 from chat_api.schemas import (
@@ -26,12 +26,11 @@ from chat_api.schemas import (
     RegenerateIn,
     ReplyOut,
 )
-from chat_api.text_checks import check_text
 from memory.branches import activate_branch, conversation_branch, fork_conversation, list_branches
 from memory.conversations import get_conversation
 from memory.turns import get_turn
 
-router = APIRouter(tags=["branches"])
+router = door_router(tags=["branches"])
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)]
 REPLY_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -99,7 +98,7 @@ async def regenerate(
     turn_id: uuid.UUID,
     owner: OwnerDep,
     services: ServicesDep,
-    limits: RateLimitsDep,
+    admission: AdmissionDep,
     idempotency_key: IdempotencyKey = None,
     body: Annotated[RegenerateIn | None, Body()] = None,
 ) -> EventSourceResponse | ReplyOut:
@@ -114,12 +113,13 @@ async def regenerate(
     return await reply_response(
         services,
         owner,
-        limits,
+        admission,
         options,
-        lambda: regenerate_reply(
+        lambda admitted: regenerate_reply(
             services,
             owner,
             turn,
+            admitted=admitted,
             conversation_id=options.conversation_id or turn.conversation_id,
             on_busy=options.on_busy or services.settings.on_busy_default,
             idempotency_key=idempotency_key,
@@ -134,7 +134,7 @@ async def edit(
     body: EditIn,
     owner: OwnerDep,
     services: ServicesDep,
-    limits: RateLimitsDep,
+    admission: AdmissionDep,
     idempotency_key: IdempotencyKey = None,
 ) -> EventSourceResponse | ReplyOut:
     """Replace a user message of the active branch: a new active branch with the new text, and its reply."""
@@ -144,13 +144,14 @@ async def edit(
     return await reply_response(
         services,
         owner,
-        limits,
+        admission,
         body,
-        lambda: edit_message(
+        lambda admitted: edit_message(
             services,
             owner,
             turn,
             body.content,
+            admitted=admitted,
             conversation_id=body.conversation_id or turn.conversation_id,
             on_busy=body.on_busy or services.settings.on_busy_default,
             idempotency_key=idempotency_key,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 
+from chat_api.admission import check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.schemas import (
     ContextOut,
@@ -16,11 +17,10 @@ from chat_api.schemas import (
     TurnList,
     TurnOut,
 )
-from chat_api.text_checks import check_text
 from memory import conversations as repo
 from memory.branches import branch_history, conversation_branch
 
-router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
+router = door_router(prefix="/v1/conversations", tags=["conversations"])
 
 
 @router.post("", status_code=201)

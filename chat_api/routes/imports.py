@@ -1,30 +1,28 @@
 """Importing past turns into a conversation: `POST /v1/conversations/{id}/import`.
 
-The body is read raw and parsed and validated in a worker thread: a batch of thousands
-of turns is megabytes of JSON, too much CPU for the event loop. Validation is the
-domain's (``memory.imports``), so every error names the offending item's ``index``; the
-OpenAPI schema below documents the same shape.
+The one route with a body limit of its own (IMPORT_MAX_BODY_BYTES). The body is parsed by
+the door's decoder and the turns validated and charged by the import admission
+(`chat_api.admission`), both in a worker thread when large: a batch of thousands of
+turns is megabytes of JSON, too much CPU for the event loop. Validation is the domain's
+(``memory.imports``), so every error names the offending item's ``index``; the OpenAPI
+schema below documents the same shape.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Request
 from pydantic import BaseModel, Field
 
+from chat_api.admission import AdmissionDep, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.ratelimit import RateLimitsDep
 from chat_api.schemas import ErrorOut
 from memory.errors import InvalidInput
-from memory.imports import DEFAULT_MAX_TURNS, ImportResult, ImportTurn, import_turns, parse_import
-from memory.json_bounds import MAX_DEPTH, JsonOutOfBounds
+from memory.imports import DEFAULT_MAX_TURNS, ImportResult, ImportTurn, import_turns
 
-router = APIRouter(prefix="/v1/conversations", tags=["import"])
+router = door_router(prefix="/v1/conversations", tags=["import"])
 
 REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -82,28 +80,6 @@ class ImportOut(BaseModel):
         )
 
 
-def _parse_body(body: bytes, max_turns: int, max_chars: int) -> list[ImportTurn]:
-    try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestValidationError(
-            [{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}"}]
-        ) from None
-    except RecursionError:
-        # Python's parser gives up near 1,000 levels; the bound on metadata is far below that.
-        raise JsonOutOfBounds(
-            f"the body is nested too deep to parse (metadata: at most {MAX_DEPTH} levels)", field="body"
-        ) from None
-    if not isinstance(document, dict):
-        raise InvalidInput("the body must be an object with `turns`", field="body")
-    unknown = sorted(set(document) - {"turns"})
-    if unknown:
-        raise InvalidInput(f"unknown fields: {', '.join(unknown)}", field=unknown[0])
-    if "turns" not in document:
-        raise InvalidInput("turns is required", field="turns")
-    return parse_import(document["turns"], max_turns=max_turns, max_chars=max_chars)
-
-
 @router.post(
     "/{conversation_id}/import",
     status_code=201,
@@ -123,19 +99,20 @@ async def import_conversation_turns(
     request: Request,
     owner: OwnerDep,
     services: ServicesDep,
-    limits: RateLimitsDep,
+    admission: AdmissionDep,
 ) -> ImportOut:
     """Append past turns atomically; items whose external_id is already there are skipped."""
-    settings = services.settings
-    max_turns = settings.import_max_turns
-    body = await request.body()
-    items = await asyncio.to_thread(_parse_body, body, max_turns, settings.max_message_chars)
-    limits.imports.take(owner, len(items))  # 429 with Retry-After past IMPORT_TURNS_PER_HOUR
-    created = 0
-    try:
+    document = await request.json()
+    if not isinstance(document, dict):
+        raise InvalidInput("the body must be an object with `turns`", field="body")
+    unknown = sorted(set(document) - {"turns"})
+    if unknown:
+        raise InvalidInput(f"unknown fields: {', '.join(unknown)}", field=unknown[0])
+    if "turns" not in document:
+        raise InvalidInput("turns is required", field="turns")
+    # 422 for a bad item, 429 with Retry-After past IMPORT_TURNS_PER_HOUR.
+    with await admission.admit_import(owner, document["turns"]) as admitted:
         async with services.db.transaction() as session:
-            result = await import_turns(session, owner, conversation_id, items)
-        created = result.created
-    finally:
-        limits.imports.give_back(owner, len(items) - created)  # skipped items, or all if it failed
+            result = await import_turns(session, owner, conversation_id, admitted.turns)
+        admitted.settle(result.created)  # skipped items are given back
     return ImportOut.of(result)

@@ -1,7 +1,9 @@
 """API keys of the signed-in user: `POST/GET /v1/keys`, `DELETE /v1/keys/{id}`.
 
 A key made here authenticates as the same tenant and user, everywhere a token does; it
-is in the answer to POST only, never again.
+is in the answer to POST only, never again. Making and revoking keys needs a signed-in
+session token (403 `session_token_required` for an API key): a key that could mint keys
+would live on in them after its own revocation. Listing works with either.
 """
 
 from __future__ import annotations
@@ -9,14 +11,14 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.admission import door_router
+from chat_api.deps import OwnerDep, ServicesDep, SessionOwnerDep
 from chat_api.schemas import ErrorOut
 from memory.api_keys import MAX_EXPIRES_DAYS, MAX_NAME_CHARS, KeyInfo, create_key, list_keys, revoke_key
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"])
+router = door_router(prefix="/v1/keys", tags=["keys"])
 
 
 class KeyCreate(BaseModel):
@@ -56,8 +58,16 @@ class KeyList(BaseModel):
     items: list[KeyOut]
 
 
-@router.post("", status_code=201, response_model=KeyCreated, responses={422: {"model": ErrorOut}})
-async def create(body: KeyCreate, owner: OwnerDep, services: ServicesDep) -> KeyCreated:
+@router.post(
+    "",
+    status_code=201,
+    response_model=KeyCreated,
+    responses={
+        403: {"model": ErrorOut, "description": "An API key may not make keys."},
+        422: {"model": ErrorOut},
+    },
+)
+async def create(body: KeyCreate, owner: SessionOwnerDep, services: ServicesDep) -> KeyCreated:
     """Make a key for the caller; the answer is the only place it ever appears."""
     async with services.db.transaction() as session:
         info, key = await create_key(session, owner, name=body.name, expires_days=body.expires_days)
@@ -72,8 +82,15 @@ async def list_(owner: OwnerDep, services: ServicesDep) -> KeyList:
     return KeyList(items=[KeyOut.of(k) for k in keys])
 
 
-@router.delete("/{key_id}", response_model=KeyOut, responses={404: {"model": ErrorOut}})
-async def revoke(key_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> KeyOut:
+@router.delete(
+    "/{key_id}",
+    response_model=KeyOut,
+    responses={
+        403: {"model": ErrorOut, "description": "An API key may not revoke keys."},
+        404: {"model": ErrorOut},
+    },
+)
+async def revoke(key_id: uuid.UUID, owner: SessionOwnerDep, services: ServicesDep) -> KeyOut:
     """Revoke one of the caller's keys: requests with it get 401 from now on, on every replica."""
     async with services.db.transaction() as session:
         info = await revoke_key(session, owner, key_id)

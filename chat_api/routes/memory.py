@@ -5,18 +5,18 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 from pydantic import BaseModel, Field
 
+from chat_api.admission import check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.recall import memory_item_json
 from chat_api.schemas import Strict
-from chat_api.text_checks import check_text
 from memory.conversations import get_conversation
 from memory.errors import InvalidInput
 from memory.forgetting import forget_user_memory
 
-router = APIRouter(prefix="/v1/memory", tags=["memory"])
+router = door_router(prefix="/v1/memory", tags=["memory"])
 
 MAX_QUERY_CHARS = 2000
 

@@ -8,12 +8,13 @@ on any replica already uses it.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import Path, Query, Response
 from pydantic import BaseModel, Field
 
+from chat_api.admission import check_time, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.memory_access import MAX_QUERY_CHARS, MemoryAccess
 from chat_api.schemas import Strict
@@ -21,7 +22,7 @@ from memory.conversations import get_conversation
 from memory.errors import InvalidInput
 from memory.memory_items import MAX_ITEM_CHARS, ItemFilter, StoredMemory, get_item, list_items
 
-router = APIRouter(prefix="/v1/memory/items", tags=["memory"])
+router = door_router(prefix="/v1/memory/items", tags=["memory"])
 
 ItemId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The item's id.")]
 
@@ -76,11 +77,6 @@ class MemoryItemUpdate(Strict):
     text: str = Field(max_length=MAX_ITEM_CHARS, description="The corrected text (re-embedded).")
 
 
-def _aware(value: datetime | None) -> datetime | None:
-    # A time without a zone means UTC, as every stored time is.
-    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
-
-
 @router.get("")
 async def list_memory_items(
     owner: OwnerDep,
@@ -97,7 +93,8 @@ async def list_memory_items(
     ),
 ) -> MemoryItemPage:
     """The caller's remembered items, newest first and paged by cursor; or, with `q`, the best matches."""
-    since, until = _aware(since), _aware(until)
+    # A time without a zone means UTC, as every stored time is; one UTC cannot hold is a 422.
+    since, until = check_time(since, field="since"), check_time(until, field="until")
     if since is not None and until is not None and since >= until:
         raise InvalidInput("since must be before until", field="since")
     if conversation_id is not None:

@@ -6,21 +6,19 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import Header
 from sse_starlette import EventSourceResponse
 
+from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.quotas import check_running_replies
-from chat_api.ratelimit import RateLimits, RateLimitsDep, held_while_streaming
 from chat_api.replies import Accepted, accept_message, sse_stream, wait_reply_done
 from chat_api.reply_queue import drop_if_client_leaves
 from chat_api.schemas import MessageCreate, ReplyOptions, ReplyOut, TurnOut
 from chat_api.services import Services
-from chat_api.text_checks import check_text
 from memory.conversations import Owner
 from memory.turns import get_turn, reply_turns
 
-router = APIRouter(tags=["messages"])
+router = door_router(tags=["messages"])
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -35,7 +33,7 @@ async def post_message(
     body: MessageCreate,
     owner: OwnerDep,
     services: ServicesDep,
-    limits: RateLimitsDep,
+    admission: AdmissionDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> EventSourceResponse | ReplyOut:
     """Store the message and stream the reply (`turn.started` … `turn.completed|interrupted|failed`)."""
@@ -43,13 +41,14 @@ async def post_message(
     return await reply_response(
         services,
         owner,
-        limits,
+        admission,
         body,
-        lambda: accept_message(
+        lambda admitted: accept_message(
             services,
             owner,
             conversation_id,
             body.content,
+            admitted=admitted,
             on_busy=body.on_busy or services.settings.on_busy_default,
             idempotency_key=idempotency_key,
             memory_scope=body.memory_scope or services.settings.memory_scope,
@@ -60,25 +59,19 @@ async def post_message(
 async def reply_response(
     services: Services,
     owner: Owner,
-    limits: RateLimits,
+    admission: Admission,
     options: ReplyOptions,
-    start: Callable[[], Awaitable[Accepted]],
+    start: Callable[[AdmittedReply], Awaitable[Accepted]],
 ) -> EventSourceResponse | ReplyOut:
     """Start a reply with `start` and stream it as SSE, or wait and return it whole (`stream: false`)."""
-    # Taken before anything is stored, so a 429 leaves nothing behind.
-    check_running_replies(services.registry, owner, services.settings.max_running_replies_per_user)
     drop_if_client_leaves(options.on_disconnect == "stop")  # while it waits in line (on_busy=enqueue)
-    slot = limits.streams.acquire(owner) if options.stream else None
-    try:
-        accepted = await start()
-    except BaseException:
-        if slot is not None:
-            slot.release()
-        raise
-    if slot is not None:
+    # Admitted before anything is stored, so a 429 leaves nothing behind.
+    with admission.admit_reply(owner, stream=options.stream) as admitted:
+        accepted = await start(admitted)
+    if options.stream:
         stop_on_disconnect = options.on_disconnect == "stop"
         stream = sse_stream(services, accepted.reply_id, 0, stop_on_disconnect=stop_on_disconnect)
-        return EventSourceResponse(held_while_streaming(slot, stream), headers=SSE_HEADERS, ping=15)
+        return EventSourceResponse(admitted.stream(stream), headers=SSE_HEADERS, ping=15)
     await wait_reply_done(services, accepted.reply_id, timeout=None)
     return await finished_reply(services, owner, accepted.reply_id, accepted.user_turn_id)
 

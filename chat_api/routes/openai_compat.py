@@ -16,24 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from sse_starlette import EventSourceResponse
 
+from chat_api.admission import AdmissionDep, DoorRoute, check_text, door_router
 from chat_api.auth import AuthError
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.errors import RateLimited
+from chat_api.errors import Forbidden, RateLimited
 from chat_api.openai_conversations import choose_conversation, start_chat_reply
 from chat_api.protocols.openai_chat import (
     DONE,
+    REQUEST_SCHEMA,
     TERMINAL_EVENTS,
     ChatRequest,
     Event,
@@ -44,11 +45,11 @@ from chat_api.protocols.openai_chat import (
     parse_request,
     sse_data,
 )
-from chat_api.ratelimit import RateLimitsDep, held_while_streaming
 from chat_api.replies import follow_reply, stop_reply
 from chat_api.services import Services
-from chat_api.text_checks import check_text
 from memory.errors import Conflict, DomainError, InvalidInput, NotFound
+
+log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CONVERSATION_HEADER = "x-chatmem-conversation-id"
@@ -63,6 +64,8 @@ def _openai_error(exc: Exception) -> OpenAIError | None:
         return exc
     if isinstance(exc, AuthError):
         return OpenAIError(401, str(exc), code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, Forbidden):
+        return OpenAIError(403, str(exc), type="permission_error", code=exc.code)
     if isinstance(exc, RateLimited):
         return OpenAIError(
             429,
@@ -73,6 +76,8 @@ def _openai_error(exc: Exception) -> OpenAIError | None:
         )
     if isinstance(exc, RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":
+            return OpenAIError(400, "We could not parse the JSON body of your request.")
         param = ".".join(str(p) for p in first.get("loc", ()))
         return OpenAIError(400, f"{param}: {first.get('msg', 'invalid')}", param=param or None)
     if isinstance(exc, NotFound):
@@ -87,8 +92,8 @@ def _openai_error(exc: Exception) -> OpenAIError | None:
     return None
 
 
-class OpenAIRoute(APIRoute):
-    """Answers errors of the route and its dependencies in OpenAI's shape, not chatmem's."""
+class OpenAIRoute(DoorRoute):
+    """A route behind the door whose every error (the door's, the route's, a bug's) is in OpenAI's shape."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -99,13 +104,14 @@ class OpenAIRoute(APIRoute):
             except Exception as exc:
                 error = _openai_error(exc)
                 if error is None:
-                    raise
+                    log.exception("%s %s failed", request.method, request.url.path)
+                    error = OpenAIError(500, "internal server error", type="server_error")
                 return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
         return run
 
 
-router = APIRouter(prefix="/openai/v1", tags=["openai"], route_class=OpenAIRoute)
+router = door_router(prefix="/openai/v1", tags=["openai"], route_class=OpenAIRoute)
 
 
 def served_models(services: Services) -> list[str]:
@@ -132,28 +138,35 @@ async def get_model(model_id: str, _owner: OwnerDep, services: ServicesDep) -> d
 @router.post(
     "/chat/completions",
     response_model=None,
-    responses={200: {"description": "chat.completion, or chat.completion.chunk SSE ending `data: [DONE]`"}},
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": REQUEST_SCHEMA}}}
+    },
+    responses={
+        200: {"description": "chat.completion, or chat.completion.chunk SSE ending `data: [DONE]`"},
+        400: {"description": "OpenAI's error object: {error: {message, type, param, code}}"},
+    },
 )
 async def chat_completions(
-    request: Request, owner: OwnerDep, services: ServicesDep, limits: RateLimitsDep
+    request: Request, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
 ) -> Response:
     """Answer with chatmem's reply: memory, the sanitized window, server tools; every turn stored."""
-    chat = parse_request(await _json_body(request), served_models(services))
+    chat = parse_request(await request.json(), served_models(services))
     _check_texts(chat, services.settings.max_message_chars)
     conversation_id, chat_key = _target(request, chat)
-    # Taken before anything is stored, so a 429 leaves nothing behind.
-    slot = limits.streams.acquire(owner) if chat.stream else None
-    try:
-        conversation = await choose_conversation(
+    # Admitted before anything is stored, so a 429 leaves nothing behind.
+    with admission.admit_reply(owner, stream=chat.stream) as admitted:
+        target = await choose_conversation(
             services, owner, chat, conversation_id=conversation_id, chat_key=chat_key
         )
-        accepted = await start_chat_reply(
-            services, owner, chat, conversation, memory_scope=services.settings.memory_scope
+        conversation, accepted = await start_chat_reply(
+            services,
+            admission,
+            owner,
+            chat,
+            target,
+            admitted=admitted,
+            memory_scope=services.settings.memory_scope,
         )
-    except BaseException:
-        if slot is not None:
-            slot.release()
-        raise
     translator = ReplyTranslator(
         f"chatcmpl-{accepted.reply_id.hex}",
         services.provider.model,
@@ -171,11 +184,9 @@ async def chat_completions(
         "X-Chatmem-Memory-Count": str(len(translator.memories)),
         "X-Chatmem-Memory-Turn-Ids": ",".join(str(m.get("turn_id")) for m in translator.memories),
     }
-    if slot is not None:
+    if chat.stream:
         stream = _stream(services, accepted.reply_id, translator, head, batches)
-        return EventSourceResponse(
-            held_while_streaming(slot, stream), headers={**SSE_HEADERS, **headers}, ping=15
-        )
+        return EventSourceResponse(admitted.stream(stream), headers={**SSE_HEADERS, **headers}, ping=15)
     await _whole(request, services, accepted.reply_id, translator, head, batches)
     if translator.error is not None and not translator.text and not translator.calls:
         raise OpenAIError(
@@ -187,14 +198,6 @@ async def chat_completions(
         )
     headers["X-Chatmem-Status"] = translator.status or "failed"
     return JSONResponse(translator.completion(), headers=headers)
-
-
-async def _json_body(request: Request) -> object:
-    body = await request.body()
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise OpenAIError(400, "We could not parse the JSON body of your request.") from None
 
 
 def _check_texts(chat: ChatRequest, max_chars: int) -> None:

@@ -6,24 +6,22 @@ import json
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, Path, Query
+from fastapi import Body, Header, Path, Query
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
+from chat_api.admission import Admission, AdmissionDep, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.quotas import check_running_replies
-from chat_api.ratelimit import RateLimitsDep, held_while_streaming
 from chat_api.replies import decide, sse_stream, stop_reply, wait_reply_done
 from chat_api.routes.messages import SSE_HEADERS
 from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
-from chat_api.text_checks import check_text
 from memory.approvals import Decision
 from memory.conversations import Owner
 from memory.errors import InvalidInput
 from memory.models import TurnStatus
 from memory.turns import get_turn, reply_turns
 
-router = APIRouter(prefix="/v1/turns", tags=["turns"])
+router = door_router(prefix="/v1/turns", tags=["turns"])
 
 # Event ids are Postgres integers: a larger position would fail the query mid-stream.
 MAX_EVENT_ID = 2**31 - 1
@@ -60,7 +58,7 @@ async def events(
     turn_id: uuid.UUID,
     owner: OwnerDep,
     services: ServicesDep,
-    limits: RateLimitsDep,
+    admission: AdmissionDep,
     after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> EventSourceResponse:
@@ -75,9 +73,9 @@ async def events(
         position = int(text)
     async with services.db.session() as session:
         turn = await get_turn(session, owner, turn_id)
-    slot = limits.streams.acquire(owner)
+    slot = admission.admit_stream(owner)
     stream = sse_stream(services, turn.reply_id or turn.id, position, stop_on_disconnect=False)
-    return EventSourceResponse(held_while_streaming(slot, stream), headers=SSE_HEADERS, ping=15)
+    return EventSourceResponse(slot.hold(stream), headers=SSE_HEADERS, ping=15)
 
 
 CallId = Annotated[str, Path(min_length=1, max_length=128)]
@@ -93,7 +91,7 @@ async def approve(
     call_id: CallId,
     owner: OwnerDep,
     services: ServicesDep,
-    limits: RateLimitsDep,
+    admission: AdmissionDep,
     body: Annotated[ApproveIn | None, Body()] = None,
 ) -> EventSourceResponse | DecisionOut:
     """Approve a waiting tool call (optionally with edited arguments); the last decision resumes the reply.
@@ -109,7 +107,7 @@ async def approve(
         if len(arguments) > services.settings.max_message_chars:
             raise InvalidInput("arguments are too long", field="arguments")
     decision = Decision(approved=True, by="user", arguments=arguments)
-    return await _decided(turn_id, call_id, decision, body.stream, owner, services, limits)
+    return await _decided(turn_id, call_id, decision, body.stream, owner, services, admission)
 
 
 @router.post(
@@ -122,14 +120,14 @@ async def reject(
     call_id: CallId,
     owner: OwnerDep,
     services: ServicesDep,
-    limits: RateLimitsDep,
+    admission: AdmissionDep,
     body: Annotated[RejectIn | None, Body()] = None,
 ) -> EventSourceResponse | DecisionOut:
     """Reject a waiting tool call: it never runs, and the model is told, with the reason, as its result."""
     body = body or RejectIn.model_validate({})
     check_text(body.reason, field="reason", allow_empty=True)  # a NUL here was a 500 when stored
     decision = Decision(approved=False, by="user", reason=body.reason)
-    return await _decided(turn_id, call_id, decision, body.stream, owner, services, limits)
+    return await _decided(turn_id, call_id, decision, body.stream, owner, services, admission)
 
 
 async def _decided(
@@ -139,20 +137,14 @@ async def _decided(
     stream: bool,
     owner: Owner,
     services: ServicesDep,
-    limits: RateLimitsDep,
+    admission: Admission,
 ) -> EventSourceResponse | DecisionOut:
-    # Taken before the decision is stored, so a 429 leaves the call waiting.
-    check_running_replies(services.registry, owner, services.settings.max_running_replies_per_user)
-    slot = limits.streams.acquire(owner) if stream else None
-    try:
-        decided = await decide(services, owner, turn_id, call_id, decision)
-    except BaseException:
-        if slot is not None:
-            slot.release()
-        raise
-    if slot is not None:
+    # Admitted before the decision is stored, so a 429 leaves the call waiting.
+    with admission.admit_reply(owner, stream=stream) as admitted:
+        decided = await decide(services, owner, turn_id, call_id, decision, admitted=admitted)
+    if stream:
         events = sse_stream(services, decided.reply_id, decided.after, stop_on_disconnect=False)
-        return EventSourceResponse(held_while_streaming(slot, events), headers=SSE_HEADERS, ping=15)
+        return EventSourceResponse(admitted.stream(events), headers=SSE_HEADERS, ping=15)
     if decided.resumed:
         await wait_reply_done(services, decided.reply_id, timeout=None)
     async with services.db.session() as session:

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
-from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.admission import door_router
+from chat_api.deps import ServicesDep, SessionOwnerDep
 from chat_api.replies import stop_reply
 from chat_api.schemas import ErrorOut
 from memory.erasure import active_replies, delete_user, delete_user_dead_letters
 from memory.tenancy import unscoped
 
-router = APIRouter(prefix="/v1/users", tags=["users"])
+router = door_router(prefix="/v1/users", tags=["users"])
 
 
 @router.delete(
     "/me",
     status_code=204,
-    responses={409: {"model": ErrorOut, "description": "A reply started again while deleting; retry."}},
+    responses={
+        403: {"model": ErrorOut, "description": "Only a signed-in session token deletes the account."},
+        409: {"model": ErrorOut, "description": "A reply started again while deleting; retry."},
+    },
 )
-async def delete_me(owner: OwnerDep, services: ServicesDep) -> Response:
+async def delete_me(owner: SessionOwnerDep, services: ServicesDep) -> Response:
     """Delete the caller's conversations, turns, events, tool calls, outbox rows and memory. Idempotent.
+
+    Needs a signed-in session token: an API key answers 403 `session_token_required`.
 
     Replies still streaming are stopped first (on whichever process runs them), so none
     can write after the delete; the deletion itself is one transaction.

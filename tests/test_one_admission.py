@@ -1,0 +1,236 @@
+"""One admission for every door that costs work: replies, imports and MCP under the same limits.
+
+Found (each door had added the limits it thought of): the OpenAI adapter imported a
+history it could not match with none of the import limits (25,602 turns from one
+request, and 1,002 more from a user whose `/import` was already refused); AI SDK posts
+that hung up, and non-streamed OpenAI requests, ran past the running-reply cap; `/mcp`
+had no request rate, no stream cap and no failed-auth throttle, and refused API keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import httpx2
+import openai
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from openai import AsyncOpenAI
+
+from memory.conversations import Owner
+from tests.conftest import LiveServer, token_for
+from tests.support import new_conversation, wait_until
+
+SLOW = {"demo_tokens_per_second": 20}
+MODEL = "chatmem-demo"
+BAD_TOKEN = {"Authorization": "Bearer not-a-token"}
+
+
+def openai_client(server: LiveServer, key: str | None = None) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        base_url=f"{server.base_url}/openai/v1", api_key=key or token_for(), max_retries=0, timeout=30
+    )
+
+
+def history(pairs: int) -> list[dict[str, str]]:
+    """A history of `pairs` questions and answers chatmem has never seen, then a new question."""
+    messages: list[dict[str, str]] = []
+    for i in range(pairs):
+        messages += [
+            {"role": "user", "content": f"unseen question {i}"},
+            {"role": "assistant", "content": f"unseen answer {i}"},
+        ]
+    return [*messages, {"role": "user", "content": "and now?"}]
+
+
+async def stored_conversations(server: LiveServer, user: str = "u1") -> list[dict[str, Any]]:
+    async with server.client(user=user) as api:
+        return list((await api.get("/v1/conversations")).json()["items"])
+
+
+def running(server: LiveServer) -> int:
+    return sum(1 for reply in server.services.registry.all() if not reply.finished.is_set())
+
+
+# --- import admission ------------------------------------------------------------------
+
+
+async def test_openai_unmatched_history_is_held_to_the_per_request_turn_limit(start_server: Any) -> None:
+    server: LiveServer = await start_server(import_max_turns=6)
+    async with openai_client(server) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model=MODEL, messages=history(4))  # 8 turns to import
+        assert refused.value.body["code"] == "invalid_input"  # type: ignore[index]
+        assert refused.value.body["param"] == "turns"  # type: ignore[index]
+        assert await stored_conversations(server) == []  # nothing stored, not even a conversation
+        answer = await client.chat.completions.create(model=MODEL, messages=history(3))  # 6: fits
+        assert answer.choices[0].message.content
+
+
+async def test_openai_unmatched_history_is_held_to_the_per_message_size_limit(start_server: Any) -> None:
+    server: LiveServer = await start_server(max_message_chars=100)
+    messages = history(1)
+    messages[1]["content"] = "x" * 101  # the assistant's answer of the history
+    async with openai_client(server) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model=MODEL, messages=messages)
+        assert refused.value.status_code == 400
+        assert await stored_conversations(server) == []
+
+
+async def test_openai_history_import_shares_the_hourly_import_quota(start_server: Any) -> None:
+    server: LiveServer = await start_server(import_turns_per_hour=10)
+    async with server.client() as api:
+        cid = await new_conversation(api)
+        turns = [{"role": "user", "content": f"t{i}"} for i in range(8)]
+        assert (await api.post(f"/v1/conversations/{cid}/import", json={"turns": turns})).status_code == 201
+    async with openai_client(server) as client:
+        # 4 unseen turns, with 2 left of the hour's 10: OpenAI's 429, with Retry-After.
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client.chat.completions.create(model=MODEL, messages=history(2))
+        assert refused.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+        assert int(refused.value.response.headers["Retry-After"]) >= 1
+        assert len(await stored_conversations(server)) == 1  # only the import's
+        # A history that fits what is left is imported (and charged).
+        first = await client.chat.completions.with_raw_response.create(model=MODEL, messages=history(1))
+        cid2 = first.headers["x-chatmem-conversation-id"]
+        # Continuing it imports nothing, so the spent quota does not hold the chat up.
+        answer = first.parse().choices[0].message.content or ""
+        again = [*history(1), {"role": "assistant", "content": answer}, {"role": "user", "content": "more?"}]
+        second = await client.chat.completions.with_raw_response.create(model=MODEL, messages=again)
+        assert second.headers["x-chatmem-conversation-id"] == cid2
+    async with server.client() as api:
+        refused_import = await api.post(f"/v1/conversations/{cid}/import", json={"turns": turns[:1]})
+        assert refused_import.status_code == 429, refused_import.text
+
+
+# --- reply admission -------------------------------------------------------------------
+
+
+async def test_ai_sdk_replies_whose_clients_hung_up_are_held_to_the_running_cap(start_server: Any) -> None:
+    server: LiveServer = await start_server(max_running_replies_per_user=2, **SLOW)
+
+    def chat(n: int) -> dict[str, Any]:
+        message = {"id": f"m{n}", "role": "user", "parts": [{"type": "text", "text": "/long go"}]}
+        return {"id": f"chat-{n}", "trigger": "submit-message", "messages": [message]}
+
+    async with server.client() as api:
+        for n in range(2):
+            async with api.stream("POST", "/v1/ai-sdk/chat", json=chat(n)) as r:
+                assert r.status_code == 200
+                await anext(r.aiter_bytes())  # the stream started; hang up
+        await wait_until(lambda: running(server), what="the replies to run")
+        refused = await api.post("/v1/ai-sdk/chat", json=chat(3))
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert (await api.get("/v1/ai-sdk/chat/chat-3/messages")).json() == []
+        assert running(server) == 2
+
+
+async def test_non_streamed_openai_requests_are_held_to_the_running_cap(start_server: Any) -> None:
+    server: LiveServer = await start_server(max_running_replies_per_user=2, **SLOW)
+    async with openai_client(server) as client:
+
+        async def ask(n: int) -> Any:
+            messages = [{"role": "user", "content": f"/long question {n}"}]
+            return await client.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+
+        asking = [asyncio.create_task(ask(n)) for n in range(2)]
+        await wait_until(lambda: running(server) == 2, what="two replies to run")
+        with pytest.raises(openai.RateLimitError):
+            await ask(3)
+        for task in asking:
+            task.cancel()
+        await asyncio.gather(*asking, return_exceptions=True)
+
+
+async def test_reply_starts_racing_each_other_never_pass_the_running_cap(start_server: Any) -> None:
+    server: LiveServer = await start_server(max_running_replies_per_user=2, **SLOW)
+    async with server.client() as api:
+        cids = [await new_conversation(api) for _ in range(6)]
+
+        async def start(cid: str) -> int:
+            body = {"content": "/long go", "stream": False}
+            r = await api.post(f"/v1/conversations/{cid}/messages", json=body, timeout=60)
+            return r.status_code
+
+        tasks = [asyncio.create_task(start(cid)) for cid in cids]
+        await wait_until(lambda: sum(t.done() for t in tasks) >= 4, what="the refusals")
+        assert [t.result() for t in tasks if t.done()] == [429] * 4
+        await wait_until(lambda: running(server) == 2, what="the two admitted replies to run")
+        for reply in server.services.registry.all():
+            reply.request_stop("user")
+        assert sorted(await asyncio.gather(*tasks)) == [200, 200, 429, 429, 429, 429]
+
+
+# --- MCP -------------------------------------------------------------------------------
+
+
+async def mcp_session(server: LiveServer, headers: dict[str, str]) -> Any:
+    http = httpx2.AsyncClient(headers=headers, timeout=30)
+    return http, Client(streamable_http_client(f"{server.base_url}/mcp", http_client=http))
+
+
+async def test_mcp_accepts_an_api_key_like_every_other_door(server: LiveServer) -> None:
+    async with server.client() as api:
+        key = (await api.post("/v1/keys", json={"name": "mcp"})).json()["key"]
+    http, client = await mcp_session(server, {"Authorization": f"Bearer {key}"})
+    async with http, client:
+        item = (await client.call_tool("remember", {"fact": "I keep bees."})).structured_content
+        assert item is not None and item["text"] == "I keep bees."
+
+
+async def test_mcp_calls_are_held_to_the_request_rate(start_server: Any) -> None:
+    server: LiveServer = await start_server(rate_limit_per_minute=8)
+    http, client = await mcp_session(server, {"Authorization": f"Bearer {token_for()}"})
+    statuses: list[int] = []
+
+    async def seen(response: httpx2.Response) -> None:
+        statuses.append(response.status_code)
+
+    async with http:
+        http.event_hooks["response"].append(seen)
+        with pytest.raises(Exception):  # noqa: B017  the SDK raises on the refused request
+            async with client:
+                for _ in range(20):
+                    await client.call_tool("search_memory", {"query": "bees"})
+    assert 429 in statuses and statuses.index(429) <= 8, statuses
+
+
+async def test_mcp_streams_are_held_to_the_stream_cap(start_server: Any) -> None:
+    server: LiveServer = await start_server(max_streams_per_user=2)
+    headers = {
+        "Authorization": f"Bearer {token_for()}",
+        "Accept": "text/event-stream",
+        "MCP-Protocol-Version": "2025-06-18",
+    }
+    async with httpx.AsyncClient(base_url=server.base_url, headers=headers, timeout=30) as http:
+        async with http.stream("GET", "/mcp") as first, http.stream("GET", "/mcp") as second:
+            assert (first.status_code, second.status_code) == (200, 200)
+            async with asyncio.timeout(10), http.stream("GET", "/mcp") as third:
+                assert third.status_code == 429
+                assert json.loads(await third.aread())["error"]["code"] == "rate_limited"
+        # Closed streams give their slots back.
+        await wait_until(lambda: server.services.admission.streams.open_count(Owner("t1", "u1")) == 0)
+        async with http.stream("GET", "/mcp") as again:
+            assert again.status_code == 200
+
+
+async def test_mcp_refuses_an_address_the_failed_auth_throttle_holds(start_server: Any) -> None:
+    server: LiveServer = await start_server(auth_failures_per_minute=3)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
+        for _ in range(3):
+            assert (await http.get("/v1/conversations", headers=BAD_TOKEN)).status_code == 401
+        good = {"Authorization": f"Bearer {token_for()}", "Accept": "application/json, text/event-stream"}
+        held = await http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=good)
+        assert held.status_code == 429, held.text
+    # And guesses at /mcp count against the same allowance.
+    other: LiveServer = await start_server(auth_failures_per_minute=3)
+    async with httpx.AsyncClient(base_url=other.base_url, timeout=30) as http:
+        for _ in range(3):
+            assert (await http.post("/mcp", json={}, headers=BAD_TOKEN)).status_code == 401
+        assert (await http.get("/v1/conversations", headers=BAD_TOKEN)).status_code == 429
