@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import httpx
 
-from chat_api.import_cli import create_conversation, post_turns, wait_until_indexed
+from chat_api.cli.imports import create_conversation, post_turns, wait_until_indexed
 
 TENANT = "locomo"
 SESSION_DATE_FORMAT = "%I:%M %p on %d %B, %Y"

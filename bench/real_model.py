@@ -29,7 +29,7 @@ import httpx
 import openai
 from common import ROOT, Server, database, free_port, headers, print_table, write_json
 
-from chat_api.local_model import default_dir
+from chat_api.cli.local_model import default_dir
 from chat_api.tools import default_registry
 
 MESSAGE = "Write four short lines about the sea."

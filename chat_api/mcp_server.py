@@ -17,7 +17,7 @@ Transports:
   acts for the caller the door found (in that tenant's row-level-security scope) through
   ``chat_api.memory_access``. Stateless, so any replica answers any request, and JSON
   responses (each call is one short answer).
-- stdio: ``chatmem mcp`` (``chat_api/mcp_stdio.py``), which talks to a running chatmem
+- stdio: ``chatmem mcp`` (``chat_api/cli/mcp.py``), which talks to a running chatmem
   over the same HTTP API.
 
 A domain failure (unknown item, empty fact) is a tool error the model can read

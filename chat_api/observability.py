@@ -144,6 +144,10 @@ def configure_logging(settings: Settings, *, stream: Any = None) -> None:
         logging.getLogger(name).propagate = True
     # The request log below replaces uvicorn's access log (it has ids and durations).
     logging.getLogger("uvicorn.access").disabled = True
+    # HTTP clients log each request's URL at INFO, and a URL can carry user content (the
+    # query of a memory search `chatmem mcp` makes): no user content in logs at INFO.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 # --- request logging ---------------------------------------------------------------

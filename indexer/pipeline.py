@@ -295,7 +295,7 @@ class IndexPipeline:
 
     async def _embed(self, texts: list[str]) -> list[list[float]]:
         # In slices: where the indexer shares its encoder with replies' queries (an Embedder
-        # without a twin; the sentence-transformers one has its own copy, chat_api/cli.py), a
+        # without a twin; the sentence-transformers one has its own copy, chat_api/cli/serve.py), a
         # query joins the next slice instead of waiting behind a whole batch of history.
         vectors: list[list[float]] = []
         for start in range(0, len(texts), EMBED_SLICE):

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from chat_api.local_model import default_dir
+from chat_api.cli.local_model import default_dir
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -56,6 +56,33 @@ async def test_up_serves_indexes_and_shuts_down_cleanly(tmp_path: Path) -> None:
             async with asyncio.timeout(60):
                 while (await client.get(f"/v1/conversations/{cid}")).json()["indexed_seq"] < 2:
                     await asyncio.sleep(0.2)
+        # Found: `chatmem keys create` needed the embedded DATABASE_URL; like `chatmem token`, it
+        # finds the installation by its data directory (attaching to the running Postgres).
+        made = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "chat_api.cli",
+                "keys",
+                "create",
+                "--data-dir",
+                str(data_dir),
+                "--name",
+                "cli",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert made.returncode == 0, made.stderr
+        key = made.stdout.split()[0]
+        assert key.startswith("cmk_"), made.stdout
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as keyed:
+            assert (await keyed.get(f"/v1/conversations/{cid}")).status_code == 200
         assert (data_dir / "jwt_secret").exists()
         assert (data_dir / "pg" / "postmaster.pid").exists()
     finally:

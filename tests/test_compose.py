@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from chat_api.cli import build_parser
+from chat_api.cli.main import build_parser
 from memory.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

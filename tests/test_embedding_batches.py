@@ -146,7 +146,7 @@ def test_real_model_mixed_lengths_come_back_in_order_and_as_if_alone(
 async def test_a_query_does_not_wait_for_a_long_encode_on_the_twin(
     real_model: SentenceTransformerEmbedder,
 ) -> None:
-    # The indexer inside an API process encodes with a twin (chat_api/cli.py): a reply's
+    # The indexer inside an API process encodes with a twin (chat_api/cli/serve.py): a reply's
     # query must not queue behind its batch, as it did when both shared one encoder.
     twin = real_model.twin()
     await asyncio.to_thread(twin.load)

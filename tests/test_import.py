@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from chat_api.import_cli import add_import_arguments, load_source, run_import_command
+from chat_api.cli.imports import add_import_arguments, load_source, run_import_command
 from indexer.worker import IndexerWorker
 from memory.db import Database
 from memory.models import OutboxRow, Turn
@@ -229,7 +229,7 @@ async def test_cli_names_the_jsonl_line_of_a_bad_turn(server: LiveServer, tmp_pa
     ]
     source.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     args = command(str(source), "--url", server.base_url, "--token", token_for(), "--quiet")
-    from chat_api.cli import CommandError
+    from chat_api.cli.installation import CommandError
 
     with pytest.raises(CommandError, match="line 2: HTTP 422"):
         await asyncio.to_thread(run_import_command, args)

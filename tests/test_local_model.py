@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from chat_api.local_model import MODEL_FILE, rewrite_tool_call_template, server_binary
+from chat_api.cli.local_model import MODEL_FILE, rewrite_tool_call_template, server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,12 +10,14 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import httpx
 import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import stdio_client as stdio_client_transport
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.conftest import LiveServer, token_for
@@ -34,7 +36,7 @@ async def http_client(server: LiveServer, tenant: str = "t1", user: str = "u1") 
 
 
 @asynccontextmanager
-async def stdio_client(server: LiveServer, *extra: str) -> AsyncIterator[Client]:
+async def stdio_client(server: LiveServer, *extra: str, errlog: TextIO = sys.stderr) -> AsyncIterator[Client]:
     """The SDK's client launching `chatmem mcp` as a subprocess (this worktree's code)."""
     params = StdioServerParameters(
         command=sys.executable,
@@ -42,7 +44,7 @@ async def stdio_client(server: LiveServer, *extra: str) -> AsyncIterator[Client]
         env={k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "HF_HUB_OFFLINE", "JWT_SECRET")},
         cwd=os.getcwd(),
     )
-    async with Client(params, read_timeout_seconds=60) as client:
+    async with Client(stdio_client_transport(params, errlog=errlog), read_timeout_seconds=60) as client:
         yield client
 
 
@@ -84,9 +86,18 @@ async def test_tools_over_streamable_http(server: LiveServer) -> None:
         await exercise(client, server)
 
 
-async def test_tools_over_stdio(server: LiveServer) -> None:
-    async with stdio_client(server, "--token", token_for("t1", "u1")) as client:
-        await exercise(client, server)
+async def test_tools_over_stdio_with_an_api_key_and_no_query_in_its_log(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """Found: `chatmem mcp --token cmk_…` said the key was not a JWT, and its stderr (which MCP
+    hosts keep in log files) held every search query, from the HTTP client's INFO request log."""
+    async with server.client() as api:
+        key = (await api.post("/v1/keys", json={"name": "claude desktop"})).json()["key"]
+    with (tmp_path / "stderr.log").open("w") as errlog:
+        async with stdio_client(server, "--token", key, errlog=errlog) as client:
+            await exercise(client, server)
+    log = (tmp_path / "stderr.log").read_text()
+    assert "vegetarian" not in log and "bees" not in log, log
 
 
 async def test_stdio_mints_its_token_from_the_installation_secret(server: LiveServer) -> None:

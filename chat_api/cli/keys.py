@@ -1,4 +1,8 @@
-"""`chatmem keys create|list|revoke`: the operator's way to hand out and withdraw API keys."""
+"""`chatmem keys create|list|revoke`: the operator's way to hand out and withdraw API keys.
+
+Against DATABASE_URL, or the `chatmem up` installation in DATA_DIR (`--data-dir`), running
+or not (chat_api.cli.installation.installation_database).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,12 @@ import argparse
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, CommandError
 from memory.api_keys import KeyInfo, create_key, list_keys, revoke_key
 from memory.conversations import Owner
 from memory.db import Database
@@ -17,10 +23,6 @@ from memory.errors import DomainError
 from memory.tenancy import tenant_scope
 
 T = TypeVar("T")
-
-
-class KeysCommandError(Exception):
-    """Reported in one line by the CLI."""
 
 
 def add_keys_arguments(keys: argparse.ArgumentParser) -> None:
@@ -33,8 +35,11 @@ def add_keys_arguments(keys: argparse.ArgumentParser) -> None:
     revoke = sub.add_parser("revoke", help="revoke a key by its id: it stops working at once")
     revoke.add_argument("key_id", type=uuid.UUID)
     for command in (create, listing, revoke):
-        command.add_argument("--tenant", required=True)
-        command.add_argument("--user", required=True)
+        command.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default {DEFAULT_TENANT!r}")
+        command.add_argument("--user", default=DEFAULT_USER, help=f"default {DEFAULT_USER!r}")
+        command.add_argument(
+            "--data-dir", type=Path, help="the `chatmem up` installation (when DATABASE_URL is not set)"
+        )
 
 
 def _line(info: KeyInfo) -> str:
@@ -73,4 +78,4 @@ def _run(database_url: str, owner: Owner, work: Callable[[AsyncSession], Awaitab
     try:
         return asyncio.run(main())
     except DomainError as exc:
-        raise KeysCommandError(exc.message) from None
+        raise CommandError(exc.message) from None

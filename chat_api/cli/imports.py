@@ -5,7 +5,7 @@ the import then takes exactly the path a customer's data takes (the same validat
 tenant checks, outbox rows and indexer), it works against a remote deployment without
 database credentials, and nothing here can drift from what the API guarantees. For an
 embedded install, ``--data-dir`` (or the default one) gives the local secret to mint a
-token with; ``--token`` takes any token instead.
+token with; ``--token`` takes an API key (``cmk_…``) or a token instead.
 
 Formats:
 
@@ -37,7 +37,8 @@ from typing import Any
 import httpx
 import jwt
 
-from chat_api.cli import DEFAULT_TENANT, DEFAULT_USER, CommandError
+from chat_api.auth import is_api_key
+from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, CommandError, bearer, default_url
 from memory.imports import DEFAULT_MAX_TURNS
 
 DEFAULT_BATCH_TURNS = 1000
@@ -373,43 +374,28 @@ async def import_sources(
 
 
 def _token(args: argparse.Namespace) -> str:
-    if args.token:
-        try:
-            claims = jwt.decode(args.token, options={"verify_signature": False})
-        except jwt.PyJWTError as exc:
-            raise CommandError(f"--token is not a JWT: {exc}") from None
+    token = bearer(args, ttl_seconds=3600)()
+    if args.token and not is_api_key(token):
+        claims = jwt.decode(token, options={"verify_signature": False})
         for given, claim, label in ((args.tenant, "tenant", "--tenant"), (args.user, "sub", "--user")):
             if given is not None and claims.get(claim) != given:
                 raise CommandError(f"{label} {given!r} does not match the token ({claims.get(claim)!r})")
-        return str(args.token)
-    from chat_api.auth import issue_token, load_or_create_secret
-    from chat_api.cli import _settings
-
-    settings = _settings(data_dir=args.data_dir)
-    if settings.jwt_secret is not None:
-        secret = settings.jwt_secret.get_secret_value()
-    else:
-        data_dir = settings.data_dir.expanduser()
-        if not (data_dir / "jwt_secret").exists():
-            raise CommandError(
-                f"no installation in {data_dir}: pass --token, or --data-dir of a `chatmem up`"
-            )
-        secret = load_or_create_secret(data_dir)
-    return issue_token(secret, args.tenant or DEFAULT_TENANT, args.user or DEFAULT_USER, ttl_seconds=3600)
+    return token
 
 
-def _default_url() -> str:
-    from chat_api.cli import _settings
-
-    return f"http://localhost:{_settings().port}"
+def _owner(token: str) -> str:
+    """Whom the import is for, as far as the client can tell."""
+    if is_api_key(token):
+        return f"the owner of key {token[:12]}…"
+    claims = jwt.decode(token, options={"verify_signature": False})
+    return f"{claims.get('tenant')}/{claims.get('sub')}"
 
 
 async def _run(args: argparse.Namespace, sources: list[SourceConversation], token: str) -> None:
     from tqdm import tqdm
 
-    url = (args.url or _default_url()).rstrip("/")
-    claims = jwt.decode(token, options={"verify_signature": False})
-    owner = f"{claims.get('tenant')}/{claims.get('sub')}"
+    url = (args.url or default_url()).rstrip("/")
+    owner = _owner(token)
     state_path = (
         Path(args.state) if args.state else args.file.with_name(args.file.name + ".chatmem-import.json")
     )
@@ -470,7 +456,9 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", help=f"tenant to import for (default {DEFAULT_TENANT!r})")
     parser.add_argument("--user", help=f"user to import for (default {DEFAULT_USER!r})")
     parser.add_argument("--url", help="a running chatmem (default http://localhost:PORT)")
-    parser.add_argument("--token", help="bearer token (otherwise minted from the installation's secret)")
+    parser.add_argument(
+        "--token", help="an API key (cmk_…) or token (otherwise one is minted from the installation's secret)"
+    )
     parser.add_argument("--data-dir", type=Path, help="the `chatmem up` installation to mint a token for")
     parser.add_argument("--format", choices=("auto", "chatgpt", "jsonl"), default="auto")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_TURNS, help="turns per request")
