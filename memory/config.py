@@ -65,7 +65,9 @@ class Settings(BaseSettings):
         10, ge=0, description="SSE streams one user may have open at once, per API process (0: no limit)."
     )
     max_running_replies_per_user: int = Field(
-        10, ge=0, description="Replies one user may have running at once, per API process (0: no limit)."
+        10,
+        ge=0,
+        description="Replies one user may have running (or starting) at once, per API process (0: no limit).",
     )
     max_queued_per_conversation: int = Field(
         8, ge=0, description="Messages waiting with on_busy=enqueue per conversation (beyond: 429)."
