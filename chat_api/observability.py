@@ -25,7 +25,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,6 +66,8 @@ OUTBOX_STATE_PG = text(
 )
 # A scrape must stay cheap even with a huge backlog: give up rather than hold a connection.
 OUTBOX_QUERY_TIMEOUT = "SET LOCAL statement_timeout = '2s'"
+# /metrics needs no token, so the outbox is read at most this often however often it is asked.
+OUTBOX_REFRESH_SECONDS = 5.0
 
 
 # --- log context -------------------------------------------------------------------
@@ -212,29 +214,47 @@ class RequestLog:
 # --- /metrics ----------------------------------------------------------------------
 
 
-async def refresh_outbox_metrics(request: Request) -> None:
-    """Read the outbox backlog, its age and the dead letters into the gauges (skipped on error)."""
-    services = getattr(request.app.state, "services", None)
-    if services is None:
-        return
-    query = OUTBOX_STATE_KAFKA if services.settings.kafka_bootstrap_servers else OUTBOX_STATE_PG
-    try:
-        async with services.db.transaction() as session:
-            await session.execute(text(OUTBOX_QUERY_TIMEOUT))
-            row = (await session.execute(query)).one()
-    except Exception as exc:
-        # A scrape must not fail because the database is slow; the gauges keep their last values.
-        logging.getLogger(__name__).warning("metrics: outbox state unavailable: %r", exc)
-        return
-    metrics.set_outbox_state(int(row.backlog), float(row.age), int(row.dead))
+class OutboxGauges:
+    """The outbox gauges, read from the database at most every OUTBOX_REFRESH_SECONDS.
+
+    `/metrics` is public (scrapers carry no token): a flood of scrapes must not become a
+    flood of queries, each holding a pooled connection for up to two seconds. Scrapes
+    arriving together share one read; the others answer with the gauges as they are.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._read_at = -OUTBOX_REFRESH_SECONDS
+        self._reading = False
+
+    async def refresh(self, request: Request) -> None:
+        """Read the outbox backlog, its age and the dead letters into the gauges, when due."""
+        services = getattr(request.app.state, "services", None)
+        if services is None or self._reading or self.clock() - self._read_at < OUTBOX_REFRESH_SECONDS:
+            return
+        self._reading, self._read_at = True, self.clock()
+        query = OUTBOX_STATE_KAFKA if services.settings.kafka_bootstrap_servers else OUTBOX_STATE_PG
+        try:
+            async with services.db.transaction() as session:
+                await session.execute(text(OUTBOX_QUERY_TIMEOUT))
+                row = (await session.execute(query)).one()
+        except Exception as exc:
+            # A scrape must not fail because the database is slow; the gauges keep their last values.
+            logging.getLogger(__name__).warning("metrics: outbox state unavailable: %r", exc)
+            return
+        finally:
+            self._reading = False
+        metrics.set_outbox_state(int(row.backlog), float(row.age), int(row.dead))
 
 
 def install_observability(app: FastAPI, settings: Settings) -> None:
     """Add /metrics (Prometheus text format) and the JSON request log to the app."""
 
+    gauges = OutboxGauges()
+
     @app.get("/metrics", include_in_schema=False)
     async def prometheus_metrics(request: Request) -> Response:
-        await refresh_outbox_metrics(request)
+        await gauges.refresh(request)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     # Added last, so it is the outermost middleware: it sees every response, 413s and 429s included.

@@ -17,8 +17,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from fastapi import APIRouter
 from openai import AsyncOpenAI
 
+from chat_api.admission import OwnerDep, door_router, unguarded_routes
 from tests.conftest import LiveServer, auth, token_for
 from tests.support import new_conversation
 
@@ -206,3 +208,16 @@ def test_every_json_body_answer_parses(server: LiveServer) -> None:
             assert "digits" in str(exc)
         except RecursionError:
             pass
+
+
+def test_a_route_that_reads_the_caller_without_the_door_is_refused_at_start() -> None:
+    """Every authenticated route passes the door: create_app refuses one that does not."""
+    outside = APIRouter()
+
+    @outside.get("/v1/sneaky")
+    async def sneaky(owner: OwnerDep) -> str:
+        return owner.user_id
+
+    inside = door_router()
+    inside.add_api_route("/v1/fine", sneaky)
+    assert unguarded_routes([outside, inside]) == ["['GET'] /v1/sneaky"]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import io
 import json
 import logging
 import re
 from typing import Any
+
+import httpx
+from sqlalchemy import event
 
 from chat_api.observability import JsonFormatter, bind_log_context, log_context, loggable_text
 
@@ -111,3 +115,22 @@ async def test_a_cli_server_freezes_its_startup_objects_and_collects_less_often(
         await server.stop()
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+async def test_a_flood_of_unauthenticated_scrapes_reads_the_outbox_once(server: Any) -> None:
+    """Found: each /metrics request (no token needed) ran the outbox query on a pooled connection."""
+    reads: list[str] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM outbox" in statement:
+            reads.append(statement)
+
+    engine = server.services.db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        async with httpx.AsyncClient(base_url=server.base_url) as anonymous:
+            scrapes = await asyncio.gather(*(anonymous.get("/metrics") for _ in range(40)))
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert all(s.status_code == 200 and "chatmem_outbox_backlog" in s.text for s in scrapes)
+    assert len(reads) == 1, len(reads)
