@@ -218,6 +218,46 @@ async def test_deleting_a_user_stops_the_reply_streaming_first(start_server: Any
     assert await rows_of(db, "t1", "u1") == {table: 0 for table in TABLES}
 
 
+async def test_a_checkpoint_still_waiting_to_write_when_the_reply_ends_cannot_outlive_the_users_deletion(
+    start_server: Any, db: Database
+) -> None:
+    """Under load a checkpoint write could commit after the reply's ending, and after a deletion
+    that came next: a `turn_events` row of the deleted user came back (seen as a flaky failure of
+    the test above). The ending now waits for a checkpoint write that claimed its events."""
+    server: LiveServer = await start_server(demo_tokens_per_second=20.0)
+    checkpoints = server.services.checkpointer.db.engine
+    async with server.client(tenant="t1", user="u1") as client:
+        cid = await new_conversation(client)
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
+            lines = r.aiter_lines()
+            async with asyncio.timeout(10):
+                async for line in lines:
+                    if line == "event: message.delta":
+                        break
+            (reply,) = server.services.registry.all()
+            # Every connection of the checkpointer's pool is taken, as on a loaded server: its
+            # next tick claims the reply's new events, then waits for a connection.
+            pool = checkpoints.pool
+            held = [await checkpoints.connect() for _ in range(pool.size() + pool._max_overflow)]
+            claimed_before = reply.persisted
+            await wait_until(lambda: reply.persisted > claimed_before, 10, "a checkpoint to claim events")
+
+            async def stop_then_delete() -> None:
+                async with httpx.AsyncClient(base_url=server.base_url, headers=client.headers) as other:
+                    assert (await other.post(f"/v1/turns/{reply.turn_id}/stop")).status_code == 200
+                    assert (await other.delete("/v1/users/me")).status_code == 204
+
+            deleting = asyncio.create_task(stop_then_delete())
+            done, _ = await asyncio.wait({deleting}, timeout=1.0)
+            assert not done, "the reply ended while a checkpoint of its events was still to be written"
+            for connection in held:
+                await connection.close()
+            await deleting
+            rest = [line async for line in lines]
+        assert "event: turn.interrupted" in rest
+    assert await rows_of(db, "t1", "u1") == {table: 0 for table in TABLES}
+
+
 async def test_the_retention_job_runs_periodically_in_a_real_server(start_server: Any, db: Database) -> None:
     server: LiveServer = await start_server(retention_days=1.0, retention_interval_seconds=0.2)
     async with server.client(tenant="t1") as client:

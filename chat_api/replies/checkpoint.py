@@ -117,6 +117,8 @@ class Checkpointer:
                         "last_event_id": claimed.last_id,
                     }
                 )
+        for reply in owners:
+            reply.checkpoint_idle.clear()
         try:
             async with self.db.transaction() as session:
                 await session.execute(ASYNC_COMMIT)
@@ -129,3 +131,6 @@ class Checkpointer:
             for reply, claimed in zip(owners, chunks, strict=True):
                 give_back(reply, claimed)
             raise
+        finally:
+            for reply in owners:
+                reply.checkpoint_idle.set()

@@ -42,7 +42,12 @@ class Reply:
         self.user_turn_id = user_turn_id
         self.turn_id = reply_id  # the assistant turn streaming now
         self.events: list[Event] = []
-        self.persisted = 0  # events[:persisted] are in turn_events
+        self.persisted = 0  # events[:persisted] are in turn_events, or claimed by a write under way
+        # Clear while a checkpoint write of this reply's events is under way. The ending waits
+        # for it, so that the ending is the reply's last write: a checkpoint that committed
+        # after it could outlive a deletion that came after the ending (the user's erasure).
+        self.checkpoint_idle = asyncio.Event()
+        self.checkpoint_idle.set()
         self.chars_since_checkpoint = 0
         self.content_parts: list[str] = []
         self.tool_calls: list[ToolCall] = []

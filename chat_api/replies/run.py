@@ -370,6 +370,9 @@ class ReplyRunner:
 
     async def _finalize(self, reply: Reply, status: str, error: dict[str, str] | None) -> None:
         """Store the ending (or the parking) with every event not stored yet, then tell followers."""
+        # A checkpoint write under way holds events claimed before this ending: let it land first.
+        while not reply.checkpoint_idle.is_set():
+            await reply.checkpoint_idle.wait()
         claimed = take_unpersisted(reply)
         unsaved = reply.events[claimed.start :] if claimed else []
         try:
