@@ -31,9 +31,9 @@ from memory.config import get_settings
 from memory.conversations import Owner, create_conversation
 from memory.db import Database, upgrade
 from memory.embedded_pg import EmbeddedPostgres
-from memory.keywords import memory_text
 from memory.models import Conversation, TurnStatus
 from memory.outbox import record_finished_turns
+from memory.recall.keywords import memory_text
 from memory.turns import add_turn
 
 TOPICS = ["garden", "sister's bakery", "marathon training", "the new job", "Lisbon trip", "piano lessons"]

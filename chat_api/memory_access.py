@@ -23,7 +23,6 @@ from chat_api.admission.inputs import check_text
 from chat_api.services import Services
 from memory.conversations import Owner
 from memory.embeddings import Embedder
-from memory.keywords import memory_search_terms, memory_text
 from memory.memory_items import (
     MAX_ITEM_CHARS,
     Embedded,
@@ -34,6 +33,7 @@ from memory.memory_items import (
     items_by_key,
     remember_fact,
 )
+from memory.recall.keywords import memory_search_terms, memory_text
 from memory.redaction import redact
 
 MAX_QUERY_CHARS = 2000

@@ -32,9 +32,9 @@ from memory.branches import turns_off_active_branch
 from memory.config import Settings
 from memory.db import Database
 from memory.embeddings import Embedder
-from memory.keywords import memory_search_terms, memory_text, photo_caption
 from memory.models import EMBEDDING_DIM
 from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
+from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.redaction import redact
 from memory.remembering import is_low_information
 

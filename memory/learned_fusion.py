@@ -90,7 +90,7 @@ class CandidateSignals:
     keyword_rank: int | None
     name: str | None
     text: str
-    # The turn shared an image with a caption (``memory.keywords.photo_caption``).
+    # The turn shared an image with a caption (``memory.recall.keywords.photo_caption``).
     has_caption: bool
     previous: NeighbourSignals | None
     next: NeighbourSignals | None

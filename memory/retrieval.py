@@ -39,9 +39,9 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
-from memory.keywords import photo_caption, query_terms
 from memory.learned_fusion import QUESTION_PATTERN, CandidateSignals, NeighbourSignals, learned_scores
 from memory.models import EMBEDDING_DIM
+from memory.recall.keywords import photo_caption, query_terms
 from memory.tenancy import TENANT_ROLE, current_tenant
 
 BM25_K1 = 1.2

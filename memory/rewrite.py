@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from memory.keywords import STOPWORDS, query_terms
 from memory.prompts import PromptSet
+from memory.recall.keywords import STOPWORDS, query_terms
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from sqlalchemy import func, insert
 
 from memory.db import Database
 from memory.embeddings import HashEmbedder
-from memory.keywords import memory_search_terms, memory_text
 from memory.models import MemoryItem
+from memory.recall.keywords import memory_search_terms, memory_text
 from memory.retrieval import Fusion, search_memory
 
 EMBEDDER = HashEmbedder()

@@ -10,7 +10,7 @@ import pytest
 
 from indexer.chunking import chunk_text
 from memory.embeddings import HashEmbedder
-from memory.keywords import memory_search_terms, memory_text, query_terms, search_terms
+from memory.recall.keywords import memory_search_terms, memory_text, query_terms, search_terms
 from memory.redaction import cn_id_checksum_ok, luhn_ok, redact
 from memory.remembering import is_low_information
 
