@@ -34,7 +34,7 @@ from memory.memory_items import (
     remember_fact,
 )
 from memory.recall.keywords import memory_search_terms, memory_text
-from memory.redaction import redact
+from memory.recall.redaction import redact
 
 MAX_QUERY_CHARS = 2000
 

@@ -35,7 +35,7 @@ from memory.embeddings import Embedder
 from memory.models import EMBEDDING_DIM
 from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
-from memory.redaction import redact
+from memory.recall.redaction import redact
 from memory.remembering import is_low_information
 
 # Texts per encode call of the indexer: small enough that a query queued behind one waits

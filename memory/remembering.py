@@ -1,7 +1,7 @@
 """What long-term memory keeps of a turn, and how: the one rule, for the indexer and for recall.
 
 `remembered_text` says it: nothing of a turn that is only small talk, and everything else
-with personal identifiers redacted (`memory/redaction.py`) when REDACT_PII is on. Recall
+with personal identifiers redacted (`memory/recall/redaction.py`) when REDACT_PII is on. Recall
 applies it to turns not indexed yet, so they are searched as the index will hold them.
 
 Which turns are not worth remembering: greetings, thanks, acknowledgements, emoji.
@@ -17,7 +17,7 @@ import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 
-from memory.redaction import redact
+from memory.recall.redaction import redact
 
 # Regex fragments, not plain strings: laughter and drawn-out words come in any length.
 ENGLISH_PHRASES = (

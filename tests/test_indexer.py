@@ -19,7 +19,7 @@ from memory.db import Database, asyncpg_dsn
 from memory.embeddings import HashEmbedder
 from memory.models import Conversation, MemoryItem, OutboxRow, Turn, TurnStatus
 from memory.outbox import PAYLOAD_VERSION, record_finished_turn, turn_payload
-from memory.redaction import redact
+from memory.recall.redaction import redact
 from memory.turns import add_turn
 from tests.support import wait_until
 
