@@ -31,11 +31,11 @@ from memory.conversations import Owner
 from memory.embeddings import Embedder
 from memory.json_bounds import readable_json
 from memory.json_values import JsonObject
+from memory.recall.remembering import remembered_text
 from memory.recall_search import (
     RecalledMemory,
     recall_memories,
 )
-from memory.remembering import remembered_text
 from memory.retrieval import Fusion
 from memory.rewrite import HistoryLine, Rewrite, rewrite_query
 from memory.vector_cache import VectorCache

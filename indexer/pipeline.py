@@ -36,7 +36,7 @@ from memory.models import EMBEDDING_DIM
 from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.redaction import redact
-from memory.remembering import is_low_information
+from memory.recall.remembering import is_low_information
 
 # Texts per encode call of the indexer: small enough that a query queued behind one waits
 # tens of milliseconds, large enough to keep the encoder's batching (see _embed).

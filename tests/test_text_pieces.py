@@ -12,7 +12,7 @@ from indexer.chunking import chunk_text
 from memory.embeddings import HashEmbedder
 from memory.recall.keywords import memory_search_terms, memory_text, query_terms, search_terms
 from memory.recall.redaction import cn_id_checksum_ok, luhn_ok, redact
-from memory.remembering import is_low_information
+from memory.recall.remembering import is_low_information
 
 VALID_CN_ID = "11010519491231002X"  # checksum X is right for these 17 digits
 INVALID_CN_ID = "110105194912310021"
