@@ -48,8 +48,8 @@ from memory_eval import load as load_both_layouts
 
 from memory.config import default_embedding_model
 from memory.db import Database
-from memory.embeddings import SentenceTransformerEmbedder
 from memory.learned_fusion import FEATURE_NAMES, SQUARED, fusion_features, linear_scores, rrf
+from memory.recall.embeddings import SentenceTransformerEmbedder
 from memory.retrieval import MemoryHit, best_distinct_hits, search_candidates
 
 # The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall_search.

@@ -50,8 +50,8 @@ from chat_api.services import Services, process_id
 from chat_api.tools import ToolRegistry, configured_registry
 from memory.config import Settings
 from memory.db import Database
-from memory.embeddings import Embedder
 from memory.prompts import load_prompts
+from memory.recall.embeddings import Embedder
 from memory.retention import RetentionJob, RetentionPolicy
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ Worker = Callable[[Services, asyncio.Event], Coroutine[Any, Any, None]]
 
 async def load_embedder(settings: Settings) -> Embedder:
     """The configured sentence-transformers model, loaded off the event loop."""
-    from memory.embeddings import SentenceTransformerEmbedder
+    from memory.recall.embeddings import SentenceTransformerEmbedder
 
     model = SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
     await asyncio.to_thread(model.load, threads=settings.embedding_threads)

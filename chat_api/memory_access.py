@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 from chat_api.admission.inputs import check_text
 from chat_api.services import Services
 from memory.conversations import Owner
-from memory.embeddings import Embedder
 from memory.memory_items import (
     MAX_ITEM_CHARS,
     Embedded,
@@ -33,6 +32,7 @@ from memory.memory_items import (
     items_by_key,
     remember_fact,
 )
+from memory.recall.embeddings import Embedder
 from memory.recall.keywords import memory_search_terms, memory_text
 from memory.recall.redaction import redact
 

@@ -28,9 +28,9 @@ from chat_api.replies.reply import Reply
 from chat_api.tools import ToolContext
 from memory.context import MemoryItemView, PromptWindow
 from memory.conversations import Owner
-from memory.embeddings import Embedder
 from memory.json_bounds import readable_json
 from memory.json_values import JsonObject
+from memory.recall.embeddings import Embedder
 from memory.recall.remembering import remembered_text
 from memory.recall_search import (
     RecalledMemory,

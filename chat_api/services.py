@@ -21,7 +21,7 @@ from chat_api.reply_queue import ReplyQueues
 from chat_api.tools import ToolRegistry
 from memory.config import Settings
 from memory.db import Database
-from memory.embeddings import Embedder
+from memory.recall.embeddings import Embedder
 
 if TYPE_CHECKING:
     from chat_api.recall import MemoryRecaller

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from memory.embeddings import Embedder
+from memory.recall.embeddings import Embedder
 
 BATCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)

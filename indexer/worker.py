@@ -32,7 +32,7 @@ from sqlalchemy import exc as sa_exc
 
 from memory.config import Settings
 from memory.db import Database
-from memory.embeddings import Embedder
+from memory.recall.embeddings import Embedder
 
 from . import metrics
 from .kafka_transport import KafkaQueueConsumer, is_kafka_error
@@ -235,7 +235,7 @@ def _database(settings: Settings) -> Database:
 
 async def load_embedder(settings: Settings) -> Embedder:
     """The sentence-transformers model of the settings, loaded off the event loop."""
-    from memory.embeddings import SentenceTransformerEmbedder
+    from memory.recall.embeddings import SentenceTransformerEmbedder
 
     embedder = SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
     await asyncio.to_thread(embedder.load)

@@ -69,7 +69,7 @@ import uvicorn  # noqa: E402
 from chat_api.app import create_app  # noqa: E402
 from chat_api.auth import issue_token  # noqa: E402
 from memory.config import Settings, get_settings  # noqa: E402
-from memory.embeddings import HashEmbedder  # noqa: E402
+from memory.recall.embeddings import HashEmbedder  # noqa: E402
 
 TEST_SECRET = "test-secret-not-for-production-0123456789"
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from memory.config import default_embedding_model
-from memory.embeddings import (
+from memory.recall.embeddings import (
     PADDED_CHARS_PER_BATCH,
     EncodeBatcher,
     HashEmbedder,

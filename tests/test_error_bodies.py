@@ -19,7 +19,7 @@ import jwt
 from fastapi import APIRouter
 
 from chat_api.app import create_app
-from memory.embeddings import HashEmbedder
+from memory.recall.embeddings import HashEmbedder
 from tests.conftest import TEST_SECRET, LiveServer
 from tests.support import new_conversation
 from tests.test_api_contract import assert_error

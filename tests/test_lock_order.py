@@ -28,7 +28,7 @@ from indexer.worker import IndexerWorker
 from memory.config import Settings
 from memory.conversations import Owner
 from memory.db import Database
-from memory.embeddings import HashEmbedder
+from memory.recall.embeddings import HashEmbedder
 from memory.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
 from tests.support import wait_until

@@ -19,8 +19,8 @@ from sqlalchemy import event, select, update
 from indexer.pipeline import IndexPipeline
 from memory.config import Settings
 from memory.db import Database
-from memory.embeddings import HashEmbedder
 from memory.models import Conversation, MemoryItem, OutboxRow, Turn
+from memory.recall.embeddings import HashEmbedder
 from memory.rewrite import HistoryLine, clean_model_query, heuristic_rewrite
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply

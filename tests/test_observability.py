@@ -101,7 +101,7 @@ async def test_a_cli_server_freezes_its_startup_objects_and_collects_less_often(
 ) -> None:
     """What `chatmem serve` asks of create_app: startup objects out of the collector's walk, calmer GC."""
     from chat_api.app import create_app
-    from memory.embeddings import HashEmbedder
+    from memory.recall.embeddings import HashEmbedder
     from tests.conftest import LiveServer
 
     before = gc.get_threshold()

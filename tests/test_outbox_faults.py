@@ -26,7 +26,7 @@ from indexer.relay import OutboxRelay
 from indexer.worker import IndexerWorker
 from memory.config import Settings
 from memory.db import Database
-from memory.embeddings import HashEmbedder
+from memory.recall.embeddings import HashEmbedder
 from tests.kafka_mock import TcpGate
 from tests.kafka_mock import topic_size as kafka_topic_size
 from tests.support import wait_until
@@ -41,7 +41,7 @@ MOCK_PARTITIONS = 4
 CHILD = """
 import asyncio, sys
 from memory.config import get_settings
-from memory.embeddings import HashEmbedder
+from memory.recall.embeddings import HashEmbedder
 from indexer.worker import run_indexer_main, run_relay_main
 settings = get_settings()
 if sys.argv[1] == "relay":

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from memory.embeddings import HashEmbedder
+from memory.recall.embeddings import HashEmbedder
 from tests.conftest import LiveServer
 from tests.support import new_conversation
 from tests.test_memory_recall import FACT, QUESTION, reply_text, retrieved, say

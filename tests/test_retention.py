@@ -192,7 +192,7 @@ async def test_deleting_a_user_removes_everything_of_theirs_and_nothing_else(
         assert (await client.delete("/v1/users/me")).status_code == 204  # idempotent
     # A delivery that arrives after the deletion finds no conversation and writes nothing.
     from indexer.pipeline import IndexPipeline
-    from memory.embeddings import HashEmbedder
+    from memory.recall.embeddings import HashEmbedder
 
     result = await IndexPipeline(db, HashEmbedder(), make_settings()).index(queued)
     assert result.indexed_turns == 0 and result.skipped["deleted"] == len(queued)

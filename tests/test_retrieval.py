@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, insert
 
 from memory.db import Database
-from memory.embeddings import HashEmbedder
 from memory.models import MemoryItem
+from memory.recall.embeddings import HashEmbedder
 from memory.recall.keywords import memory_search_terms, memory_text
 from memory.retrieval import Fusion, search_memory
 

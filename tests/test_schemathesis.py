@@ -36,7 +36,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from chat_api.app import create_app
 from memory.config import get_settings
-from memory.embeddings import HashEmbedder
+from memory.recall.embeddings import HashEmbedder
 from tests.conftest import TEST_SECRET, auth
 
 

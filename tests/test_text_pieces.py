@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from indexer.chunking import chunk_text
-from memory.embeddings import HashEmbedder
+from memory.recall.embeddings import HashEmbedder
 from memory.recall.keywords import memory_search_terms, memory_text, query_terms, search_terms
 from memory.recall.redaction import cn_id_checksum_ok, luhn_ok, redact
 from memory.recall.remembering import is_low_information

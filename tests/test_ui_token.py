@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from chat_api.app import create_app
 from chat_api.auth import issue_token
 from chat_api.routes.page import loopback_request
-from memory.embeddings import HashEmbedder
+from memory.recall.embeddings import HashEmbedder
 from tests.conftest import TEST_SECRET, LiveServer
 
 

@@ -24,7 +24,7 @@ from memory.config import Settings
 def embedded_workers(settings: Settings) -> list[Any]:
     """The relay or Postgres consumer and the indexer, run inside the API process."""
     from indexer.worker import IndexerWorker, OutboxRelay
-    from memory.embeddings import SentenceTransformerEmbedder
+    from memory.recall.embeddings import SentenceTransformerEmbedder
 
     async def indexer(services: Any, stop: asyncio.Event) -> None:
         embedder = services.embedder
