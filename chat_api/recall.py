@@ -32,12 +32,12 @@ from memory.json_bounds import readable_json
 from memory.json_values import JsonObject
 from memory.recall.embeddings import Embedder
 from memory.recall.remembering import remembered_text
+from memory.recall.rewrite import HistoryLine, Rewrite, rewrite_query
 from memory.recall_search import (
     RecalledMemory,
     recall_memories,
 )
 from memory.retrieval import Fusion
-from memory.rewrite import HistoryLine, Rewrite, rewrite_query
 from memory.vector_cache import VectorCache
 
 if TYPE_CHECKING:
