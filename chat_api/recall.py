@@ -33,12 +33,12 @@ from memory.json_values import JsonObject
 from memory.recall.embeddings import Embedder
 from memory.recall.remembering import remembered_text
 from memory.recall.rewrite import HistoryLine, Rewrite, rewrite_query
+from memory.recall.vector_cache import VectorCache
 from memory.recall_search import (
     RecalledMemory,
     recall_memories,
 )
 from memory.retrieval import Fusion
-from memory.vector_cache import VectorCache
 
 if TYPE_CHECKING:
     from chat_api.services import Services

@@ -35,8 +35,8 @@ from memory.learned_fusion import CandidateSignals, NeighbourSignals, is_questio
 from memory.outbox import RECORDED_ROLES, RECORDED_STATUSES
 from memory.recall.embeddings import Embedder
 from memory.recall.keywords import memory_text, photo_caption, query_terms, search_terms
+from memory.recall.vector_cache import VectorCache
 from memory.retrieval import DEFAULT_FUSION, Fusion, MemoryHit, normalised_text, search_memory
-from memory.vector_cache import VectorCache
 
 UNINDEXED_LIMIT = 32
 UNINDEXED_MIN_SIMILARITY = 0.3

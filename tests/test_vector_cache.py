@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memory.vector_cache import VectorCache
+from memory.recall.vector_cache import VectorCache
 
 
 def test_the_cache_keeps_at_most_its_bound_and_drops_the_least_recently_used() -> None:
