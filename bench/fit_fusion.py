@@ -15,7 +15,7 @@ conversations' questions with the product's dedupe (``best_distinct_hits``), bes
 (the product's fallback) on the same candidates. Printed as a table and written as JSON:
 mean over splits of held-out recall@1/5/10/20 per layout and per category, and an
 ablation by feature group. ``--write`` fits on all five conversations and writes
-``memory/fusion_weights.py``.
+``memory/recall/fusion_weights.py``.
 
     python bench/fit_fusion.py --data ../shared/bench/locomo_dev.json --depth 50 100 --write
 """
@@ -240,7 +240,7 @@ def write_weights(
     conversations: list[str],
     held_out: dict[str, dict[str, float]],
 ) -> None:
-    """memory/fusion_weights.py: the fitted formula as named constants."""
+    """memory/recall/fusion_weights.py: the fitted formula as named constants."""
 
     def block(name: str, values: np.ndarray) -> str:
         rows = "".join(f'    "{f}": {float(v)!r},\n' for f, v in zip(FEATURE_NAMES, values, strict=True))
@@ -362,7 +362,9 @@ def main() -> None:
     parser.add_argument(
         "--depth", type=int, nargs="+", default=[50], help="candidates of each list (the first is written)"
     )
-    parser.add_argument("--write", action="store_true", help="write memory/fusion_weights.py (first depth)")
+    parser.add_argument(
+        "--write", action="store_true", help="write memory/recall/fusion_weights.py (first depth)"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/fit_fusion.json"))
     parser.add_argument(
         "--cache", type=Path, help="keep the collected candidates here and reuse them (refits skip the load)"

@@ -14,7 +14,7 @@ things it cannot express carry most of the evidence it misses:
 
 Every signal comes from the search statement (``memory.retrieval``) or the candidate's
 own row; the speaker names are the ``name`` values of the user's own candidates, so
-nothing here knows about any data set. The weights (``memory.fusion_weights``) were
+nothing here knows about any data set. The weights (``memory.recall.fusion_weights``) were
 fitted by ``bench/fit_fusion.py`` through this very module, so what is fitted is what
 runs. The score is the logistic of the weighted sum: a probability-like value in (0, 1)
 that ``MEMORY_MIN_SCORE`` thresholds the same way it thresholds the RRF score.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memory import fusion_weights
+from memory.recall import fusion_weights
 
 # RRF as a feature: its constants are part of the fitted formula, not the RRF settings.
 RRF_FEATURE_K = 10.0
@@ -181,7 +181,7 @@ def linear_scores(
 def _shipped(table: dict[str, float]) -> list[float]:
     if set(table) != set(FEATURE_NAMES):
         raise RuntimeError(
-            "memory.fusion_weights does not match FEATURE_NAMES; refit with bench/fit_fusion.py"
+            "memory.recall.fusion_weights does not match FEATURE_NAMES; refit with bench/fit_fusion.py"
         )
     return [table[name] for name in FEATURE_NAMES]
 

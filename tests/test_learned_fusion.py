@@ -2,7 +2,7 @@
 
 Memories are inserted the way the indexer writes them (``memory_text`` with the speaker's
 name, keyword terms with the previous turn's words) and embedded by the deterministic
-HashEmbedder; the weights are the shipped ones (memory/fusion_weights.py).
+HashEmbedder; the weights are the shipped ones (memory/recall/fusion_weights.py).
 """
 
 from __future__ import annotations
