@@ -56,7 +56,7 @@ from memory.retrieval import MemoryHit, best_distinct_hits, search_candidates
 RANKED = 25
 L2_C = 1.0
 TUNING_CONVERSATIONS = 3
-WEIGHTS_MODULE = ROOT / "memory" / "fusion_weights.py"
+WEIGHTS_MODULE = ROOT / "memory" / "recall" / "fusion_weights.py"
 # Ablation: feature groups added one after another.
 GROUPS = {
     "scores": [
