@@ -5,7 +5,7 @@ every LoCoMo conversation in both layouts (``memory_eval.load``: one user per Lo
 conversation, its own indexer). The server is then stopped and, for every question of
 categories 1-4, this script asks the product's own ``memory.retrieval.search_candidates``
 (the statement the search runs) for the candidates and their signals, and builds the
-features with ``memory.learned_fusion.fusion_features``: what is fitted is what runs.
+features with ``memory.recall.learned_fusion.fusion_features``: what is fitted is what runs.
 A candidate is positive when its ``external_id`` (the dia id) is evidence.
 
 The model is a logistic regression on standardised features (L2, C = 1, Newton's
@@ -48,8 +48,8 @@ from memory_eval import load as load_both_layouts
 
 from memory.config import default_embedding_model
 from memory.db import Database
-from memory.learned_fusion import FEATURE_NAMES, SQUARED, fusion_features, linear_scores, rrf
 from memory.recall.embeddings import SentenceTransformerEmbedder
+from memory.recall.learned_fusion import FEATURE_NAMES, SQUARED, fusion_features, linear_scores, rrf
 from memory.retrieval import MemoryHit, best_distinct_hits, search_candidates
 
 # The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall_search.
@@ -246,7 +246,7 @@ def write_weights(
         rows = "".join(f'    "{f}": {float(v)!r},\n' for f, v in zip(FEATURE_NAMES, values, strict=True))
         return f"{name} = {{\n{rows}}}\n"
 
-    text = f'''"""The learned fusion's fitted formula (memory/learned_fusion.py): standardise, weigh, add.
+    text = f'''"""The fitted formula of memory/recall/learned_fusion.py: standardise, weigh, add.
 
 Written by ``bench/fit_fusion.py --write``; do not edit by hand. Fitted by L2-regularised
 logistic regression (C = {L2_C}) on the LoCoMo slice (../shared/bench/locomo_dev.json:

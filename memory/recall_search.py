@@ -31,10 +31,10 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.db import Database
-from memory.learned_fusion import CandidateSignals, NeighbourSignals, is_question, learned_scores
 from memory.outbox import RECORDED_ROLES, RECORDED_STATUSES
 from memory.recall.embeddings import Embedder
 from memory.recall.keywords import memory_text, photo_caption, query_terms, search_terms
+from memory.recall.learned_fusion import CandidateSignals, NeighbourSignals, is_question, learned_scores
 from memory.recall.vector_cache import VectorCache
 from memory.retrieval import DEFAULT_FUSION, Fusion, MemoryHit, normalised_text, search_memory
 

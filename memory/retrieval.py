@@ -1,7 +1,7 @@
 """Hybrid memory search: dense (pgvector HNSW) and keyword (BM25 over tsvector), then fused.
 
 Two fusions, one statement each, sharing the two top lists: the learned fusion (the
-default) fetches the union of both lists with every signal ``memory.learned_fusion``
+default) fetches the union of both lists with every signal ``memory.recall.learned_fusion``
 scores, neighbours included, and ranks in Python; the RRF fallback fuses, dedupes and
 cuts in SQL, in the style of pgvector-python's ``examples/hybrid_search/rrf.py``.
 Choices measured on the LoCoMo slice (``bench/memory_eval.py``, ``bench/fit_fusion.py``):
@@ -39,9 +39,9 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
-from memory.learned_fusion import QUESTION_PATTERN, CandidateSignals, NeighbourSignals, learned_scores
 from memory.models import EMBEDDING_DIM
 from memory.recall.keywords import photo_caption, query_terms
+from memory.recall.learned_fusion import QUESTION_PATTERN, CandidateSignals, NeighbourSignals, learned_scores
 from memory.tenancy import TENANT_ROLE, current_tenant
 
 BM25_K1 = 1.2
@@ -58,7 +58,7 @@ class Fusion:
     """How the dense and keyword rankings are fused and how deep each one goes.
 
     ``learned`` (the default) scores every candidate with the fitted linear formula of
-    ``memory.learned_fusion``; ``rrf`` is the weighted reciprocal rank fusion below, kept so
+    ``memory.recall.learned_fusion``; ``rrf`` is the weighted reciprocal rank fusion below, kept so
     operators can fall back to it (``MEMORY_FUSION=rrf``). The weights and ``rrf_k`` are
     RRF's only.
     """
@@ -195,7 +195,7 @@ LIMIT :k
 """
 
 
-# The union of both top lists with every signal the learned fusion reads (memory/learned_fusion.py),
+# The union of both top lists with every signal the learned fusion reads (memory/recall/learned_fusion.py),
 # the neighbours' scores included: fetched here, so a neighbour outside both lists still counts.
 _CANDIDATE_SIGNALS = """,
 candidates AS (

@@ -13,10 +13,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, insert
 
 from memory.db import Database
-from memory.learned_fusion import FEATURE_NAMES, fusion_features, is_question, named_speakers
 from memory.models import MemoryItem
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
+from memory.recall.learned_fusion import FEATURE_NAMES, fusion_features, is_question, named_speakers
 from memory.recall_search import UnindexedTurn, score_unindexed
 from memory.retrieval import Fusion, search_candidates, search_memory
 
