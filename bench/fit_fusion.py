@@ -3,7 +3,7 @@
 The data goes in the way a user's does: a real `chatmem serve --with-workers` imports
 every LoCoMo conversation in both layouts (``memory_eval.load``: one user per LoCoMo
 conversation, its own indexer). The server is then stopped and, for every question of
-categories 1-4, this script asks the product's own ``memory.retrieval.search_candidates``
+categories 1-4, this script asks the product's own ``memory.recall.index_search.search_candidates``
 (the statement the search runs) for the candidates and their signals, and builds the
 features with ``memory.recall.learned_fusion.fusion_features``: what is fitted is what runs.
 A candidate is positive when its ``external_id`` (the dia id) is evidence.
@@ -49,8 +49,8 @@ from memory_eval import load as load_both_layouts
 from memory.config import default_embedding_model
 from memory.db import Database
 from memory.recall.embeddings import SentenceTransformerEmbedder
+from memory.recall.index_search import MemoryHit, best_distinct_hits, search_candidates
 from memory.recall.learned_fusion import FEATURE_NAMES, SQUARED, fusion_features, linear_scores, rrf
-from memory.retrieval import MemoryHit, best_distinct_hits, search_candidates
 
 # The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall_search.
 RANKED = 25

@@ -31,7 +31,7 @@ from pgvector.asyncpg import register_vector
 from memory.db import Database, asyncpg_dsn, upgrade
 from memory.embedded_pg import EmbeddedPostgres
 from memory.models import EMBEDDING_DIM
-from memory.retrieval import SET_SEARCH_SETTINGS, search_memory
+from memory.recall.index_search import SET_SEARCH_SETTINGS, search_memory
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TENANT = "bench"

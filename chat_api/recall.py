@@ -31,6 +31,7 @@ from memory.conversations import Owner
 from memory.json_bounds import readable_json
 from memory.json_values import JsonObject
 from memory.recall.embeddings import Embedder
+from memory.recall.index_search import Fusion
 from memory.recall.remembering import remembered_text
 from memory.recall.rewrite import HistoryLine, Rewrite, rewrite_query
 from memory.recall.vector_cache import VectorCache
@@ -38,7 +39,6 @@ from memory.recall_search import (
     RecalledMemory,
     recall_memories,
 )
-from memory.retrieval import Fusion
 
 if TYPE_CHECKING:
     from chat_api.services import Services

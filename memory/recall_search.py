@@ -1,6 +1,6 @@
 """Memory search as the chat uses it: the index, plus finished turns the indexer has not reached yet.
 
-``memory.retrieval.search_memory`` searches ``memory_items``, which the indexer fills
+``memory.recall.index_search.search_memory`` searches ``memory_items``, which the indexer fills
 asynchronously. A fact stated two seconds ago may still sit behind a conversation's
 watermark (``indexed_seq``), so this module also reads the user's newest finished turns
 above the watermark (at most ``UNINDEXED_LIMIT``), embeds them together with the query in
@@ -33,10 +33,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.db import Database
 from memory.outbox import RECORDED_ROLES, RECORDED_STATUSES
 from memory.recall.embeddings import Embedder
+from memory.recall.index_search import DEFAULT_FUSION, Fusion, MemoryHit, normalised_text, search_memory
 from memory.recall.keywords import memory_text, photo_caption, query_terms, search_terms
 from memory.recall.learned_fusion import CandidateSignals, NeighbourSignals, is_question, learned_scores
 from memory.recall.vector_cache import VectorCache
-from memory.retrieval import DEFAULT_FUSION, Fusion, MemoryHit, normalised_text, search_memory
 
 UNINDEXED_LIMIT = 32
 UNINDEXED_MIN_SIMILARITY = 0.3

@@ -10,8 +10,8 @@ from sqlalchemy import func, insert
 from memory.db import Database
 from memory.models import MemoryItem
 from memory.recall.embeddings import HashEmbedder
+from memory.recall.index_search import Fusion, search_memory
 from memory.recall.keywords import memory_search_terms, memory_text
-from memory.retrieval import Fusion, search_memory
 
 EMBEDDER = HashEmbedder()
 WHEN = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)

@@ -209,7 +209,7 @@ async def test_a_request_and_the_reply_it_starts_run_in_its_tenants_scope(
 async def test_memory_search_in_a_scope_finds_the_tenants_memory_and_restores_the_role(
     db: Database, two_tenants: Any
 ) -> None:
-    from memory.retrieval import search_memory
+    from memory.recall.index_search import search_memory
 
     vector = [1.0] + [0.0] * 383
     with tenant_scope("A"):
@@ -225,7 +225,7 @@ async def test_memory_search_in_a_scope_finds_the_tenants_memory_and_restores_th
 
 async def test_memory_search_in_a_scope_refuses_another_tenant(db: Database, two_tenants: Any) -> None:
     from memory.errors import NotFound
-    from memory.retrieval import search_memory
+    from memory.recall.index_search import search_memory
 
     with tenant_scope("A"), pytest.raises(NotFound):
         async with db.transaction() as session:

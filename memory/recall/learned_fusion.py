@@ -12,7 +12,7 @@ things it cannot express carry most of the evidence it misses:
   evidence turns are longer than most, but a model's replies are longer still, and a
   length prior ranked a long reply quoting a fact above the user's own statement of it.
 
-Every signal comes from the search statement (``memory.retrieval``) or the candidate's
+Every signal comes from the search statement (``memory.recall.index_search``) or the candidate's
 own row; the speaker names are the ``name`` values of the user's own candidates, so
 nothing here knows about any data set. The weights (``memory.recall.fusion_weights``) were
 fitted by ``bench/fit_fusion.py`` through this very module, so what is fitted is what
@@ -34,7 +34,7 @@ from memory.recall import fusion_weights
 RRF_FEATURE_K = 10.0
 RRF_FEATURE_KEYWORD_WEIGHT = 1.5
 RRF_FEATURE_VECTOR_WEIGHT = 1.0
-# Shared with the SQL (``memory.retrieval``): one definition of the question test.
+# Shared with the SQL (``memory.recall.index_search``): one definition of the question test.
 QUESTION_PATTERN = r"\?\s*$"
 _QUESTION = re.compile(QUESTION_PATTERN)
 
