@@ -52,7 +52,7 @@ from memory.recall.embeddings import SentenceTransformerEmbedder
 from memory.recall.index_search import MemoryHit, best_distinct_hits, search_candidates
 from memory.recall.learned_fusion import FEATURE_NAMES, SQUARED, fusion_features, linear_scores, rrf
 
-# The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall_search.
+# The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall.search.
 RANKED = 25
 L2_C = 1.0
 TUNING_CONVERSATIONS = 3

@@ -34,11 +34,11 @@ from memory.recall.embeddings import Embedder
 from memory.recall.index_search import Fusion
 from memory.recall.remembering import remembered_text
 from memory.recall.rewrite import HistoryLine, Rewrite, rewrite_query
-from memory.recall.vector_cache import VectorCache
-from memory.recall_search import (
+from memory.recall.search import (
     RecalledMemory,
     recall_memories,
 )
+from memory.recall.vector_cache import VectorCache
 
 if TYPE_CHECKING:
     from chat_api.services import Services

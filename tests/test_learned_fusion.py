@@ -18,7 +18,7 @@ from memory.recall.embeddings import HashEmbedder
 from memory.recall.index_search import Fusion, search_candidates, search_memory
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.learned_fusion import FEATURE_NAMES, fusion_features, is_question, named_speakers
-from memory.recall_search import UnindexedTurn, score_unindexed
+from memory.recall.search import UnindexedTurn, score_unindexed
 
 EMBEDDER = HashEmbedder()
 WHEN = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
