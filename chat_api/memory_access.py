@@ -22,7 +22,8 @@ from datetime import UTC, datetime
 from chat_api.admission.inputs import check_text
 from chat_api.services import Services
 from memory.conversations import Owner
-from memory.memory_items import (
+from memory.recall.embeddings import Embedder
+from memory.recall.items import (
     MAX_ITEM_CHARS,
     Embedded,
     StoredMemory,
@@ -32,7 +33,6 @@ from memory.memory_items import (
     items_by_key,
     remember_fact,
 )
-from memory.recall.embeddings import Embedder
 from memory.recall.keywords import memory_search_terms, memory_text
 from memory.recall.redaction import redact
 

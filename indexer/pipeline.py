@@ -98,7 +98,7 @@ UPSERT_ITEM = text(
         on_active_branch = EXCLUDED.on_active_branch, indexed_at = now()
     WHERE (memory_items.text, memory_items.name, memory_items.metadata, memory_items.on_active_branch)
           IS DISTINCT FROM (EXCLUDED.text, EXCLUDED.name, EXCLUDED.metadata, EXCLUDED.on_active_branch)
-      -- A user's correction or forgetting of this item outlives reprocessing (memory/memory_items.py).
+      -- A user's correction or forgetting of this item outlives reprocessing (memory/recall/items.py).
       AND memory_items.edited_at IS NULL AND memory_items.forgotten_at IS NULL
     """
 ).bindparams(bindparam("metadata", type_=JSONB(none_as_null=True)))

@@ -312,7 +312,7 @@ class MemoryItem(Base):
     # Expired with its turn: invisible to search now, purged after the grace period.
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     source: Mapped[str] = mapped_column(String(16), default=MemoryItemSource.TURN, server_default="turn")
-    # The user corrected the text: the indexer never overwrites it (memory/memory_items.py).
+    # The user corrected the text: the indexer never overwrites it (memory/recall/items.py).
     edited_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # The user forgot it: a tombstone (deleted_at set, text emptied) the indexer never revives.
     forgotten_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -164,7 +164,7 @@ PURGE_MEMORY = text(
     f"""
     DELETE FROM memory_items WHERE id IN (
         SELECT id FROM memory_items WHERE deleted_at < {_OLDER_THAN_GRACE}
-          -- a forgotten item's tombstone stays while its turn does (memory/memory_items.py)
+          -- a forgotten item's tombstone stays while its turn does (memory/recall/items.py)
           AND forgotten_at IS NULL
         LIMIT :limit FOR UPDATE SKIP LOCKED
     )

@@ -20,7 +20,7 @@ from chat_api.memory_access import MAX_QUERY_CHARS, MemoryAccess
 from chat_api.schemas import Strict
 from memory.conversations import get_conversation
 from memory.errors import InvalidInput
-from memory.memory_items import MAX_ITEM_CHARS, ItemFilter, StoredMemory, get_item, list_items
+from memory.recall.items import MAX_ITEM_CHARS, ItemFilter, StoredMemory, get_item, list_items
 
 router = door_router(prefix="/v1/memory/items", tags=["memory"])
 

@@ -412,7 +412,7 @@ async def rank_memories(
             },
         )
         titles = {row.id: row.title for row in rows}
-    # A fact the user stated outside any conversation has none (memory/memory_items.py).
+    # A fact the user stated outside any conversation has none (memory/recall/items.py).
     found = [
         RecalledMemory(h, titles.get(h.conversation_id) if h.conversation_id else None, True)
         for h in indexed
