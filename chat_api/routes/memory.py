@@ -14,7 +14,7 @@ from chat_api.recall import memory_item_json
 from chat_api.schemas import Strict
 from memory.conversations import get_conversation
 from memory.errors import InvalidInput
-from memory.forgetting import forget_user_memory
+from memory.recall.forgetting import forget_user_memory
 
 router = door_router(prefix="/v1/memory", tags=["memory"])
 
