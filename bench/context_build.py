@@ -29,8 +29,9 @@ from typing import Any
 
 from common import print_table, summary_ms, write_json
 
-from memory.context import ContextBudget, MemoryItemView, TurnView, build_context
+from memory.context import ContextBudget, TurnView, build_context
 from memory.prompts import load_prompts
+from memory.recall.found import FoundMemory
 from memory.tokens import clear_count_cache
 
 WORDS = (
@@ -125,10 +126,11 @@ def synthetic_conversation(turns: int, seed: int = 7) -> list[TurnView]:
     return views[-turns:] if len(views) > turns else views
 
 
-def synthetic_memory(count: int, seed: int = 11) -> list[MemoryItemView]:
+def synthetic_memory(count: int, seed: int = 11) -> list[FoundMemory]:
     rng = random.Random(seed)
     return [
-        MemoryItemView(
+        FoundMemory(
+            turn_id=uuid.uuid4(),
             text=paragraph(rng, 3),
             created_at=datetime(2024, 6, 1, tzinfo=UTC) + timedelta(days=i),
             conversation_id=uuid.uuid4(),
@@ -140,9 +142,7 @@ def synthetic_memory(count: int, seed: int = 11) -> list[MemoryItemView]:
     ]
 
 
-def time_builds(
-    turns: list[TurnView], memory: list[MemoryItemView], iterations: int, cold: bool
-) -> list[float]:
+def time_builds(turns: list[TurnView], memory: list[FoundMemory], iterations: int, cold: bool) -> list[float]:
     prompts = load_prompts("en")
     budget = ContextBudget()
     samples = []

@@ -5,13 +5,13 @@ every LoCoMo conversation in both layouts (``memory_eval.load``: one user per Lo
 conversation, its own indexer). The server is then stopped and, for every question of
 categories 1-4, this script asks the product's own ``memory.recall.index_search.search_candidates``
 (the statement the search runs) for the candidates and their signals, and builds the
-features with ``memory.recall.learned_fusion.fusion_features``: what is fitted is what runs.
+features with ``memory.recall.fusion.fusion_features``: what is fitted is what runs.
 A candidate is positive when its ``external_id`` (the dia id) is evidence.
 
 The model is a logistic regression on standardised features (L2, C = 1, Newton's
 method in numpy; no scikit-learn). Cross-validation: for each of the 10 ways to pick
 3 of the 5 conversations, fit on their questions (both layouts) and rank the other two
-conversations' questions with the product's dedupe (``best_distinct_hits``), beside RRF
+conversations' questions with the product's dedupe (``best_distinct``), beside RRF
 (the product's fallback) on the same candidates. Printed as a table and written as JSON:
 mean over splits of held-out recall@1/5/10/20 per layout and per category, and an
 ablation by feature group. ``--write`` fits on all five conversations and writes
@@ -49,8 +49,9 @@ from memory_eval import load as load_both_layouts
 from memory.config import default_embedding_model
 from memory.db import Database
 from memory.recall.embeddings import SentenceTransformerEmbedder
-from memory.recall.index_search import MemoryHit, best_distinct_hits, search_candidates
-from memory.recall.learned_fusion import FEATURE_NAMES, SQUARED, fusion_features, linear_scores, rrf
+from memory.recall.found import FoundMemory, best_distinct
+from memory.recall.fusion import FEATURE_NAMES, RRF_FEATURE, SQUARED, fusion_features, linear_scores
+from memory.recall.index_search import search_candidates
 
 # The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall.search.
 RANKED = 25
@@ -88,13 +89,13 @@ class Asked:
 
     question: Question
     layout: str
-    hits: list[MemoryHit]
+    hits: list[FoundMemory]
     features: np.ndarray
     labels: np.ndarray
 
     def found(self, scores: np.ndarray) -> list[str]:
         scored = [replace(h, score=float(s)) for h, s in zip(self.hits, scores, strict=True)]
-        ranked = best_distinct_hits(scored, RANKED)
+        ranked = best_distinct(scored, RANKED)
         return [str(h.external_id) for h in ranked]
 
     def recalls(self, scores: np.ndarray) -> dict[int, float]:
@@ -128,9 +129,9 @@ async def collect(database_url: str, questions: Sequence[Question], depth: int) 
                     Asked(
                         question,
                         layout,
-                        [c.hit for c in candidates],
+                        [c.memory for c in candidates],
                         fusion_features([c.signals for c in candidates], text),
-                        np.array([1.0 if c.hit.external_id in evidence else 0.0 for c in candidates]),
+                        np.array([1.0 if c.memory.external_id in evidence else 0.0 for c in candidates]),
                     )
                 )
     finally:
@@ -179,7 +180,7 @@ def fit(asked: Sequence[Asked], columns: list[int]) -> Model:
 
 
 def rrf_scores(a: Asked) -> np.ndarray:
-    return np.array([rrf(h.vector_rank, h.keyword_rank) for h in a.hits])
+    return np.array([RRF_FEATURE.rrf(h.vector_rank, h.keyword_rank) for h in a.hits])
 
 
 def table(asked: Sequence[Asked], scores: Sequence[np.ndarray]) -> dict[str, dict[str, float]]:
@@ -246,7 +247,7 @@ def write_weights(
         rows = "".join(f'    "{f}": {float(v)!r},\n' for f, v in zip(FEATURE_NAMES, values, strict=True))
         return f"{name} = {{\n{rows}}}\n"
 
-    text = f'''"""The fitted formula of memory/recall/learned_fusion.py: standardise, weigh, add.
+    text = f'''"""The fitted formula of memory/recall/fusion.py: standardise, weigh, add.
 
 Written by ``bench/fit_fusion.py --write``; do not edit by hand. Fitted by L2-regularised
 logistic regression (C = {L2_C}) on the LoCoMo slice (../shared/bench/locomo_dev.json:

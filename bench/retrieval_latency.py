@@ -31,7 +31,7 @@ from pgvector.asyncpg import register_vector
 from memory.db import Database, asyncpg_dsn, upgrade
 from memory.embedded_pg import EmbeddedPostgres
 from memory.models import EMBEDDING_DIM
-from memory.recall.index_search import SET_SEARCH_SETTINGS, search_memory
+from memory.recall.index_search import SET_SEARCH_SETTINGS, search_index
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TENANT = "bench"
@@ -144,7 +144,7 @@ async def dense_recall(dsn: str, queries: list[tuple[str, np.ndarray]], k: int =
 
 
 async def measure(url: str, queries: list[tuple[str, np.ndarray, str]]) -> list[float]:
-    """Seconds per ``search_memory`` call, each in its own transaction."""
+    """Seconds per ``search_index`` call, each in its own transaction."""
     db = Database(url, pool_size=2)
     latencies = []
     try:
@@ -153,7 +153,7 @@ async def measure(url: str, queries: list[tuple[str, np.ndarray, str]]) -> list[
         for user, vector, query in queries:
             started = time.perf_counter()
             async with db.transaction() as session:
-                await search_memory(
+                await search_index(
                     session,
                     tenant_id=TENANT,
                     user_id=user,

@@ -8,6 +8,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import Depends, FastAPI
@@ -20,7 +21,6 @@ from chat_api.errors import install_error_handlers
 from chat_api.mcp_server import install_mcp
 from chat_api.observability import install_observability
 from chat_api.providers.base import ChatProvider
-from chat_api.recall import MemoryRecaller
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.replies.checkpoint import Checkpointer
 from chat_api.replies.prompt import Prompter
@@ -52,6 +52,7 @@ from memory.config import Settings
 from memory.db import Database
 from memory.prompts import load_prompts
 from memory.recall.embeddings import Embedder
+from memory.recall.recaller import Recaller
 from memory.retention import RetentionJob, RetentionPolicy
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,16 @@ def create_app(
         checkpointer = Checkpointer(
             upkeep_db, registry, interval_ms=settings.checkpoint_interval_ms, chars=settings.checkpoint_chars
         )
-        prompter = Prompter(db, settings, prompts)
+        recaller = Recaller(
+            db,
+            model,
+            complete=partial(
+                chat_provider.complete, model=settings.rewrite_model, timeout=settings.rewrite_timeout_seconds
+            ),
+            prompts=prompts,
+            settings=settings,
+        )
+        prompter = Prompter(db, settings, prompts, recaller)
         services = Services(
             settings=settings,
             db=db,
@@ -154,16 +164,13 @@ def create_app(
                 checkpointer=checkpointer,
                 registry=registry,
                 process_id=pid,
+                recaller=recaller,
             ),
             process_id=pid,
             admission=Admission(settings, registry),
             embedder=model,
+            recaller=recaller,
         )
-        # The recaller reads through the services (prompt window, rewriter, database).
-        recaller = MemoryRecaller(services, model)
-        services.recaller = recaller
-        prompter.recall = recaller.recall_for_reply
-        services.runner.memory_search = recaller.tool_search
         app.state.services = services
         stop = asyncio.Event()
         loops = [

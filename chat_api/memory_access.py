@@ -4,7 +4,7 @@ Each operation acts for one owner and commits its own transaction before it retu
 the next reply, on any replica, already sees the change (retrieval reads Postgres).
 
 Search goes through ``MemoryAccess.search`` only: it is the one place here that calls the
-chat's retrieval (``MemoryRecaller.search``, the function ``POST /v1/memory/search`` and
+chat's retrieval (``Recaller.search``, the function ``POST /v1/memory/search`` and
 the ``recall_memory`` tool use), so a new retrieval composition reaches the items list
 and the MCP ``search_memory`` tool by changing this one call.
 
@@ -16,8 +16,8 @@ redacted when ``REDACT_PII`` is on, embedded and keyword-indexed as ``memory_tex
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from chat_api.admission.inputs import check_text
 from chat_api.services import Services
@@ -39,17 +39,11 @@ from memory.recall.redaction import redact
 MAX_QUERY_CHARS = 2000
 
 
-@dataclass(frozen=True, slots=True)
-class FoundMemory:
-    """One search result: the stored item, or a finished turn the indexer has not reached yet."""
+class ScoredItem(NamedTuple):
+    """A memory item a search found, and its score."""
 
-    item: StoredMemory | None
-    text: str
+    item: StoredMemory
     score: float
-    role: str
-    created_at: datetime
-    conversation_id: uuid.UUID | None
-    conversation_title: str | None
 
 
 class MemoryAccess:
@@ -71,34 +65,24 @@ class MemoryAccess:
 
     async def search(
         self, owner: Owner, query: str, *, k: int, conversation_id: uuid.UUID | None = None
-    ) -> list[FoundMemory]:
-        """The owner's ``k`` best memories for ``query``, as the chat's retrieval ranks them."""
+    ) -> list[ScoredItem]:
+        """The owner's ``k`` best memory items for ``query`` with their scores, as the chat ranks them.
+
+        Turns the indexer has not reached yet are not items: they are left out.
+        """
         check_text(query, field="query", max_chars=MAX_QUERY_CHARS)
-        recaller = self.services.recaller
-        if recaller is None:  # set in the lifespan, before the first request is served
-            raise RuntimeError("the memory recaller is not wired")
-        found = await recaller.search(owner, query, k=k, scope_conversation=conversation_id, rewrite=False)
+        found = await self.services.recaller.search(
+            owner, query, k=k, scope_conversation=conversation_id, rewrite=False
+        )
+        indexed = [m for m in found.memories if m.indexed]
         async with self.services.db.session() as session:
-            stored = await items_by_key(
-                session, owner, [(m.hit.turn_id, m.hit.chunk_index) for m in found.memories if m.indexed]
-            )
-        results = []
-        for memory in found.memories:
-            item = stored.get((memory.hit.turn_id, memory.hit.chunk_index)) if memory.indexed else None
-            if memory.indexed and item is None:
-                continue  # forgotten or switched off between the search and this read
-            results.append(
-                FoundMemory(
-                    item=item,
-                    text=memory.hit.text,
-                    score=memory.hit.score,
-                    role=memory.hit.role,
-                    created_at=memory.hit.turn_created_at,
-                    conversation_id=memory.hit.conversation_id,
-                    conversation_title=memory.conversation_title,
-                )
-            )
-        return results
+            stored = await items_by_key(session, owner, [(m.turn_id, m.chunk_index) for m in indexed])
+        # An item forgotten or switched off between the search and this read is left out.
+        return [
+            ScoredItem(item, memory.score)
+            for memory in indexed
+            if (item := stored.get((memory.turn_id, memory.chunk_index))) is not None
+        ]
 
     async def remember(
         self, owner: Owner, text: str, *, conversation_id: uuid.UUID | None = None

@@ -6,7 +6,6 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from chat_api.admission.limits import Admission
 from chat_api.auth import TokenVerifier
@@ -22,9 +21,7 @@ from chat_api.tools import ToolRegistry
 from memory.config import Settings
 from memory.db import Database
 from memory.recall.embeddings import Embedder
-
-if TYPE_CHECKING:
-    from chat_api.recall import MemoryRecaller
+from memory.recall.recaller import Recaller
 
 
 def process_id() -> str:
@@ -50,5 +47,5 @@ class Services:
     process_id: str
     admission: Admission  # every door that costs work asks it first (chat_api.admission)
     embedder: Embedder  # retrieval's encoder; an in-process indexer encodes with its twin
-    recaller: MemoryRecaller | None = None  # long-term memory; set once the services exist
+    recaller: Recaller  # long-term memory: every search of this process goes through it
     queues: ReplyQueues = field(default_factory=ReplyQueues)  # on_busy=enqueue, per conversation

@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
-from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import select, update
@@ -28,12 +27,7 @@ from memory.conversations import Owner
 from memory.db import Database
 from memory.json_values import JsonObject, JsonValue
 from memory.models import ToolCallState, ToolInvocation
-
-
-class MemorySearch(Protocol):
-    """Searches the user's long-term memory for a tool (the `recall_memory` tool uses it)."""
-
-    async def __call__(self, ctx: ToolContext, query: str) -> JsonObject: ...
+from memory.recall.recaller import Recaller
 
 
 @dataclass(frozen=True)
@@ -44,7 +38,7 @@ class ToolContext:
     conversation_id: uuid.UUID
     turn_id: uuid.UUID
     db: Database
-    memory: MemorySearch | None = None  # None when long-term memory is off in this process
+    recaller: Recaller  # the user's long-term memory, as the chat searches it
 
 
 # A tool: its arguments (a JSON object) and context in, a JSON result out.
@@ -205,6 +199,8 @@ async def cancel_invocation(db: Database, key: str, *, side_effect_may_have_happ
 
 # --- built-in tools --------------------------------------------------------------------
 
+RECALL_TOOL_ITEMS = 8
+
 
 async def _current_time(args: JsonObject, _: ToolContext) -> JsonObject:
     name = str(args.get("timezone") or "UTC")
@@ -217,9 +213,31 @@ async def _current_time(args: JsonObject, _: ToolContext) -> JsonObject:
 
 
 async def _recall_memory(args: JsonObject, ctx: ToolContext) -> JsonObject:
-    if ctx.memory is None:
-        return {"items": [], "note": "long-term memory is not available in this process"}
-    return await ctx.memory(ctx, str(args.get("query") or ""))
+    """The model's own query, over the user's whole memory, minus the prompt's window."""
+    query = str(args.get("query") or "")
+    if not query.strip():
+        return {"query": query, "items": [], "note": "empty query"}
+    found = await ctx.recaller.search(
+        ctx.owner,
+        query,
+        k=RECALL_TOOL_ITEMS,
+        history_conversation=ctx.conversation_id,
+        exclude_window=True,
+        rewrite=False,
+    )
+    return {
+        "query": query,
+        "items": [
+            {
+                "text": m.text,
+                "date": m.created_at.date().isoformat(),
+                "conversation_title": m.conversation_title,
+                "role": m.role,
+                "score": round(m.score, 4),
+            }
+            for m in found.memories
+        ],
+    }
 
 
 CURRENT_TIME = Tool(

@@ -23,7 +23,8 @@ the conversation. The current exchange (from the newest user message to the end,
 includes the tool steps of the reply being generated) is kept even over the token
 budget; older units are added while they fit both `max_turns` and the token budget.
 
-The builder is pure: it takes `TurnView`s, not ORM rows, and touches no database.
+The builder is pure: it takes `TurnView`s, not ORM rows, and touches no database;
+`read_window` is the one read that feeds it.
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from memory.models import ToolCallState, TurnStatus
 from memory.prompts import PromptSet
+from memory.recall.found import FoundMemory
 from memory.tokens import count_tokens
+from memory.turns import recent_turn_rows
 
 if TYPE_CHECKING:
     from memory.config import Settings
+    from memory.db import Database
     from memory.models import Turn
 
 # OpenAI bills a few tokens of framing per message and primes the reply with three.
@@ -107,6 +111,11 @@ class ContextBudget:
         if self.max_turns < 1 or self.tool_result_max_chars < 1:
             raise ValueError("max_turns and tool_result_max_chars must be positive")
 
+    @property
+    def rows_to_read(self) -> int:
+        """Enough stored turns that the window (counted in tool-call groups) can fill after sanitizing."""
+        return self.max_turns * 4 + 20
+
     @classmethod
     def from_settings(cls, settings: Settings) -> ContextBudget:
         """The budget the settings describe."""
@@ -118,18 +127,6 @@ class ContextBudget:
             tool_result_max_chars=settings.tool_result_max_chars,
             interrupted_policy=settings.interrupted_policy,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryItemView:
-    """One retrieved memory, as the prompt shows it."""
-
-    text: str
-    created_at: datetime
-    conversation_id: Any
-    conversation_title: str | None
-    role: str
-    score: float
 
 
 @dataclass(slots=True)
@@ -144,7 +141,7 @@ class BuiltContext:
     # Why things were left out, by reason (for logs and debugging).
     dropped: dict[str, int] = field(default_factory=dict)
     # The memories that made it into the prompt, best first.
-    memory_used: list[MemoryItemView] = field(default_factory=list)
+    memory_used: list[FoundMemory] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -325,12 +322,12 @@ def _select_window(
 
 
 def _memory_block(
-    memory: Sequence[MemoryItemView],
+    memory: Sequence[FoundMemory],
     prompts: PromptSet,
     reserve: int,
     current_conversation: Any,
     dropped: Counter[str],
-) -> tuple[str | None, list[MemoryItemView]]:
+) -> tuple[str | None, list[FoundMemory]]:
     """The memory block within `reserve` tokens (best-scored items first), and the items in it."""
     if not memory:
         return None, []
@@ -341,7 +338,7 @@ def _memory_block(
     }
     used = count_tokens(prompts.render("memory_block", items=""))
     lines: list[str] = []
-    kept: list[MemoryItemView] = []
+    kept: list[FoundMemory] = []
     for item in sorted(memory, key=lambda item: item.score, reverse=True):
         text = " ".join(item.text.split())
         if not text:
@@ -406,12 +403,21 @@ def build_window(
     return PromptWindow(messages, turn_ids, window_tokens, dict(dropped), current_conversation, now)
 
 
+async def read_window(
+    db: Database, conversation_id: Any, *, prompts: PromptSet, budget: ContextBudget
+) -> PromptWindow:
+    """The conversation's recent window as it stands now (one read)."""
+    async with db.session() as session:
+        rows = await recent_turn_rows(session, conversation_id, budget.rows_to_read)
+    return build_window([TurnView.from_row(row) for row in rows], prompts=prompts, budget=budget)
+
+
 def prompt_from_window(
     window: PromptWindow,
     *,
     prompts: PromptSet,
     budget: ContextBudget,
-    memory: Sequence[MemoryItemView] = (),
+    memory: Sequence[FoundMemory] = (),
 ) -> BuiltContext:
     """OpenAI chat messages: system (with the memories that fit), then the window."""
     dropped: Counter[str] = Counter(window.dropped)
@@ -438,7 +444,7 @@ def build_context(
     *,
     prompts: PromptSet,
     budget: ContextBudget,
-    memory: Sequence[MemoryItemView] = (),
+    memory: Sequence[FoundMemory] = (),
     now: datetime | None = None,
 ) -> BuiltContext:
     """OpenAI chat messages for the next reply: system (with memories), then the sanitized recent window."""

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from memory.config import get_settings
-from memory.context import BuiltContext, ContextBudget, MemoryItemView, TurnView, build_context
+from memory.context import BuiltContext, ContextBudget, TurnView, build_context
 from memory.db import Database
 from memory.models import Conversation, Turn
 from memory.prompts import PromptSet, load_prompts
+from memory.recall.found import FoundMemory
 from memory.tokens import count_tokens
 from tests.openai_rules import check_chat_messages
 
@@ -359,7 +360,8 @@ def test_token_count_adds_up_the_messages() -> None:
 
 
 def memory_item(text: str, score: float, *, day: int = 1, title: str | None = "Trip", conv: Any = None):
-    return MemoryItemView(
+    return FoundMemory(
+        turn_id=uuid.uuid4(),
         text=text,
         created_at=datetime(2024, 7, day, tzinfo=UTC),
         conversation_id=conv or uuid.uuid4(),
@@ -589,7 +591,8 @@ budgets = st.builds(
 )
 memories = st.lists(
     st.builds(
-        MemoryItemView,
+        FoundMemory,
+        turn_id=st.uuids(),
         text=texts,
         created_at=st.datetimes(timezones=st.just(UTC)),
         conversation_id=st.sampled_from([1, 2]),
@@ -622,7 +625,7 @@ def marked(i: int, turn: dict[str, Any]) -> TurnView:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=histories, budget=budgets, memory=memories, chinese=st.booleans())
 def test_any_history_builds_a_prompt_the_api_accepts(
-    raw: list[dict[str, Any]], budget: ContextBudget, memory: list[MemoryItemView], chinese: bool
+    raw: list[dict[str, Any]], budget: ContextBudget, memory: list[FoundMemory], chinese: bool
 ) -> None:
     prompts = ZH if chinese else EN
     turns = [marked(i, turn) for i, turn in enumerate(raw)]

@@ -15,10 +15,10 @@ from sqlalchemy import func, insert
 from memory.db import Database
 from memory.models import MemoryItem
 from memory.recall.embeddings import HashEmbedder
-from memory.recall.index_search import Fusion, search_candidates, search_memory
+from memory.recall.fusion import FEATURE_NAMES, Fusion, fusion_features, is_question, named_speakers
+from memory.recall.index_search import search_candidates, search_index
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
-from memory.recall.learned_fusion import FEATURE_NAMES, fusion_features, is_question, named_speakers
-from memory.recall.search import UnindexedTurn, score_unindexed
+from memory.recall.unindexed import UnindexedTurn, score_unindexed
 
 EMBEDDER = HashEmbedder()
 WHEN = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
@@ -72,7 +72,7 @@ async def remember_conversation(
 async def search(db: Database, query: str, fusion: Fusion = LEARNED, k: int = 5) -> list:
     (vector,) = await EMBEDDER.embed([query])
     async with db.transaction() as session:
-        return await search_memory(
+        return await search_index(
             session,
             tenant_id="t1",
             user_id="u1",
@@ -120,7 +120,7 @@ async def test_a_reply_right_after_a_matching_question_is_found(db: Database) ->
         candidates = await search_candidates(
             session, tenant_id="t1", user_id="u1", query_text=question, query_embedding=vector, depth=1
         )
-    reply = next(c for c in candidates if c.hit.turn_id == ids[1])
+    reply = next(c for c in candidates if c.memory.turn_id == ids[1])
     # Its previous turn's scores come from the statement even though that turn is outside both top-1 lists.
     assert reply.signals.previous is not None and reply.signals.previous.is_question
     assert reply.signals.previous.bm25 > 0 and reply.signals.previous.cosine > 0
@@ -144,7 +144,7 @@ async def test_the_rrf_fallback_still_fuses_ranks(db: Database) -> None:
     hits = await search(db, "favourite colour", RRF, k=20)
     assert hits[0].turn_id == ids[0]
     assert hits[0].score == 1.0  # first in both lists: RRF's normalised top
-    assert hits[0].score == RRF.score(hits[0].vector_rank, hits[0].keyword_rank)
+    assert hits[0].score == RRF.rrf(hits[0].vector_rank, hits[0].keyword_rank)
     learned = await search(db, "favourite colour", LEARNED, k=20)
     assert {h.turn_id for h in learned} == {h.turn_id for h in hits}  # the same candidates, re-ordered
     assert learned[0].turn_id == ids[0]
@@ -193,7 +193,7 @@ async def test_a_captioned_image_is_a_signal_of_its_turn(db: Database) -> None:
         candidates = await search_candidates(
             session, tenant_id="t1", user_id="u1", query_text=question, query_embedding=vector, depth=5
         )
-    captioned = {c.hit.turn_id: c.signals.has_caption for c in candidates}
+    captioned = {c.memory.turn_id: c.signals.has_caption for c in candidates}
     assert captioned == {ids[0]: True, ids[1]: False}
     column = FEATURE_NAMES.index("has_caption")
     features = fusion_features([c.signals for c in candidates], question)

@@ -10,7 +10,8 @@ from sqlalchemy import func, insert
 from memory.db import Database
 from memory.models import MemoryItem
 from memory.recall.embeddings import HashEmbedder
-from memory.recall.index_search import Fusion, search_memory
+from memory.recall.fusion import Fusion
+from memory.recall.index_search import search_index
 from memory.recall.keywords import memory_search_terms, memory_text
 
 EMBEDDER = HashEmbedder()
@@ -55,7 +56,7 @@ async def search(db: Database, query: str, **kwargs: object) -> list:
     (vector,) = await EMBEDDER.embed([query])
     params: dict = {"tenant_id": "t1", "user_id": "u1", "k": 5} | kwargs
     async with db.transaction() as session:
-        return await search_memory(session, query_text=query, query_embedding=vector, **params)
+        return await search_index(session, query_text=query, query_embedding=vector, **params)
 
 
 async def test_finds_the_relevant_memory_first(db: Database) -> None:

@@ -209,12 +209,12 @@ async def test_a_request_and_the_reply_it_starts_run_in_its_tenants_scope(
 async def test_memory_search_in_a_scope_finds_the_tenants_memory_and_restores_the_role(
     db: Database, two_tenants: Any
 ) -> None:
-    from memory.recall.index_search import search_memory
+    from memory.recall.index_search import search_index
 
     vector = [1.0] + [0.0] * 383
     with tenant_scope("A"):
         async with db.transaction() as session:
-            hits = await search_memory(
+            hits = await search_index(
                 session, tenant_id="A", user_id="u1", query_text="hello", query_embedding=vector, k=5
             )
             role = (await session.execute(text("SELECT current_user"))).scalar_one()
@@ -225,10 +225,10 @@ async def test_memory_search_in_a_scope_finds_the_tenants_memory_and_restores_th
 
 async def test_memory_search_in_a_scope_refuses_another_tenant(db: Database, two_tenants: Any) -> None:
     from memory.errors import NotFound
-    from memory.recall.index_search import search_memory
+    from memory.recall.index_search import search_index
 
     with tenant_scope("A"), pytest.raises(NotFound):
         async with db.transaction() as session:
-            await search_memory(
+            await search_index(
                 session, tenant_id="B", user_id="u1", query_text="hello", query_embedding=[1.0] * 384, k=5
             )

@@ -9,45 +9,26 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
+from chat_api.replies.recall import recall_for_reply
 from chat_api.replies.reply import Reply, ReplyRequest
 from memory.config import Settings
-from memory.context import (
-    BuiltContext,
-    ContextBudget,
-    MemoryItemView,
-    PromptWindow,
-    TurnView,
-    build_window,
-    prompt_from_window,
-)
+from memory.context import BuiltContext, ContextBudget, PromptWindow, prompt_from_window, read_window
 from memory.db import Database
-from memory.json_values import JsonObject
 from memory.prompts import PromptSet
-from memory.turns import recent_turn_rows
-
-
-class MemoryRecall(Protocol):
-    """Recalls memory for a reply: (rewritten query, memory items, `memory.retrieved` payload)."""
-
-    async def __call__(
-        self, reply: Reply, user_text: str, scope: str, window: PromptWindow
-    ) -> tuple[str, list[MemoryItemView], JsonObject]: ...
+from memory.recall.found import FoundMemory
+from memory.recall.recaller import Recaller
 
 
 class Prompter:
     """Turns the stored conversation into provider messages, one step at a time."""
 
-    def __init__(
-        self, db: Database, settings: Settings, prompts: PromptSet, recall: MemoryRecall | None = None
-    ) -> None:
+    def __init__(self, db: Database, settings: Settings, prompts: PromptSet, recaller: Recaller) -> None:
         self.db = db
         self.prompts = prompts
         self.budget = ContextBudget.from_settings(settings)
-        self.recall = recall
-        # Enough rows that the window (counted in tool-call groups) can fill after sanitizing.
-        self.load_limit = settings.context_max_turns * 4 + 20
+        self.recaller = recaller
 
     @property
     def version(self) -> str:
@@ -56,27 +37,20 @@ class Prompter:
     async def prepare(self, reply: Reply, request: ReplyRequest) -> PromptWindow:
         """Read the prompt window, recall long-term memory with it and announce it; returns the window."""
         window = await self.window_for(reply.conversation_id)
-        if self.recall is not None and request.memory_scope != "none":
-            _rewritten, items, payload = await self.recall(
-                reply, request.user_text, request.memory_scope, window
-            )
-            reply.memories = items
-            reply.publish("memory.retrieved", payload)
+        if request.memory_scope != "none":
+            await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
         return window
 
     async def window_for(self, conversation_id: uuid.UUID) -> PromptWindow:
         """The conversation's recent window as it stands now (one read)."""
-        async with self.db.session() as session:
-            rows = await recent_turn_rows(session, conversation_id, self.load_limit)
-        turns = [TurnView.from_row(row) for row in rows]
-        return build_window(turns, prompts=self.prompts, budget=self.budget)
+        return await read_window(self.db, conversation_id, prompts=self.prompts, budget=self.budget)
 
-    def prompt(self, window: PromptWindow, memory: Sequence[MemoryItemView] = ()) -> BuiltContext:
+    def prompt(self, window: PromptWindow, memory: Sequence[FoundMemory] = ()) -> BuiltContext:
         """The whole prompt: the system message with the memories that fit, then the window."""
         return prompt_from_window(window, prompts=self.prompts, budget=self.budget, memory=memory)
 
     async def context_for(
-        self, conversation_id: uuid.UUID, memory: Sequence[MemoryItemView] = ()
+        self, conversation_id: uuid.UUID, memory: Sequence[FoundMemory] = ()
     ) -> BuiltContext:
         """What the model would be sent for this conversation right now."""
         return self.prompt(await self.window_for(conversation_id), memory)

@@ -14,10 +14,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from memory.context import MemoryItemView
 from memory.conversations import Owner
 from memory.json_values import JsonObject
 from memory.models import ToolCallState
+from memory.recall.found import FoundMemory
 from memory.reply_state import Event
 from memory.tool_calls import ToolCall
 
@@ -52,7 +52,7 @@ class Reply:
         self.content_parts: list[str] = []
         self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
-        self.memories: list[MemoryItemView] = []  # recalled once per reply, shown to every step
+        self.memories: list[FoundMemory] = []  # recalled once per reply, shown to every step
         self.stop_requested = asyncio.Event()
         self.stop_reason: str | None = None
         self.finished = asyncio.Event()

@@ -38,7 +38,6 @@ from chat_api.replies.prompt import Prompter
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.tools import (
-    MemorySearch,
     ToolContext,
     ToolRegistry,
     begin_invocation,
@@ -52,6 +51,7 @@ from memory.db import Database
 from memory.json_values import JsonObject, JsonValue
 from memory.models import ToolCallState, TurnStatus
 from memory.outbox import record_finished_turn
+from memory.recall.recaller import Recaller
 from memory.reply_endings import Ending, LiveState, end_reply
 from memory.reply_state import TERMINAL_EVENT, Event, notify_done
 from memory.tool_calls import Approval, ToolCall
@@ -81,7 +81,7 @@ class ReplyRunner:
         checkpointer: Checkpointer,
         registry: ReplyRegistry,
         process_id: str,
-        memory_search: MemorySearch | None = None,
+        recaller: Recaller,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -91,7 +91,7 @@ class ReplyRunner:
         self.checkpointer = checkpointer
         self.registry = registry
         self.process_id = process_id  # names this process as the owner of the turns it streams
-        self.memory_search = memory_search  # what the `recall_memory` tool searches with
+        self.recaller = recaller  # what the `recall_memory` tool searches with
         self._tasks: set[asyncio.Task[None]] = set()
 
     def launch(self, reply: Reply, request: ReplyRequest, *, resumed: bool = False) -> None:
@@ -346,7 +346,7 @@ class ReplyRunner:
             conversation_id=reply.conversation_id,
             turn_id=reply.turn_id,
             db=self.db,
-            memory=self.memory_search,
+            recaller=self.recaller,
         )
         try:
             result = await tool.func(arguments, context)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from chat_api.admission import check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.recall import memory_item_json
+from chat_api.replies.recall import memory_item_json, observe_rewrite_of
 from chat_api.schemas import Strict
 from memory.conversations import get_conversation
 from memory.errors import InvalidInput
@@ -63,16 +63,14 @@ async def search_memory(body: MemorySearch, owner: OwnerDep, services: ServicesD
     if body.conversation_id is not None:
         async with services.db.session() as session:
             await get_conversation(session, owner, body.conversation_id)  # 404 unless it is the caller's
-    recaller = services.recaller
-    if recaller is None:  # set in the lifespan, before the first request is served
-        raise RuntimeError("the memory recaller is not wired")
-    found = await recaller.search(
+    found = await services.recaller.search(
         owner,
         body.query,
         k=body.k or services.settings.memory_top_k,
         scope_conversation=body.conversation_id if scope == "conversation" else None,
         history_conversation=body.conversation_id,
     )
+    observe_rewrite_of(found)
     return MemorySearchOut(
         query=body.query,
         rewritten_query=found.query,

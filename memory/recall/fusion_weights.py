@@ -1,4 +1,4 @@
-"""The fitted formula of memory/recall/learned_fusion.py: standardise, weigh, add.
+"""The fitted formula of memory/recall/fusion.py: standardise, weigh, add.
 
 Written by ``bench/fit_fusion.py --write``; do not edit by hand. Fitted by L2-regularised
 logistic regression (C = 1.0) on the LoCoMo slice (../shared/bench/locomo_dev.json:

@@ -1,18 +1,15 @@
-"""Hybrid memory search: dense (pgvector HNSW) and keyword (BM25 over tsvector), then fused.
+"""The index's search: dense (pgvector HNSW) and keyword (BM25 over tsvector) candidates.
 
-Two fusions, one statement each, sharing the two top lists: the learned fusion (the
-default) fetches the union of both lists with every signal ``memory.recall.learned_fusion``
-scores, neighbours included, and ranks in Python; the RRF fallback fuses, dedupes and
-cuts in SQL, in the style of pgvector-python's ``examples/hybrid_search/rrf.py``.
-Choices measured on the LoCoMo slice (``bench/memory_eval.py``, ``bench/fit_fusion.py``):
+One statement fetches the union of both top lists, each candidate with every signal
+``memory.recall.fusion`` scores (its neighbours' too, for the learned fusion); the fusion
+and the de-duplication happen in Python (``memory.recall.fusion``, ``memory.recall.found``),
+once for every method. Choices measured on the LoCoMo slice (``bench/memory_eval.py``,
+``bench/fit_fusion.py``):
 
 - Keyword scoring is Okapi BM25 computed in SQL from the matching rows' tsvectors
   (term frequency from lexeme positions, document frequency over the user's matching
   rows, N over the user's rows). ``ts_rank_cd`` has no IDF, and frequent words drowned
   the rare names and nouns that questions hinge on.
-- RRF: the keyword list is weighted 1.5x the dense list and k = 10: on this data
-  the keyword ranking is the stronger signal, and a small k lets the top of each list
-  matter more than the long tail.
 - Every row that can be returned passes the tenant/user filter inside both candidate
   lists; nothing is joined in later without it. The same filter drops rows of turns off
   their conversation's active branch (``on_active_branch``, a flag kept by
@@ -26,12 +23,10 @@ style settings below last until it ends.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pgvector.sqlalchemy import Vector
 from sqlalchemy import bindparam, text
@@ -40,8 +35,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
 from memory.models import EMBEDDING_DIM
+from memory.recall.found import FoundMemory, best_distinct
+from memory.recall.fusion import DEFAULT_FUSION, QUESTION_PATTERN, CandidateSignals, Fusion, NeighbourSignals
 from memory.recall.keywords import photo_caption, query_terms
-from memory.recall.learned_fusion import QUESTION_PATTERN, CandidateSignals, NeighbourSignals, learned_scores
 from memory.tenancy import TENANT_ROLE, current_tenant
 
 BM25_K1 = 1.2
@@ -49,37 +45,6 @@ BM25_B = 0.75
 # Candidates the HNSW scan keeps in its queue; at least `candidates`, iterative scan does the rest.
 MIN_EF_SEARCH = 100
 
-
-FusionMethod = Literal["learned", "rrf"]
-
-
-@dataclass(frozen=True, slots=True)
-class Fusion:
-    """How the dense and keyword rankings are fused and how deep each one goes.
-
-    ``learned`` (the default) scores every candidate with the fitted linear formula of
-    ``memory.recall.learned_fusion``; ``rrf`` is the weighted reciprocal rank fusion below, kept so
-    operators can fall back to it (``MEMORY_FUSION=rrf``). The weights and ``rrf_k`` are
-    RRF's only.
-    """
-
-    method: FusionMethod = "learned"
-    keyword_weight: float = 1.5
-    vector_weight: float = 1.0
-    rrf_k: float = 10.0
-    candidates: int = 50
-
-    def score(self, vector_rank: int | None, keyword_rank: int | None) -> float:
-        """The SQL's fused score of a pair of ranks, normalised so that first in both lists is 1.0."""
-        total = 0.0
-        if vector_rank is not None:
-            total += self.vector_weight / (self.rrf_k + vector_rank)
-        if keyword_rank is not None:
-            total += self.keyword_weight / (self.rrf_k + keyword_rank)
-        return total / ((self.vector_weight + self.keyword_weight) / (self.rrf_k + 1))
-
-
-DEFAULT_FUSION = Fusion()
 
 SET_SEARCH_SETTINGS = text(
     "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
@@ -100,7 +65,7 @@ RESTORE_TENANT_ROLE = text(f"SELECT set_config('role', '{TENANT_ROLE}', true)")
 _OWNER_FILTER = """m.tenant_id = :tenant_id AND m.user_id = :user_id AND m.on_active_branch
       AND m.deleted_at IS NULL AND m.turn_id <> ALL(:exclude_turn_ids){conversation_filter}"""
 
-# The dense and keyword top lists, shared by both fusions.
+# The dense and keyword top lists.
 _RANKED_LISTS = """
 WITH query_lexemes AS (
     SELECT DISTINCT lexeme
@@ -159,43 +124,7 @@ keyword_ranked AS (
     LIMIT :candidates
 )"""
 
-_RRF_FUSION = """,
-fused AS (
-    SELECT coalesce(v.id, k.id) AS id, v.rank AS vector_rank, k.rank AS keyword_rank,
-           (coalesce(CAST(:vector_weight AS float8) / (CAST(:rrf_k AS float8) + v.rank), 0)
-            + coalesce(CAST(:keyword_weight AS float8) / (CAST(:rrf_k AS float8) + k.rank), 0))
-           -- Divided by the best possible score (first in both lists), so 1.0 is the top.
-           / ((CAST(:vector_weight AS float8) + CAST(:keyword_weight AS float8))
-              / (CAST(:rrf_k AS float8) + 1)) AS score
-    FROM vector_ranked v
-    FULL OUTER JOIN keyword_ranked k ON v.id = k.id
-),
-best_per_turn AS (
-    SELECT DISTINCT ON (m.turn_id)
-           m.turn_id, m.conversation_id, m.chunk_index, m.role, m.name, m.text, m.turn_created_at,
-           m.external_id, m.metadata, f.score, f.vector_rank, f.keyword_rank,
-           -- Same words regardless of date prefix, case and punctuation: one memory.
-           regexp_replace(lower(regexp_replace(m.text, '^\\[[^]]*\\]\\s*', '')), '\\W+', '', 'g')
-               AS normalised_text
-    FROM fused f
-    JOIN memory_items m ON m.id = f.id
-    ORDER BY m.turn_id, f.score DESC, m.chunk_index
-),
-best_per_text AS (
-    SELECT DISTINCT ON (normalised_text) *
-    FROM best_per_turn
-    ORDER BY normalised_text, score DESC, turn_created_at DESC
-)
-SELECT turn_id, conversation_id, chunk_index, role, name, text, turn_created_at, external_id,
-       metadata, score, vector_rank, keyword_rank
-FROM best_per_text
-WHERE score >= CAST(:min_score AS float8)
-ORDER BY score DESC, turn_created_at DESC
-LIMIT :k
-"""
-
-
-# The union of both top lists with every signal the learned fusion reads (memory/recall/learned_fusion.py),
+# The union of both top lists with every signal the learned fusion reads (memory/recall/fusion.py),
 # the neighbours' scores included: fetched here, so a neighbour outside both lists still counts.
 _CANDIDATE_SIGNALS = """,
 candidates AS (
@@ -255,98 +184,16 @@ def _candidate_signals_sql(*, by_conversation: bool) -> Any:
     )
 
 
-def _hybrid_search_sql(*, by_conversation: bool) -> Any:
-    owner = _owner_filter(by_conversation=by_conversation)
-    return text((_RANKED_LISTS + _RRF_FUSION).format(owner=owner)).bindparams(
-        bindparam("embedding", type_=Vector(EMBEDDING_DIM)),
-        bindparam("exclude_turn_ids", type_=ARRAY(UUID(as_uuid=True))),
-    )
-
-
-HYBRID_SEARCH_USER = _hybrid_search_sql(by_conversation=False)
-HYBRID_SEARCH_CONVERSATION = _hybrid_search_sql(by_conversation=True)
 CANDIDATE_SIGNALS_USER = _candidate_signals_sql(by_conversation=False)
 CANDIDATE_SIGNALS_CONVERSATION = _candidate_signals_sql(by_conversation=True)
 
 
-@dataclass(frozen=True)
-class MemoryHit:
-    """One remembered turn (its best chunk) and how it was found."""
-
-    turn_id: uuid.UUID
-    # None for a fact the user stated outside any conversation.
-    conversation_id: uuid.UUID | None
-    chunk_index: int
-    role: str
-    name: str | None
-    text: str
-    turn_created_at: datetime
-    external_id: str | None
-    metadata: dict[str, Any] | None
-    # The fused score, higher is better: the learned formula's (0, 1) value, or the RRF score
-    # normalised to (0, 1] (1.0 means first in both lists).
-    score: float
-    vector_rank: int | None
-    keyword_rank: int | None
-
-
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One candidate chunk of the learned fusion: the hit it would become and its signals."""
+    """One candidate chunk: the memory it would be (score 0.0 until fused) and its signals."""
 
-    hit: MemoryHit
+    memory: FoundMemory
     signals: CandidateSignals
-
-
-async def search_memory(
-    session: AsyncSession,
-    *,
-    tenant_id: str,
-    user_id: str,
-    query_text: str,
-    query_embedding: Sequence[float],
-    k: int,
-    conversation_id: uuid.UUID | None = None,
-    exclude_turn_ids: Collection[uuid.UUID] = (),
-    min_score: float = 0.0,
-    fusion: Fusion = DEFAULT_FUSION,
-) -> list[MemoryHit]:
-    """The user's ``k`` most relevant memories for a query, best first, one per turn and text."""
-    if k <= 0:
-        return []
-    if fusion.method == "learned":
-        candidates = await search_candidates(
-            session,
-            tenant_id=tenant_id,
-            user_id=user_id,
-            query_text=query_text,
-            query_embedding=query_embedding,
-            depth=max(fusion.candidates, k),
-            conversation_id=conversation_id,
-            exclude_turn_ids=exclude_turn_ids,
-        )
-        scores = learned_scores([c.signals for c in candidates], query_text)
-        return best_distinct_hits(
-            [replace(c.hit, score=score) for c, score in zip(candidates, scores, strict=True)], k, min_score
-        )
-    params = _search_params(
-        tenant_id=tenant_id,
-        user_id=user_id,
-        query_text=query_text,
-        query_embedding=query_embedding,
-        depth=max(fusion.candidates, k),
-        conversation_id=conversation_id,
-        exclude_turn_ids=exclude_turn_ids,
-    ) | {
-        "k": k,
-        "min_score": min_score,
-        "keyword_weight": fusion.keyword_weight,
-        "vector_weight": fusion.vector_weight,
-        "rrf_k": fusion.rrf_k,
-    }
-    statement = HYBRID_SEARCH_USER if conversation_id is None else HYBRID_SEARCH_CONVERSATION
-    result = await _execute_search(session, tenant_id, statement, params)
-    return [_hit(row, score=float(row.score)) for row in result]
 
 
 async def search_candidates(
@@ -360,34 +207,11 @@ async def search_candidates(
     conversation_id: uuid.UUID | None = None,
     exclude_turn_ids: Collection[uuid.UUID] = (),
 ) -> list[Candidate]:
-    """The union of the dense and keyword top ``depth`` chunks, with the learned fusion's signals.
+    """The union of the dense and keyword top ``depth`` chunks, with the fusion's signals.
 
-    Unscored (``hit.score`` is 0.0) and in no particular order; ``bench/fit_fusion.py``
-    fits the weights on exactly these.
+    Unscored and in no particular order; ``bench/fit_fusion.py`` fits the learned weights on
+    exactly these.
     """
-    params = _search_params(
-        tenant_id=tenant_id,
-        user_id=user_id,
-        query_text=query_text,
-        query_embedding=query_embedding,
-        depth=depth,
-        conversation_id=conversation_id,
-        exclude_turn_ids=exclude_turn_ids,
-    ) | {"question_pattern": QUESTION_PATTERN}
-    statement = CANDIDATE_SIGNALS_USER if conversation_id is None else CANDIDATE_SIGNALS_CONVERSATION
-    return [_candidate(row) for row in await _execute_search(session, tenant_id, statement, params)]
-
-
-def _search_params(
-    *,
-    tenant_id: str,
-    user_id: str,
-    query_text: str,
-    query_embedding: Sequence[float],
-    depth: int,
-    conversation_id: uuid.UUID | None,
-    exclude_turn_ids: Collection[uuid.UUID],
-) -> dict[str, Any]:
     params: dict[str, Any] = {
         "tenant_id": tenant_id,
         "user_id": user_id,
@@ -397,10 +221,48 @@ def _search_params(
         "candidates": depth,
         "bm25_k1": BM25_K1,
         "bm25_b": BM25_B,
+        "question_pattern": QUESTION_PATTERN,
     }
+    statement = CANDIDATE_SIGNALS_USER
     if conversation_id is not None:
         params["conversation_id"] = conversation_id
-    return params
+        statement = CANDIDATE_SIGNALS_CONVERSATION
+    return [_candidate(row) for row in await _execute_search(session, tenant_id, statement, params)]
+
+
+def fuse(candidates: Sequence[Candidate], query_text: str, fusion: Fusion) -> list[FoundMemory]:
+    """Every candidate as a found memory with its fused score (not de-duplicated)."""
+    scores = fusion.scores([c.signals for c in candidates], query_text)
+    return [replace(c.memory, score=score) for c, score in zip(candidates, scores, strict=True)]
+
+
+async def search_index(
+    session: AsyncSession,
+    *,
+    tenant_id: str,
+    user_id: str,
+    query_text: str,
+    query_embedding: Sequence[float],
+    k: int,
+    conversation_id: uuid.UUID | None = None,
+    exclude_turn_ids: Collection[uuid.UUID] = (),
+    min_score: float = 0.0,
+    fusion: Fusion = DEFAULT_FUSION,
+) -> list[FoundMemory]:
+    """The user's ``k`` most relevant indexed memories for a query, best first, one per turn and text."""
+    if k <= 0:
+        return []
+    candidates = await search_candidates(
+        session,
+        tenant_id=tenant_id,
+        user_id=user_id,
+        query_text=query_text,
+        query_embedding=query_embedding,
+        depth=max(fusion.candidates, k),
+        conversation_id=conversation_id,
+        exclude_turn_ids=exclude_turn_ids,
+    )
+    return best_distinct(fuse(candidates, query_text, fusion), k, min_score)
 
 
 async def _execute_search(
@@ -429,25 +291,21 @@ def _neighbour(row: Any, side: str) -> NeighbourSignals | None:
     )
 
 
-def _hit(row: Any, *, score: float) -> MemoryHit:
-    return MemoryHit(
+def _candidate(row: Any) -> Candidate:
+    memory = FoundMemory(
         turn_id=row.turn_id,
         conversation_id=row.conversation_id,
         chunk_index=row.chunk_index,
         role=row.role,
         name=row.name,
         text=row.text,
-        turn_created_at=row.turn_created_at,
+        created_at=row.turn_created_at,
         external_id=row.external_id,
         metadata=row.metadata,
-        score=score,
+        score=0.0,
         vector_rank=row.vector_rank,
         keyword_rank=row.keyword_rank,
     )
-
-
-def _candidate(row: Any) -> Candidate:
-    hit = _hit(row, score=0.0)
     signals = CandidateSignals(
         cosine=float(row.cosine),
         bm25=float(row.bm25),
@@ -459,23 +317,4 @@ def _candidate(row: Any) -> Candidate:
         previous=_neighbour(row, "previous"),
         next=_neighbour(row, "next"),
     )
-    return Candidate(hit, signals)
-
-
-def normalised_text(text: str) -> str:
-    """The duplicate key: the same words regardless of date prefix, case and punctuation."""
-    return re.sub(r"\W+", "", re.sub(r"^\[[^]]*\]\s*", "", text).lower())
-
-
-def best_distinct_hits(hits: Sequence[MemoryHit], k: int, min_score: float = 0.0) -> list[MemoryHit]:
-    """What the RRF statement does after fusing, in Python: one hit per turn (its best chunk),
-    one per normalised text (best, then newest), best first, newest first on a tie, at most k."""
-    per_turn: dict[uuid.UUID, MemoryHit] = {}
-    for hit in sorted(hits, key=lambda h: (-h.score, h.chunk_index)):
-        per_turn.setdefault(hit.turn_id, hit)
-    per_text: dict[str, MemoryHit] = {}
-    for hit in sorted(per_turn.values(), key=lambda h: (-h.score, -h.turn_created_at.timestamp())):
-        per_text.setdefault(normalised_text(hit.text), hit)
-    kept = [h for h in per_text.values() if h.score >= min_score]
-    kept.sort(key=lambda h: (-h.score, -h.turn_created_at.timestamp()))
-    return kept[:k]
+    return Candidate(memory, signals)

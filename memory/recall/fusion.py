@@ -1,4 +1,11 @@
-"""Learned fusion: a fixed linear formula over cheap signals of each candidate, in place of RRF.
+"""Fusion: how the dense and keyword rankings of a memory become one score.
+
+Two methods, chosen by ``MEMORY_FUSION``, both scored here and nowhere else (the search
+statement only fetches ranks and signals):
+
+- ``learned`` (the default): a fixed linear formula over cheap signals of each candidate;
+- ``rrf``: weighted reciprocal rank fusion of the two ranks, kept so operators can fall
+  back to it. Its formula, ``Fusion.rrf``, is also one of the learned formula's signals.
 
 Reciprocal rank fusion sees only two ranks. On LoCoMo (``bench/fit_fusion.py``) three
 things it cannot express carry most of the evidence it misses:
@@ -12,12 +19,13 @@ things it cannot express carry most of the evidence it misses:
   evidence turns are longer than most, but a model's replies are longer still, and a
   length prior ranked a long reply quoting a fact above the user's own statement of it.
 
-Every signal comes from the search statement (``memory.recall.index_search``) or the candidate's
-own row; the speaker names are the ``name`` values of the user's own candidates, so
-nothing here knows about any data set. The weights (``memory.recall.fusion_weights``) were
-fitted by ``bench/fit_fusion.py`` through this very module, so what is fitted is what
-runs. The score is the logistic of the weighted sum: a probability-like value in (0, 1)
-that ``MEMORY_MIN_SCORE`` thresholds the same way it thresholds the RRF score.
+Every signal comes from the search statement (``memory.recall.index_search``) or the
+candidate's own row; the speaker names are the ``name`` values of the user's own
+candidates, so nothing here knows about any data set. The weights
+(``memory.recall.fusion_weights``) were fitted by ``bench/fit_fusion.py`` through this very
+module, so what is fitted is what runs. The learned score is the logistic of the weighted
+sum: a probability-like value in (0, 1) that ``MEMORY_MIN_SCORE`` thresholds the same way
+it thresholds the RRF score.
 """
 
 from __future__ import annotations
@@ -25,18 +33,56 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from memory.recall import fusion_weights
 
-# RRF as a feature: its constants are part of the fitted formula, not the RRF settings.
-RRF_FEATURE_K = 10.0
-RRF_FEATURE_KEYWORD_WEIGHT = 1.5
-RRF_FEATURE_VECTOR_WEIGHT = 1.0
+FusionMethod = Literal["learned", "rrf"]
+
 # Shared with the SQL (``memory.recall.index_search``): one definition of the question test.
 QUESTION_PATTERN = r"\?\s*$"
 _QUESTION = re.compile(QUESTION_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class Fusion:
+    """How the dense and keyword rankings are fused and how deep each one goes.
+
+    The weights and ``rrf_k`` are RRF's only; ``candidates`` is the depth of each list. The
+    RRF defaults were measured on LoCoMo: the keyword list weighs 1.5x the dense list (the
+    keyword ranking is the stronger signal there), and a small k lets the top of each list
+    matter more than the long tail.
+    """
+
+    method: FusionMethod = "learned"
+    keyword_weight: float = 1.5
+    vector_weight: float = 1.0
+    rrf_k: float = 10.0
+    candidates: int = 50
+
+    def rrf(self, vector_rank: int | None, keyword_rank: int | None) -> float:
+        """Weighted reciprocal rank fusion of two ranks, normalised so first in both is 1.0."""
+        total = 0.0
+        if vector_rank is not None:
+            total += self.vector_weight / (self.rrf_k + vector_rank)
+        if keyword_rank is not None:
+            total += self.keyword_weight / (self.rrf_k + keyword_rank)
+        return total / ((self.vector_weight + self.keyword_weight) / (self.rrf_k + 1))
+
+    def scores(self, candidates: Sequence[CandidateSignals], query_text: str) -> list[float]:
+        """The fused score of each candidate of one list, higher is more relevant."""
+        if self.method == "rrf":
+            return [self.rrf(c.vector_rank, c.keyword_rank) for c in candidates]
+        return learned_scores(candidates, query_text)
+
+
+DEFAULT_FUSION = Fusion()
+# RRF as a signal of the learned formula: its constants are part of the fitted formula,
+# not the RRF settings.
+RRF_FEATURE = Fusion(method="rrf", keyword_weight=1.5, vector_weight=1.0, rrf_k=10.0)
+
 
 SIGNALS: tuple[str, ...] = (
     "cosine",
@@ -101,18 +147,8 @@ def is_question(text: str) -> bool:
     return _QUESTION.search(text) is not None
 
 
-def rrf(vector_rank: int | None, keyword_rank: int | None) -> float:
-    """Weighted reciprocal rank fusion of two ranks, normalised so first in both is 1.0."""
-    total = 0.0
-    if vector_rank is not None:
-        total += RRF_FEATURE_VECTOR_WEIGHT / (RRF_FEATURE_K + vector_rank)
-    if keyword_rank is not None:
-        total += RRF_FEATURE_KEYWORD_WEIGHT / (RRF_FEATURE_K + keyword_rank)
-    return total / ((RRF_FEATURE_VECTOR_WEIGHT + RRF_FEATURE_KEYWORD_WEIGHT) / (RRF_FEATURE_K + 1))
-
-
 def _reciprocal(rank: int | None) -> float:
-    return 0.0 if rank is None else 1.0 / (RRF_FEATURE_K + rank)
+    return 0.0 if rank is None else 1.0 / (RRF_FEATURE.rrf_k + rank)
 
 
 def named_speakers(query_text: str, names: Sequence[str | None]) -> set[str]:
@@ -136,8 +172,8 @@ def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> 
     rows = []
     for c in candidates:
         previous, following = c.previous, c.next
-        previous_rrf = rrf(previous.vector_rank, previous.keyword_rank) if previous else 0.0
-        next_rrf = rrf(following.vector_rank, following.keyword_rank) if following else 0.0
+        previous_rrf = RRF_FEATURE.rrf(previous.vector_rank, previous.keyword_rank) if previous else 0.0
+        next_rrf = RRF_FEATURE.rrf(following.vector_rank, following.keyword_rank) if following else 0.0
         rows.append(
             (
                 c.cosine,
@@ -146,7 +182,7 @@ def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> 
                 c.bm25 / best_bm25,
                 _reciprocal(c.keyword_rank),
                 1.0 if c.bm25 > 0 else 0.0,
-                rrf(c.vector_rank, c.keyword_rank),
+                RRF_FEATURE.rrf(c.vector_rank, c.keyword_rank),
                 previous.cosine if previous else 0.0,
                 previous.bm25 / best_bm25 if previous else 0.0,
                 previous_rrf,

@@ -1,0 +1,115 @@
+"""Long-term memory before a reply: the time box, the `memory.retrieved` event, the metrics.
+
+The finding itself is ``memory.recall`` (``Recaller.search``); this is only its glue into
+a reply. The prompter calls ``recall_for_reply`` with the reply's prompt window (read
+once, and sent to the first model step too: the rewriter's history, and the turns
+retrieval must not return again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from chat_api.metrics import observe_recall, observe_retrieval, observe_rewrite
+from chat_api.replies.reply import Reply
+from memory.context import PromptWindow
+from memory.json_bounds import readable_json
+from memory.json_values import JsonObject
+from memory.recall.found import FoundMemory, RecallResult
+from memory.recall.recaller import Recaller
+
+log = logging.getLogger(__name__)
+
+
+def memory_item_json(memory: FoundMemory, *, chunk_index: bool = False) -> JsonObject:
+    """One recalled memory as the `memory.retrieved` event and the memory API show it."""
+    item: JsonObject = {
+        "turn_id": str(memory.turn_id),
+        "conversation_id": str(memory.conversation_id) if memory.conversation_id else None,
+        "conversation_title": memory.conversation_title,
+        "role": memory.role,
+        "name": memory.name,
+        "text": memory.text,
+        "created_at": memory.created_at.isoformat(),
+        "score": round(memory.score, 4),
+        "external_id": memory.external_id,
+        "metadata": readable_json(memory.metadata, what="metadata"),
+    }
+    if chunk_index:
+        item["chunk_index"] = memory.chunk_index
+    return item
+
+
+def observe_rewrite_of(found: RecallResult) -> None:
+    """Record how the query of one search was rewritten and how long that took."""
+    rewrite = found.rewrite
+    outcome: str = rewrite.method
+    if rewrite.method == "heuristic":
+        outcome = "timeout" if "timeout" in (rewrite.fallback_reason or "").lower() else "fallback"
+    observe_rewrite(found.latency_ms["rewrite"] / 1000, outcome)
+
+
+async def recall_for_reply(
+    recaller: Recaller, reply: Reply, user_text: str, scope: str, window: PromptWindow
+) -> None:
+    """Set the reply's memories and publish `memory.retrieved` (also when it goes on without them).
+
+    Time-boxed by RECALL_TIMEOUT_SECONDS: memory is an aid, and a reply that waits for it
+    behind an overloaded encoder or database is worse than one without it.
+    """
+    settings = recaller.settings
+    timeout = settings.recall_timeout_seconds
+    try:
+        async with asyncio.timeout(timeout):
+            found = await recaller.search(
+                reply.owner,
+                user_text,
+                k=settings.memory_top_k,
+                scope_conversation=reply.conversation_id if scope == "conversation" else None,
+                exclude_window=True,
+                extra_exclude=[reply.user_turn_id],
+                store_query_on=reply.id,
+                window=window,
+            )
+    except TimeoutError:
+        observe_recall("timeout")
+        log.warning("memory recall for reply %s took longer than %gs; replying without it", reply.id, timeout)
+        message = f"memory recall took longer than {timeout:g}s; the reply goes on without memory"
+        reply.publish("memory.retrieved", _without_memory(user_text, scope, "memory_timeout", message))
+        return
+    except Exception as exc:
+        # Memory is an aid: the reply goes on without it, and the client is told why.
+        log.exception("memory recall failed for reply %s", reply.id)
+        observe_recall("error")
+        reply.publish(
+            "memory.retrieved", _without_memory(user_text, scope, "memory_unavailable", type(exc).__name__)
+        )
+        return
+    observe_rewrite_of(found)
+    observe_recall("ok")
+    observe_retrieval(found.latency_ms["search"] / 1000)
+    payload: JsonObject = {
+        "query": user_text,
+        "rewritten_query": found.query,
+        "rewrite": found.rewrite.method,
+        "scope": scope,
+        "items": [memory_item_json(m) for m in found.memories],
+        "latency_ms": {step: ms for step, ms in found.latency_ms.items()},
+    }
+    if found.rewrite.fallback_reason and found.rewrite.method == "heuristic":
+        payload["rewrite_fallback"] = found.rewrite.fallback_reason
+    reply.memories = found.memories
+    reply.publish("memory.retrieved", payload)
+
+
+def _without_memory(user_text: str, scope: str, code: str, message: str) -> JsonObject:
+    """The `memory.retrieved` payload of a reply that goes on without memory, saying why."""
+    return {
+        "query": user_text,
+        "rewritten_query": user_text,
+        "rewrite": "skipped",
+        "scope": scope,
+        "items": [],
+        "error": {"code": code, "message": message},
+    }

@@ -1,0 +1,161 @@
+"""Recall: rewrite the question into a standalone query, then search the user's memory.
+
+Before the first token of every reply (``chat_api.replies.recall``), for
+``POST /v1/memory/search``, for the ``recall_memory`` tool and for the memory items API
+and MCP (``memory.recall.access``). A ``Recaller`` is built once per process from what it
+needs (database, embedder, the rewrite model's completion function, prompts, settings),
+before the prompter and the runner, which receive it.
+
+The search runs in one transaction that can also store the query on the reply's first
+assistant turn, so every retrieval can be audited later.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from memory.config import Settings
+from memory.context import ContextBudget, PromptWindow, read_window
+from memory.conversations import Owner
+from memory.db import Database
+from memory.prompts import PromptSet
+from memory.recall.embeddings import Embedder
+from memory.recall.found import RecallResult
+from memory.recall.fusion import Fusion
+from memory.recall.remembering import remembered_text
+from memory.recall.rewrite import Complete, HistoryLine, Rewrite, rewrite_query
+from memory.recall.search import recall_memories
+from memory.recall.vector_cache import VectorCache
+
+STORE_REWRITTEN_QUERY = text("UPDATE turns SET rewritten_query = :query WHERE id = :turn_id")
+# A crash may lose the audited query; that is acceptable.
+ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
+
+
+def history_lines(messages: Sequence[dict[str, Any]]) -> list[HistoryLine]:
+    """The user and assistant texts of a prompt window, without the message being answered."""
+    lines = [
+        HistoryLine(m["role"], str(m["content"]))
+        for m in messages
+        if m.get("role") in ("user", "assistant")
+        and isinstance(m.get("content"), str)
+        and m["content"].strip()
+    ]
+    if messages and messages[-1].get("role") == "user" and lines:
+        lines.pop()
+    return lines
+
+
+class Recaller:
+    """Rewrites queries and searches one user's memory, as every caller in this process does."""
+
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder,
+        *,
+        complete: Complete | None,
+        prompts: PromptSet,
+        settings: Settings,
+    ) -> None:
+        self.db = db
+        self.embedder = embedder
+        self.complete = complete  # the rewrite model; None: the heuristic rewrite only
+        self.prompts = prompts
+        self.settings = settings
+        self.budget = ContextBudget.from_settings(settings)
+        self.fusion = Fusion(
+            method=settings.memory_fusion,
+            keyword_weight=settings.memory_keyword_weight,
+            rrf_k=settings.memory_rrf_k,
+            candidates=settings.memory_candidates,
+        )
+        # Unindexed turns come back in every recall until the indexer reaches them.
+        self.turn_vectors = VectorCache()
+
+    def _prepare_text(self, body: str) -> str | None:
+        # A turn the indexer would skip is not recalled before indexing either.
+        return remembered_text(
+            body, redact_pii=self.settings.redact_pii, extra_phrases=self.settings.low_information_extra
+        )
+
+    async def search(
+        self,
+        owner: Owner,
+        message: str,
+        *,
+        k: int,
+        scope_conversation: uuid.UUID | None = None,
+        history_conversation: uuid.UUID | None = None,
+        exclude_window: bool = False,
+        extra_exclude: Sequence[uuid.UUID] = (),
+        rewrite: bool = True,
+        store_query_on: uuid.UUID | None = None,
+        window: PromptWindow | None = None,
+    ) -> RecallResult:
+        """Rewrite (with the history of ``window``, or of ``history_conversation``) and search.
+
+        ``exclude_window``: never return the turns already in that window.
+        ``store_query_on``: store the searched query on this turn, in the search's transaction.
+        """
+        started = time.perf_counter()
+        latency: dict[str, float] = {}
+        history: list[HistoryLine] = []
+        exclude: set[uuid.UUID] = set(extra_exclude)
+        if window is None and history_conversation is not None:
+            window = await read_window(
+                self.db, history_conversation, prompts=self.prompts, budget=self.budget
+            )
+        if window is not None:  # the reply's own window, read once and shared with its first step
+            history = history_lines(window.messages)
+            if exclude_window:
+                exclude.update(window.turn_ids)
+        latency["context"] = _ms_since(started)
+        mark = time.perf_counter()
+        if rewrite:
+            result = await rewrite_query(
+                message,
+                history,
+                prompts=self.prompts,
+                complete=self.complete,
+                timeout=self.settings.rewrite_timeout_seconds,
+            )
+        else:
+            result = Rewrite(message.strip(), "skipped")
+        latency["rewrite"] = _ms_since(mark)
+        mark = time.perf_counter()
+
+        async def store_query(session: AsyncSession) -> None:
+            # The stored query is for auditing: no reply should wait for its WAL flush.
+            await session.execute(ASYNC_COMMIT)
+            await session.execute(STORE_REWRITTEN_QUERY, {"query": result.query, "turn_id": store_query_on})
+
+        memories, steps = await recall_memories(
+            self.db,
+            self.embedder,
+            tenant_id=owner.tenant_id,
+            user_id=owner.user_id,
+            query_text=result.query,
+            k=k,
+            conversation_id=scope_conversation,
+            exclude_turn_ids=exclude,
+            min_score=self.settings.memory_min_score,
+            prepare_text=self._prepare_text,
+            in_search_transaction=store_query if store_query_on is not None else None,
+            fusion=self.fusion,
+            cache=self.turn_vectors,
+        )
+        latency["embed"] = steps.get("embed", 0.0)
+        latency["search"] = _ms_since(mark)
+        latency["total"] = _ms_since(started)
+        return RecallResult(result.query, result, memories, latency)
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 2)
