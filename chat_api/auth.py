@@ -15,7 +15,7 @@ from memory.config import Settings
 from memory.conversations import Owner
 from memory.db import Database
 from memory.json_bounds import text_problem
-from memory.tenancy import unscoped
+from memory.storage.tenancy import unscoped
 
 TENANT_CLAIM = "tenant"
 # The longest tenant or user id a token may carry.

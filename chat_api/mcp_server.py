@@ -49,7 +49,7 @@ from chat_api.routes.memory_items import MemoryItemRecord
 from chat_api.services import Services
 from memory.conversations import Owner
 from memory.errors import DomainError, InvalidInput
-from memory.tenancy import tenant_scope
+from memory.storage.tenancy import tenant_scope
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 The caller owns the transaction: repository functions take a session and never commit;
 routes, the runner and the consumers open ``async with db.transaction() as session``.
 
-A transaction that begins while a tenant is set (``memory.tenancy``) runs as the
+A transaction that begins while a tenant is set (``memory.storage.tenancy``) runs as the
 ``chatmem_tenant`` role with that tenant, so row-level security hides other tenants'
 rows; one extra statement per transaction, none when no tenant is set.
 """
@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, SessionTransaction
 
 from memory.json_bounds import tolerant_loads
-from memory.tenancy import TENANT_ROLE, TENANT_SETTING, current_tenant
+from memory.storage.tenancy import TENANT_ROLE, TENANT_SETTING, current_tenant
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 

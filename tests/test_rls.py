@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 from chat_api.tools import Tool, ToolContext, default_registry
 from memory.db import Database
-from memory.tenancy import current_tenant, tenant_scope, unscoped
+from memory.storage.tenancy import current_tenant, tenant_scope, unscoped
 from tests.conftest import LiveServer
 from tests.sse import collect
 

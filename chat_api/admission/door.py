@@ -48,7 +48,7 @@ from chat_api.auth import AuthError, is_api_key, verify_api_key
 from chat_api.errors import Forbidden
 from chat_api.observability import bind_log_context
 from memory.conversations import Owner
-from memory.tenancy import set_tenant
+from memory.storage.tenancy import set_tenant
 
 if TYPE_CHECKING:
     from chat_api.services import Services

@@ -20,7 +20,7 @@ from memory.api_keys import KeyInfo, create_key, list_keys, revoke_key
 from memory.conversations import Owner
 from memory.db import Database
 from memory.errors import DomainError
-from memory.tenancy import tenant_scope
+from memory.storage.tenancy import tenant_scope
 
 T = TypeVar("T")
 

@@ -57,7 +57,7 @@ async def _delete_user(database_url: str, tenant: str, user: str) -> dict[str, i
     from memory.db import Database
     from memory.erasure import delete_user, delete_user_dead_letters
     from memory.errors import Conflict
-    from memory.tenancy import tenant_scope
+    from memory.storage.tenancy import tenant_scope
 
     owner = Owner(tenant, user)
     db = Database(database_url, pool_size=1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memory.tenancy import TENANT_ROLE, TENANT_SETTING
+from memory.storage.tenancy import TENANT_ROLE, TENANT_SETTING
 
 POLICY = "tenant_isolation"
 

@@ -67,7 +67,7 @@ class EncodeBatcher:
             # A drainer of another (closed) loop can never finish: only this loop's calls are kept.
             self._queue = deque(item for item in self._queue if item[1].get_loop() is loop)
             # A fresh context: the drainer serves every request, so it must not keep the first
-            # caller's tenant scope or log ids (memory/tenancy.py).
+            # caller's tenant scope or log ids (memory/storage/tenancy.py).
             self._drainer = loop.create_task(
                 self._drain(), name="embedding-batcher", context=contextvars.Context()
             )

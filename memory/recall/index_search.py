@@ -38,7 +38,7 @@ from memory.models import EMBEDDING_DIM
 from memory.recall.found import FoundMemory, best_distinct
 from memory.recall.fusion import DEFAULT_FUSION, QUESTION_PATTERN, CandidateSignals, Fusion, NeighbourSignals
 from memory.recall.keywords import photo_caption, query_terms
-from memory.tenancy import TENANT_ROLE, current_tenant
+from memory.storage.tenancy import TENANT_ROLE, current_tenant
 
 BM25_K1 = 1.2
 BM25_B = 0.75

@@ -14,7 +14,7 @@ DATABASE_URL user that may not create roles needs an operator to run, once:
 from alembic import op
 
 from memory.migrations.rls import disable_tenant_rls, enable_tenant_rls
-from memory.tenancy import TENANT_ROLE
+from memory.storage.tenancy import TENANT_ROLE
 
 revision = "0003"
 down_revision = "0002"
