@@ -88,7 +88,7 @@ def installation_database(settings: Settings) -> Iterator[str]:
         check_database(settings.database_url)
         yield settings.database_url
         return
-    from memory.embedded_pg import EmbeddedPostgres
+    from memory.storage.embedded import EmbeddedPostgres
 
     data_dir = settings.data_dir.expanduser()
     if not (data_dir / "pg").is_dir():

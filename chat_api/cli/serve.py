@@ -77,7 +77,7 @@ class AnnouncingServer(uvicorn.Server):
 
 
 def cmd_up(args: argparse.Namespace) -> None:
-    from memory.embedded_pg import EmbeddedPostgres
+    from memory.storage.embedded import EmbeddedPostgres
 
     base = load_settings(host=args.host, port=args.port, data_dir=args.data_dir)
     data_dir = base.data_dir.expanduser()
