@@ -30,10 +30,10 @@ from indexer.worker import IndexerWorker, load_embedder
 from memory.config import get_settings
 from memory.conversations import Owner, create_conversation
 from memory.db import Database, upgrade
-from memory.models import Conversation, TurnStatus
 from memory.outbox import record_finished_turns
 from memory.recall.keywords import memory_text
 from memory.storage.embedded import EmbeddedPostgres
+from memory.storage.models import Conversation, TurnStatus
 from memory.turns import add_turn
 
 TOPICS = ["garden", "sister's bakery", "marathon training", "the new job", "Lisbon trip", "piano lessons"]

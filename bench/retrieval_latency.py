@@ -29,9 +29,9 @@ import numpy as np
 from pgvector.asyncpg import register_vector
 
 from memory.db import Database, asyncpg_dsn, upgrade
-from memory.models import EMBEDDING_DIM
 from memory.recall.index_search import SET_SEARCH_SETTINGS, search_index
 from memory.storage.embedded import EmbeddedPostgres
+from memory.storage.models import EMBEDDING_DIM
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TENANT = "bench"

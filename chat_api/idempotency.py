@@ -13,7 +13,7 @@ assistant turn). Options that only shape delivery (`stream`, `on_busy`, …) may
 from __future__ import annotations
 
 from memory.errors import InvalidInput
-from memory.models import Turn
+from memory.storage.models import Turn
 
 
 class IdempotencyKeyReused(InvalidInput):

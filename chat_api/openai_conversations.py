@@ -50,7 +50,7 @@ from memory.conversations import Owner, create_conversation, get_conversation
 from memory.errors import InvalidInput, NotFound
 from memory.history_match import Unit, matched_prefix, sent_units, stored_units
 from memory.imports import import_turns
-from memory.models import Branch, Conversation, Turn, TurnStatus
+from memory.storage.models import Branch, Conversation, Turn, TurnStatus
 
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
 # and two callers' keys can never name the same conversation.

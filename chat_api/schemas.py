@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from memory.json_bounds import json_problem, readable_json
-from memory.models import Conversation, Turn
+from memory.storage.models import Conversation, Turn
 
 MemoryMode = Literal["persistent", "none"]
 

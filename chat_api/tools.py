@@ -26,8 +26,8 @@ from memory.config import Settings
 from memory.conversations import Owner
 from memory.db import Database
 from memory.json_values import JsonObject, JsonValue
-from memory.models import ToolCallState, ToolInvocation
 from memory.recall.recaller import Recaller
+from memory.storage.models import ToolCallState, ToolInvocation
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from sqlalchemy.sql import func
 
 from memory.conversations import Owner
 from memory.errors import InvalidInput, NotFound
-from memory.models import ApiKey
+from memory.storage.models import ApiKey
 
 KEY_PREFIX = "cmk_"
 MAX_NAME_CHARS = 200

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.conversations import Owner
 from memory.errors import NotAwaitingApproval, NotFound
-from memory.models import Conversation, ToolCallState, Turn, TurnStatus
+from memory.storage.models import Conversation, ToolCallState, Turn, TurnStatus
 from memory.tool_calls import Approval, ToolCall, tool_calls_of
 
 APPROVED = "approved"

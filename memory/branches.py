@@ -40,7 +40,7 @@ from memory.errors import (
     NotOnActiveBranch,
     TurnNotFinished,
 )
-from memory.models import Branch, Conversation, Turn, TurnStatus
+from memory.storage.models import Branch, Conversation, Turn, TurnStatus
 
 # A lineage entry with no upper bound: the branch's own turns.
 NO_LIMIT = 2147483647

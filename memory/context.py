@@ -37,16 +37,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from memory.models import ToolCallState, TurnStatus
 from memory.prompts import PromptSet
 from memory.recall.found import FoundMemory
+from memory.storage.models import ToolCallState, TurnStatus
 from memory.tokens import count_tokens
 from memory.turns import recent_turn_rows
 
 if TYPE_CHECKING:
     from memory.config import Settings
     from memory.db import Database
-    from memory.models import Turn
+    from memory.storage.models import Turn
 
 # OpenAI bills a few tokens of framing per message and primes the reply with three.
 MESSAGE_OVERHEAD_TOKENS = 4

@@ -12,7 +12,7 @@ from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import InvalidInput, NotFound
-from memory.models import Conversation, MemoryItem
+from memory.storage.models import Conversation, MemoryItem
 
 
 @dataclass(frozen=True, slots=True)

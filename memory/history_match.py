@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from memory.models import TurnStatus
+from memory.storage.models import TurnStatus
 
 
 class StoredTurn(Protocol):

@@ -37,8 +37,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.conversations import Owner, get_conversation
 from memory.errors import ConversationBusy, InvalidInput
 from memory.json_bounds import MAX_DEPTH, json_problem, text_problem
-from memory.models import Conversation, Turn, TurnStatus
 from memory.outbox import NOTIFY, turn_payload
+from memory.storage.models import Conversation, Turn, TurnStatus
 
 DEFAULT_MAX_TURNS = 5000
 MAX_NAME_CHARS = 200

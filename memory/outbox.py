@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.models import OutboxRow, Turn, TurnStatus
+from memory.storage.models import OutboxRow, Turn, TurnStatus
 
 PAYLOAD_VERSION = 1
 NOTIFY_CHANNEL = "chatmem_outbox"

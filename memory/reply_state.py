@@ -22,7 +22,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.json_values import JsonObject
-from memory.models import Turn, TurnStatus
+from memory.storage.models import Turn, TurnStatus
 
 STOP_CHANNEL = "chatmem_stop"
 DONE_CHANNEL = "chatmem_turn_done"

@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.conversations import Owner, allocate_seq
 from memory.errors import NotFound
-from memory.models import Conversation, Turn, TurnEventChunk, TurnStatus
 from memory.reply_state import Event
+from memory.storage.models import Conversation, Turn, TurnEventChunk, TurnStatus
 from memory.tool_calls import ToolCall
 
 

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import text
 
 from memory.db import Database, upgrade
-from memory.models import Base
 from memory.storage.embedded import EmbeddedPostgres
+from memory.storage.models import Base
 
 pytest_plugins = ["tests.kafka_mock", "tests.browser_support", "tests.real_model"]
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from memory.db import Database
-from memory.models import OutboxRow, Turn
+from memory.storage.models import OutboxRow, Turn
 from tests.conftest import TEST_SECRET, LiveServer
 
 

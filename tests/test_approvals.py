@@ -19,7 +19,7 @@ from chat_api.app import create_app
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.tools import Tool, ToolConfigError, ToolRegistry, configured_registry, default_registry
 from memory.db import Database
-from memory.models import ToolInvocation, Turn
+from memory.storage.models import ToolInvocation, Turn
 from tests.conftest import TEST_SECRET, LiveServer
 from tests.fake_openai import FakeOpenAI, ToolCall
 from tests.fake_openai import Reply as FakeReply

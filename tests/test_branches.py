@@ -11,7 +11,7 @@ import httpx
 from sqlalchemy import func, select
 
 from memory.db import Database
-from memory.models import Branch, Turn
+from memory.storage.models import Branch, Turn
 from tests.conftest import LiveServer
 from tests.sse import SSEEvent, collect, iter_sse
 from tests.support import new_conversation

@@ -13,8 +13,8 @@ import httpx
 from sqlalchemy import select, text
 
 from memory.db import Database
-from memory.models import MemoryItem
 from memory.retention import PURGE_MEMORY
+from memory.storage.models import MemoryItem
 from memory.storage.tenancy import tenant_scope
 from tests.conftest import LiveServer
 from tests.test_memory_recall import FACT, QUESTION, index_outbox, new_conversation, retrieved, say

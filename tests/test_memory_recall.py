@@ -19,9 +19,9 @@ from sqlalchemy import event, select, update
 from indexer.pipeline import IndexPipeline
 from memory.config import Settings
 from memory.db import Database
-from memory.models import Conversation, MemoryItem, OutboxRow, Turn
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.rewrite import HistoryLine, clean_model_query, heuristic_rewrite
+from memory.storage.models import Conversation, MemoryItem, OutboxRow, Turn
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.sse import SSEEvent, collect

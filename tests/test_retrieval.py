@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, insert
 
 from memory.db import Database
-from memory.models import MemoryItem
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.fusion import Fusion
 from memory.recall.index_search import search_index
 from memory.recall.keywords import memory_search_terms, memory_text
+from memory.storage.models import MemoryItem
 
 EMBEDDER = HashEmbedder()
 WHEN = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from chat_api.tools import Tool, ToolRegistry, default_registry
 from memory.db import Database
-from memory.models import OutboxRow, ToolInvocation, Turn
+from memory.storage.models import OutboxRow, ToolInvocation, Turn
 from tests.conftest import LiveServer
 from tests.procs import server_process
 from tests.sse import SSEEvent, collect, iter_sse

@@ -323,7 +323,7 @@ def _ending_error(data: dict[str, Any], default: str) -> str:
 
 
 class StoredTurn(Protocol):
-    """What a stored turn offers the translation (memory.models.Turn has it)."""
+    """What a stored turn offers the translation (memory.storage.models.Turn has it)."""
 
     id: uuid.UUID
     role: str

@@ -39,8 +39,8 @@ from memory.approvals import (
 from memory.branches import user_turn_before
 from memory.conversations import Owner
 from memory.json_values import JsonObject
-from memory.models import Turn
 from memory.reply_state import Event
+from memory.storage.models import Turn
 from memory.tool_calls import tool_calls_of
 from memory.turns import append_events, load_events
 

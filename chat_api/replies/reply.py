@@ -16,9 +16,9 @@ from typing import Any
 
 from memory.conversations import Owner
 from memory.json_values import JsonObject
-from memory.models import ToolCallState
 from memory.recall.found import FoundMemory
 from memory.reply_state import Event
+from memory.storage.models import ToolCallState
 from memory.tool_calls import ToolCall
 
 

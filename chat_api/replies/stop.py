@@ -15,9 +15,9 @@ import uuid
 from typing import TYPE_CHECKING
 
 from chat_api.metrics import observe_stop
-from memory.models import TurnStatus
 from memory.reply_endings import Ending, end_parked_reply, end_stale_replies
 from memory.reply_state import notify_stop, reply_state
+from memory.storage.models import TurnStatus
 
 if TYPE_CHECKING:
     from chat_api.services import Services

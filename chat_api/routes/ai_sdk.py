@@ -52,7 +52,7 @@ from memory.branches import (
 )
 from memory.conversations import Owner
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
-from memory.models import Conversation, ToolCallState, Turn, TurnStatus
+from memory.storage.models import Conversation, ToolCallState, Turn, TurnStatus
 from memory.turns import get_turn
 
 # isort: split

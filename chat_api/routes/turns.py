@@ -18,7 +18,7 @@ from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
 from memory.approvals import Decision
 from memory.conversations import Owner
 from memory.errors import InvalidInput
-from memory.models import TurnStatus
+from memory.storage.models import TurnStatus
 from memory.turns import get_turn, reply_turns
 
 router = door_router(prefix="/v1/turns", tags=["turns"])

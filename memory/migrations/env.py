@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from alembic import context
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from memory.models import Base
+from memory.storage.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from memory.models import EMBEDDING_DIM
 from memory.recall.keywords import search_terms
+from memory.storage.models import EMBEDDING_DIM
 
 
 class Embedder(Protocol):

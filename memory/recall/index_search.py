@@ -34,10 +34,10 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
-from memory.models import EMBEDDING_DIM
 from memory.recall.found import FoundMemory, best_distinct
 from memory.recall.fusion import DEFAULT_FUSION, QUESTION_PATTERN, CandidateSignals, Fusion, NeighbourSignals
 from memory.recall.keywords import photo_caption, query_terms
+from memory.storage.models import EMBEDDING_DIM
 from memory.storage.tenancy import TENANT_ROLE, current_tenant
 
 BM25_K1 = 1.2

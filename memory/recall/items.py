@@ -36,7 +36,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from memory.conversations import Owner, get_conversation
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import Conversation, MemoryItem, MemoryItemSource
+from memory.storage.models import Conversation, MemoryItem, MemoryItemSource
 
 # The longest text a stated fact or a correction may have (a turn's chunk is ~1,200).
 MAX_ITEM_CHARS = 2000
