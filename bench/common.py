@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from chat_api.auth import issue_token  # noqa: E402
-from memory.db import upgrade  # noqa: E402
+from memory.storage.db import upgrade  # noqa: E402
 from memory.storage.embedded import EmbeddedPostgres  # noqa: E402
 
 SECRET = "bench-secret-0123456789-0123456789-abcdef"

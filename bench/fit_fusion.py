@@ -47,11 +47,11 @@ from memory_eval import (
 from memory_eval import load as load_both_layouts
 
 from memory.config import default_embedding_model
-from memory.db import Database
 from memory.recall.embeddings import SentenceTransformerEmbedder
 from memory.recall.found import FoundMemory, best_distinct
 from memory.recall.fusion import FEATURE_NAMES, RRF_FEATURE, SQUARED, fusion_features, linear_scores
 from memory.recall.index_search import search_candidates
+from memory.storage.db import Database
 
 # The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall.search.
 RANKED = 25

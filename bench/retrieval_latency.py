@@ -28,8 +28,8 @@ import asyncpg
 import numpy as np
 from pgvector.asyncpg import register_vector
 
-from memory.db import Database, asyncpg_dsn, upgrade
 from memory.recall.index_search import SET_SEARCH_SETTINGS, search_index
+from memory.storage.db import Database, asyncpg_dsn, upgrade
 from memory.storage.embedded import EmbeddedPostgres
 from memory.storage.models import EMBEDDING_DIM
 

@@ -49,11 +49,11 @@ from chat_api.routes.docs import install_docs
 from chat_api.services import Services, process_id
 from chat_api.tools import ToolRegistry, configured_registry
 from memory.config import Settings
-from memory.db import Database
 from memory.prompts import load_prompts
 from memory.recall.embeddings import Embedder
 from memory.recall.recaller import Recaller
 from memory.retention import RetentionJob, RetentionPolicy
+from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
 

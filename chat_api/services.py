@@ -19,9 +19,9 @@ from chat_api.replies.signals import Signals
 from chat_api.reply_queue import ReplyQueues
 from chat_api.tools import ToolRegistry
 from memory.config import Settings
-from memory.db import Database
 from memory.recall.embeddings import Embedder
 from memory.recall.recaller import Recaller
+from memory.storage.db import Database
 
 
 def process_id() -> str:

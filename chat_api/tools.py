@@ -24,9 +24,9 @@ from sqlalchemy.sql import func
 
 from memory.config import Settings
 from memory.conversations import Owner
-from memory.db import Database
 from memory.json_values import JsonObject, JsonValue
 from memory.recall.recaller import Recaller
+from memory.storage.db import Database
 from memory.storage.models import ToolCallState, ToolInvocation
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.sql.elements import TextClause
 
-from memory.db import Database
+from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
 

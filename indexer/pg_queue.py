@@ -26,8 +26,8 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from memory.config import Settings
-from memory.db import Database, asyncpg_dsn
 from memory.outbox import NOTIFY_CHANNEL
+from memory.storage.db import Database, asyncpg_dsn
 
 from .outbox_claims import CLAIM_FOR_INDEXER, LeaseKeeper, OutboxClaims
 from .transport import Message

@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaProducer
 from sqlalchemy import text
 
 from memory.config import Settings
-from memory.db import Database
+from memory.storage.db import Database
 
 from . import metrics
 from .outbox_claims import CLAIM_FOR_RELAY, LeaseKeeper, OutboxClaims

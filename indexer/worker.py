@@ -31,8 +31,8 @@ import asyncpg
 from sqlalchemy import exc as sa_exc
 
 from memory.config import Settings
-from memory.db import Database
 from memory.recall.embeddings import Embedder
+from memory.storage.db import Database
 
 from . import metrics
 from .kafka_transport import KafkaQueueConsumer, is_kafka_error

@@ -45,7 +45,7 @@ from memory.turns import recent_turn_rows
 
 if TYPE_CHECKING:
     from memory.config import Settings
-    from memory.db import Database
+    from memory.storage.db import Database
     from memory.storage.models import Turn
 
 # OpenAI bills a few tokens of framing per message and primes the reply with three.

@@ -32,7 +32,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.config import Settings
-from memory.db import Database
+from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
 

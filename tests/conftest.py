@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from memory.db import Database, upgrade
+from memory.storage.db import Database, upgrade
 from memory.storage.embedded import EmbeddedPostgres
 from memory.storage.models import Base
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.db import Database
+from memory.storage.db import Database
 from tests.conftest import token_for
 from tests.procs import server_process
 

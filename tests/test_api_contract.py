@@ -11,7 +11,7 @@ import jwt
 import pytest
 from sqlalchemy import func, select
 
-from memory.db import Database
+from memory.storage.db import Database
 from memory.storage.models import OutboxRow, Turn
 from tests.conftest import TEST_SECRET, LiveServer
 

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from chat_api.app import create_app
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.tools import Tool, ToolConfigError, ToolRegistry, configured_registry, default_registry
-from memory.db import Database
+from memory.storage.db import Database
 from memory.storage.models import ToolInvocation, Turn
 from tests.conftest import TEST_SECRET, LiveServer
 from tests.fake_openai import FakeOpenAI, ToolCall

@@ -16,8 +16,8 @@ from sqlalchemy import select
 
 from indexer.pipeline import IndexPipeline
 from indexer.worker import IndexerWorker
-from memory.db import Database
 from memory.recall.embeddings import HashEmbedder
+from memory.storage.db import Database
 from memory.storage.models import MemoryItem, OutboxRow
 from tests.conftest import LiveServer
 from tests.support import new_conversation, wait_until

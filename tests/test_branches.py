@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from sqlalchemy import func, select
 
-from memory.db import Database
+from memory.storage.db import Database
 from memory.storage.models import Branch, Turn
 from tests.conftest import LiveServer
 from tests.sse import SSEEvent, collect, iter_sse

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 from chat_api.cli.imports import add_import_arguments, load_source, run_import_command
 from indexer.worker import IndexerWorker
-from memory.db import Database
+from memory.storage.db import Database
 from memory.storage.models import OutboxRow, Turn
 from tests.conftest import LiveServer, token_for
 from tests.support import new_conversation, wait_until

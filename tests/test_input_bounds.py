@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from memory.db import Database
 from memory.json_bounds import MAX_DEPTH
+from memory.storage.db import Database
 from tests.conftest import LiveServer
 from tests.support import new_conversation
 from tests.test_approvals import approve_url, park, required, transfer_tools

@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, insert
 
-from memory.db import Database
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.fusion import FEATURE_NAMES, Fusion, fusion_features, is_question, named_speakers
 from memory.recall.index_search import search_candidates, search_index
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.unindexed import UnindexedTurn, score_unindexed
+from memory.storage.db import Database
 from memory.storage.models import MemoryItem
 
 EMBEDDER = HashEmbedder()

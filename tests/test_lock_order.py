@@ -27,9 +27,9 @@ from indexer.relay import OutboxRelay
 from indexer.worker import IndexerWorker
 from memory.config import Settings
 from memory.conversations import Owner
-from memory.db import Database
 from memory.recall.embeddings import HashEmbedder
 from memory.retention import RetentionJob, RetentionPolicy
+from memory.storage.db import Database
 from tests.conftest import LiveServer
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings

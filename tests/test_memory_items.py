@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 from sqlalchemy import select, text
 
-from memory.db import Database
 from memory.retention import PURGE_MEMORY
+from memory.storage.db import Database
 from memory.storage.models import MemoryItem
 from memory.storage.tenancy import tenant_scope
 from tests.conftest import LiveServer

@@ -18,9 +18,9 @@ from sqlalchemy import event, select, update
 
 from indexer.pipeline import IndexPipeline
 from memory.config import Settings
-from memory.db import Database
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.rewrite import HistoryLine, clean_model_query, heuristic_rewrite
+from memory.storage.db import Database
 from memory.storage.models import Conversation, MemoryItem, OutboxRow, Turn
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply

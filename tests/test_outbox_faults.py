@@ -25,8 +25,8 @@ from sqlalchemy import text
 from indexer.relay import OutboxRelay
 from indexer.worker import IndexerWorker
 from memory.config import Settings
-from memory.db import Database
 from memory.recall.embeddings import HashEmbedder
+from memory.storage.db import Database
 from tests.kafka_mock import TcpGate
 from tests.kafka_mock import topic_size as kafka_topic_size
 from tests.support import wait_until

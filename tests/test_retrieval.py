@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, insert
 
-from memory.db import Database
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.fusion import Fusion
 from memory.recall.index_search import search_index
 from memory.recall.keywords import memory_search_terms, memory_text
+from memory.storage.db import Database
 from memory.storage.models import MemoryItem
 
 EMBEDDER = HashEmbedder()

@@ -2,7 +2,7 @@
 
 Real embedded Postgres throughout. The test database connects as the superuser, which
 RLS never restricts: these tests pass only because scoped transactions switch to the
-`chatmem_tenant` role (memory/db.py), and fail if that switch or a policy is missing.
+`chatmem_tenant` role (memory/storage/db.py), and fail if that switch or a policy is missing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from chat_api.tools import Tool, ToolContext, default_registry
-from memory.db import Database
+from memory.storage.db import Database
 from memory.storage.tenancy import current_tenant, tenant_scope, unscoped
 from tests.conftest import LiveServer
 from tests.sse import collect

@@ -1,6 +1,6 @@
 from sqlalchemy import text
 
-from memory.db import Database
+from memory.storage.db import Database
 
 
 async def test_migrations_create_pgvector_tables(db: Database) -> None:

@@ -10,7 +10,7 @@ import httpx
 from sqlalchemy import func, select
 
 from chat_api.tools import Tool, ToolRegistry, default_registry
-from memory.db import Database
+from memory.storage.db import Database
 from memory.storage.models import OutboxRow, ToolInvocation, Turn
 from tests.conftest import LiveServer
 from tests.procs import server_process

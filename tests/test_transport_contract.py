@@ -21,7 +21,7 @@ from indexer.pg_queue import PgQueueConsumer
 from indexer.relay import OutboxRelay
 from indexer.transport import Consumer, Message
 from memory.config import Settings
-from memory.db import Database
+from memory.storage.db import Database
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings
 
 # The mock Kafka fixtures (`kafka_bootstrap`); conftest may register them for every module instead.

@@ -53,7 +53,7 @@ def check_database(url: str) -> None:
     """Fail in one line if the database cannot be reached."""
     import asyncpg
 
-    from memory.db import asyncpg_dsn
+    from memory.storage.db import asyncpg_dsn
 
     async def probe() -> None:
         conn = await asyncpg.connect(asyncpg_dsn(url), timeout=5)
@@ -69,7 +69,7 @@ def check_database(url: str) -> None:
 
 def migrate(url: str) -> None:
     """Bring the database's schema up to date, or fail in one line."""
-    from memory.db import upgrade
+    from memory.storage.db import upgrade
 
     try:
         upgrade(url)

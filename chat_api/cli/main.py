@@ -54,9 +54,9 @@ def cmd_users_delete(args: argparse.Namespace) -> None:
 
 async def _delete_user(database_url: str, tenant: str, user: str) -> dict[str, int]:
     from memory.conversations import Owner
-    from memory.db import Database
     from memory.erasure import delete_user, delete_user_dead_letters
     from memory.errors import Conflict
+    from memory.storage.db import Database
     from memory.storage.tenancy import tenant_scope
 
     owner = Owner(tenant, user)

@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import logging
 
-from memory.db import Database
 from memory.reply_endings import end_stale_replies
+from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
 

@@ -47,12 +47,12 @@ from chat_api.tools import (
 from memory.approvals import earliest_expiry, park_turn
 from memory.config import Settings
 from memory.conversations import get_conversation
-from memory.db import Database
 from memory.json_values import JsonObject, JsonValue
 from memory.outbox import record_finished_turn
 from memory.recall.recaller import Recaller
 from memory.reply_endings import Ending, LiveState, end_reply
 from memory.reply_state import TERMINAL_EVENT, Event, notify_done
+from memory.storage.db import Database
 from memory.storage.models import ToolCallState, TurnStatus
 from memory.tool_calls import Approval, ToolCall
 from memory.turns import add_turn, append_events, finish_turn

@@ -15,8 +15,8 @@ from typing import TypeAlias
 import asyncpg
 
 from chat_api.replies.registry import ReplyRegistry
-from memory.db import asyncpg_dsn
 from memory.reply_state import CHECKPOINT_CHANNEL, DONE_CHANNEL, STOP_CHANNEL
+from memory.storage.db import asyncpg_dsn
 
 log = logging.getLogger(__name__)
 

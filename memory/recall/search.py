@@ -23,7 +23,6 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.db import Database
 from memory.recall.embeddings import Embedder
 from memory.recall.found import FoundMemory, best_distinct
 from memory.recall.fusion import DEFAULT_FUSION, Fusion
@@ -31,6 +30,7 @@ from memory.recall.index_search import fuse, search_candidates
 from memory.recall.keywords import memory_text, photo_caption
 from memory.recall.unindexed import UNINDEXED_LIMIT, UnindexedTurn, find_unindexed, score_unindexed
 from memory.recall.vector_cache import VectorCache
+from memory.storage.db import Database
 
 # Characters of an unindexed turn that are embedded (the model reads ~256 tokens anyway).
 UNINDEXED_EMBED_CHARS = 2000

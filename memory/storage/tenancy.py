@@ -2,7 +2,7 @@
 
 A request sets its tenant once (``chat_api.deps.current_owner``); every transaction that
 starts while it is set runs as the ``chatmem_tenant`` role with ``chatmem.tenant_id`` set
-to it (see ``memory.db``), so the policies of migration 0003 hide every other tenant's
+to it (see ``memory.storage.db``), so the policies of migration 0003 hide every other tenant's
 rows even from a query that forgot its ``WHERE tenant_id``. Both settings are
 transaction-local: they revert at commit, and a pooled connection never carries them on.
 
@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-# Names fixed by migration 0003 (memory/migrations/rls.py); kept here so memory.db needs no migration code.
+# Names fixed by migration 0003 (memory/storage/migrations/rls.py); kept here so that
+# memory.storage.db needs no migration code.
 TENANT_ROLE = "chatmem_tenant"
 TENANT_SETTING = "chatmem.tenant_id"
 

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import UUID
 
-from memory.migrations.rls import disable_tenant_rls, enable_tenant_rls
+from memory.storage.migrations.rls import disable_tenant_rls, enable_tenant_rls
 
 revision = "0011"
 down_revision = "0010"

@@ -7,7 +7,7 @@ equals the transaction's ``chatmem.tenant_id`` setting. Unset, nothing is visibl
 
 The table's owner (the role migrations connect as) is not subject to RLS: background
 work, which runs as that role, still sees every tenant. Requests switch to
-``chatmem_tenant`` per transaction (``memory/db.py``).
+``chatmem_tenant`` per transaction (``memory/storage/db.py``).
 """
 
 from __future__ import annotations

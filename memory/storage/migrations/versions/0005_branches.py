@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from memory.migrations.rls import disable_tenant_rls, enable_tenant_rls
+from memory.storage.migrations.rls import disable_tenant_rls, enable_tenant_rls
 
 revision = "0005"
 down_revision = "0004"

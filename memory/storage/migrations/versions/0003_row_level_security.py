@@ -6,14 +6,14 @@ Create Date: 2026-11-21 10:00:00.000000
 
 Creates the NOLOGIN role ``chatmem_tenant`` (no BYPASSRLS) if it is missing, makes the
 migrating user a member (so the app may switch to it per transaction), and puts every
-table with a ``tenant_id`` under the policy of ``memory/migrations/rls.py``. A
+table with a ``tenant_id`` under the policy of ``memory/storage/migrations/rls.py``. A
 DATABASE_URL user that may not create roles needs an operator to run, once:
 ``CREATE ROLE chatmem_tenant NOLOGIN NOBYPASSRLS; GRANT chatmem_tenant TO <app user>;``
 """
 
 from alembic import op
 
-from memory.migrations.rls import disable_tenant_rls, enable_tenant_rls
+from memory.storage.migrations.rls import disable_tenant_rls, enable_tenant_rls
 from memory.storage.tenancy import TENANT_ROLE
 
 revision = "0003"
