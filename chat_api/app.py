@@ -52,8 +52,8 @@ from memory.config import Settings
 from memory.prompts import load_prompts
 from memory.recall.embeddings import Embedder
 from memory.recall.recaller import Recaller
-from memory.retention import RetentionJob, RetentionPolicy
 from memory.storage.db import Database
+from memory.storage.retention import RetentionJob, RetentionPolicy
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.api_keys import delete_keys
 from memory.conversations import Owner
 from memory.errors import Conflict
-from memory.retention import delete_conversations
+from memory.storage.retention import delete_conversations
 
 LOCK_USER_CONVERSATIONS = text(
     """

@@ -28,8 +28,8 @@ from indexer.worker import IndexerWorker
 from memory.config import Settings
 from memory.conversations import Owner
 from memory.recall.embeddings import HashEmbedder
-from memory.retention import RetentionJob, RetentionPolicy
 from memory.storage.db import Database
+from memory.storage.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from sqlalchemy import select, text
 
-from memory.retention import PURGE_MEMORY
 from memory.storage.db import Database
 from memory.storage.models import MemoryItem
+from memory.storage.retention import PURGE_MEMORY
 from memory.storage.tenancy import tenant_scope
 from tests.conftest import LiveServer
 from tests.test_memory_recall import FACT, QUESTION, index_outbox, new_conversation, retrieved, say

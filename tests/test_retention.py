@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from memory.retention import RetentionJob, RetentionPolicy
 from memory.storage.db import Database
+from memory.storage.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
 from tests.support import new_conversation, wait_until
 from tests.test_memory_recall import index_outbox, say
