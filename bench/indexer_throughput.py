@@ -28,9 +28,9 @@ from sqlalchemy import text
 
 from indexer.worker import IndexerWorker, load_embedder
 from memory.config import get_settings
-from memory.conversations import Owner, create_conversation
 from memory.outbox import record_finished_turns
 from memory.recall.keywords import memory_text
+from memory.record.conversations import Owner, create_conversation
 from memory.storage.db import Database, upgrade
 from memory.storage.embedded import EmbeddedPostgres
 from memory.storage.models import Conversation, TurnStatus

@@ -12,8 +12,8 @@ import jwt
 
 from memory.api_keys import looks_like_key, owner_of_key
 from memory.config import Settings
-from memory.conversations import Owner
 from memory.json_bounds import text_problem
+from memory.record.conversations import Owner
 from memory.storage.db import Database
 from memory.storage.tenancy import unscoped
 

@@ -47,8 +47,8 @@ from chat_api.errors import RateLimited, error_body
 from chat_api.memory_access import MemoryAccess
 from chat_api.routes.memory_items import MemoryItemRecord
 from chat_api.services import Services
-from memory.conversations import Owner
 from memory.errors import DomainError, InvalidInput
+from memory.record.conversations import Owner
 from memory.storage.tenancy import tenant_scope
 
 T = TypeVar("T")

@@ -21,7 +21,6 @@ from typing import NamedTuple
 
 from chat_api.admission.inputs import check_text
 from chat_api.services import Services
-from memory.conversations import Owner
 from memory.recall.embeddings import Embedder
 from memory.recall.items import (
     MAX_ITEM_CHARS,
@@ -35,6 +34,7 @@ from memory.recall.items import (
 )
 from memory.recall.keywords import memory_search_terms, memory_text
 from memory.recall.redaction import redact
+from memory.record.conversations import Owner
 
 MAX_QUERY_CHARS = 2000
 

@@ -19,8 +19,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.conversations import Owner, create_conversation, get_conversation
 from memory.errors import InvalidInput, NotFound
+from memory.record.conversations import Owner, create_conversation, get_conversation
 from memory.storage.models import Conversation
 
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")

@@ -19,8 +19,8 @@ from sqlalchemy import delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import func
 
-from memory.conversations import Owner
 from memory.errors import InvalidInput, NotFound
+from memory.record.conversations import Owner
 from memory.storage.models import ApiKey
 
 KEY_PREFIX = "cmk_"

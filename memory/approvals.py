@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.conversations import Owner
 from memory.errors import NotAwaitingApproval, NotFound
+from memory.record.conversations import Owner
 from memory.storage.models import Conversation, ToolCallState, Turn, TurnStatus
 from memory.tool_calls import Approval, ToolCall, tool_calls_of
 

@@ -17,7 +17,7 @@ starts after it), so ordering by ``seq`` orders any history.
   conversation's row lock, so the two never interleave (see indexer/pipeline.py).
 
 Every function takes a session and never commits; ownership is checked by the callers
-through ``memory.conversations.get_conversation`` and ``memory.turns.get_turn``.
+through ``memory.record.conversations.get_conversation`` and ``memory.turns.get_turn``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.conversations import Owner
 from memory.errors import (
     ConversationBusy,
     InvalidInput,
@@ -40,6 +39,7 @@ from memory.errors import (
     NotOnActiveBranch,
     TurnNotFinished,
 )
+from memory.record.conversations import Owner
 from memory.storage.models import Branch, Conversation, Turn, TurnStatus
 
 # A lineage entry with no upper bound: the branch's own turns.

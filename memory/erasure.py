@@ -20,8 +20,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.api_keys import delete_keys
-from memory.conversations import Owner
 from memory.errors import Conflict
+from memory.record.conversations import Owner
 from memory.storage.retention import delete_conversations
 
 LOCK_USER_CONVERSATIONS = text(

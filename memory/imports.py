@@ -34,10 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.conversations import Owner, get_conversation
 from memory.errors import ConversationBusy, InvalidInput
 from memory.json_bounds import MAX_DEPTH, json_problem, text_problem
 from memory.outbox import NOTIFY, turn_payload
+from memory.record.conversations import Owner, get_conversation
 from memory.storage.models import Conversation, Turn, TurnStatus
 
 DEFAULT_MAX_TURNS = 5000

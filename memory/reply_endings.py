@@ -28,9 +28,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.conversations import Owner
 from memory.json_values import JsonObject
 from memory.outbox import record_finished_turn
+from memory.record.conversations import Owner
 from memory.reply_state import TERMINAL_EVENT, Event, notify_done
 from memory.storage.models import Turn, TurnStatus
 from memory.tool_calls import ToolCall, settle_open_calls, tool_calls_of

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import and_, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.conversations import Owner, allocate_seq
 from memory.errors import NotFound
+from memory.record.conversations import Owner, allocate_seq
 from memory.reply_state import Event
 from memory.storage.models import Conversation, Turn, TurnEventChunk, TurnStatus
 from memory.tool_calls import ToolCall

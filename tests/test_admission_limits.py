@@ -19,8 +19,8 @@ from chat_api.errors import RateLimited
 from chat_api.replies import Reply
 from chat_api.replies.registry import ReplyRegistry
 from memory.config import get_settings
-from memory.conversations import Owner
 from memory.errors import InvalidInput
+from memory.record.conversations import Owner
 
 ALICE = Owner("t1", "alice")
 BOB = Owner("t1", "bob")

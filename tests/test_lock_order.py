@@ -26,8 +26,8 @@ from indexer.kafka_transport import KafkaQueueConsumer
 from indexer.relay import OutboxRelay
 from indexer.worker import IndexerWorker
 from memory.config import Settings
-from memory.conversations import Owner
 from memory.recall.embeddings import HashEmbedder
+from memory.record.conversations import Owner
 from memory.storage.db import Database
 from memory.storage.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer

@@ -21,7 +21,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from openai import AsyncOpenAI
 
-from memory.conversations import Owner
+from memory.record.conversations import Owner
 from tests.conftest import LiveServer, token_for
 from tests.support import new_conversation, wait_until
 

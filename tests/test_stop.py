@@ -249,7 +249,7 @@ async def test_side_effecting_tool_runs_once_per_logical_call(start_server: Any,
     assert len(calls) == 1
     # The same logical call again (a retry or resume) does not charge twice.
     from chat_api.tools import begin_invocation
-    from memory.conversations import Owner
+    from memory.record.conversations import Owner
 
     tool = tools.get("charge")
     assert tool is not None

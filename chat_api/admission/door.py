@@ -47,7 +47,7 @@ from chat_api.admission.inputs import check_url_strings, parse_json
 from chat_api.auth import AuthError, is_api_key, verify_api_key
 from chat_api.errors import Forbidden
 from chat_api.observability import bind_log_context
-from memory.conversations import Owner
+from memory.record.conversations import Owner
 from memory.storage.tenancy import set_tenant
 
 if TYPE_CHECKING:

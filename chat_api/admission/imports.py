@@ -15,8 +15,8 @@ from __future__ import annotations
 from types import TracebackType
 
 from chat_api.admission.bucket import TokenBuckets
-from memory.conversations import Owner
 from memory.imports import ImportTurn
+from memory.record.conversations import Owner
 
 
 class AdmittedImport:

@@ -23,9 +23,9 @@ from chat_api.admission.streams import StreamLimit, StreamSlot
 from chat_api.errors import RateLimited
 from chat_api.replies.registry import ReplyRegistry
 from memory.config import Settings
-from memory.conversations import Owner
 from memory.errors import InvalidInput
 from memory.imports import ImportTurn, parse_import
+from memory.record.conversations import Owner
 
 MINUTE = 60.0
 HOUR = 3600.0

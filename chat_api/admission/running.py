@@ -19,7 +19,7 @@ from chat_api import metrics
 from chat_api.admission.streams import StreamSlot
 from chat_api.errors import RateLimited
 from chat_api.replies.registry import ReplyRegistry
-from memory.conversations import Owner
+from memory.record.conversations import Owner
 
 T = TypeVar("T")
 

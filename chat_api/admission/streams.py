@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from chat_api import metrics
 from chat_api.errors import RateLimited
-from memory.conversations import Owner
+from memory.record.conversations import Owner
 
 T = TypeVar("T")
 

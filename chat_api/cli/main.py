@@ -53,9 +53,9 @@ def cmd_users_delete(args: argparse.Namespace) -> None:
 
 
 async def _delete_user(database_url: str, tenant: str, user: str) -> dict[str, int]:
-    from memory.conversations import Owner
     from memory.erasure import delete_user, delete_user_dead_letters
     from memory.errors import Conflict
+    from memory.record.conversations import Owner
     from memory.storage.db import Database
     from memory.storage.tenancy import tenant_scope
 

@@ -37,8 +37,8 @@ from memory.approvals import (
     waiting_calls,
 )
 from memory.branches import user_turn_before
-from memory.conversations import Owner
 from memory.json_values import JsonObject
+from memory.record.conversations import Owner
 from memory.reply_state import Event
 from memory.storage.models import Turn
 from memory.tool_calls import tool_calls_of

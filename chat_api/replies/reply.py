@@ -14,9 +14,9 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from memory.conversations import Owner
 from memory.json_values import JsonObject
 from memory.recall.found import FoundMemory
+from memory.record.conversations import Owner
 from memory.reply_state import Event
 from memory.storage.models import ToolCallState
 from memory.tool_calls import ToolCall

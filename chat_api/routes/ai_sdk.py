@@ -50,8 +50,8 @@ from memory.branches import (
     newest_turn,
     on_lineage,
 )
-from memory.conversations import Owner
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
+from memory.record.conversations import Owner
 from memory.storage.models import Conversation, ToolCallState, Turn, TurnStatus
 from memory.turns import get_turn
 

@@ -27,7 +27,7 @@ from chat_api.schemas import (
     ReplyOut,
 )
 from memory.branches import activate_branch, conversation_branch, fork_conversation, list_branches
-from memory.conversations import get_conversation
+from memory.record.conversations import get_conversation
 from memory.turns import get_turn
 
 router = door_router(tags=["branches"])

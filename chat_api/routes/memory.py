@@ -12,9 +12,9 @@ from chat_api.admission import check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.replies.recall import memory_item_json, observe_rewrite_of
 from chat_api.schemas import Strict
-from memory.conversations import get_conversation
 from memory.errors import InvalidInput
 from memory.recall.forgetting import forget_user_memory
+from memory.record.conversations import get_conversation
 
 router = door_router(prefix="/v1/memory", tags=["memory"])
 

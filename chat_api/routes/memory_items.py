@@ -18,9 +18,9 @@ from chat_api.admission import check_time, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.memory_access import MAX_QUERY_CHARS, MemoryAccess
 from chat_api.schemas import Strict
-from memory.conversations import get_conversation
 from memory.errors import InvalidInput
 from memory.recall.items import MAX_ITEM_CHARS, ItemFilter, StoredMemory, get_item, list_items
+from memory.record.conversations import get_conversation
 
 router = door_router(prefix="/v1/memory/items", tags=["memory"])
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.conversations import Owner
+from memory.record.conversations import Owner
 
 LOCK_USER_CONVERSATIONS = text(
     """

@@ -34,8 +34,8 @@ from sqlalchemy import and_, delete, func, null, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
-from memory.conversations import Owner, get_conversation
 from memory.errors import Conflict, InvalidInput, NotFound
+from memory.record.conversations import Owner, get_conversation
 from memory.storage.models import Conversation, MemoryItem, MemoryItemSource
 
 # The longest text a stated fact or a correction may have (a turn's chunk is ~1,200).

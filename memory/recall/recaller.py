@@ -22,7 +22,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.config import Settings
 from memory.context import ContextBudget, PromptWindow, read_window
-from memory.conversations import Owner
 from memory.prompts import PromptSet
 from memory.recall.embeddings import Embedder
 from memory.recall.found import RecallResult
@@ -31,6 +30,7 @@ from memory.recall.remembering import remembered_text
 from memory.recall.rewrite import Complete, HistoryLine, Rewrite, rewrite_query
 from memory.recall.search import recall_memories
 from memory.recall.vector_cache import VectorCache
+from memory.record.conversations import Owner
 from memory.storage.db import Database
 
 STORE_REWRITTEN_QUERY = text("UPDATE turns SET rewritten_query = :query WHERE id = :turn_id")
