@@ -31,10 +31,10 @@ from memory.config import get_settings
 from memory.outbox import record_finished_turns
 from memory.recall.keywords import memory_text
 from memory.record.conversations import Owner, create_conversation
+from memory.record.turns import add_turn
 from memory.storage.db import Database, upgrade
 from memory.storage.embedded import EmbeddedPostgres
 from memory.storage.models import Conversation, TurnStatus
-from memory.turns import add_turn
 
 TOPICS = ["garden", "sister's bakery", "marathon training", "the new job", "Lisbon trip", "piano lessons"]
 

@@ -17,7 +17,7 @@ starts after it), so ordering by ``seq`` orders any history.
   conversation's row lock, so the two never interleave (see indexer/pipeline.py).
 
 Every function takes a session and never commits; ownership is checked by the callers
-through ``memory.record.conversations.get_conversation`` and ``memory.turns.get_turn``.
+through ``memory.record.conversations.get_conversation`` and ``memory.record.turns.get_turn``.
 """
 
 from __future__ import annotations

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from memory.prompts import PromptSet
 from memory.recall.found import FoundMemory
+from memory.record.turns import recent_turn_rows
 from memory.storage.models import ToolCallState, TurnStatus
 from memory.tokens import count_tokens
-from memory.turns import recent_turn_rows
 
 if TYPE_CHECKING:
     from memory.config import Settings

@@ -18,9 +18,9 @@ from memory.outbox import PAYLOAD_VERSION, record_finished_turn, turn_payload
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.redaction import redact
 from memory.record.conversations import Owner, create_conversation
+from memory.record.turns import add_turn
 from memory.storage.db import Database, asyncpg_dsn
 from memory.storage.models import Conversation, MemoryItem, OutboxRow, Turn, TurnStatus
-from memory.turns import add_turn
 from tests.support import wait_until
 
 OWNER = Owner("tenant-a", "user-a")

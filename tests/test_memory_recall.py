@@ -211,7 +211,8 @@ async def test_the_prompt_window_is_read_once_per_reply_and_shared_by_recall_and
     reads: list[str] = []
 
     def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        # memory.turns.RECENT_TURNS, the window's one statement (the unindexed search also walks lineages)
+        # memory.record.turns.RECENT_TURNS, the window's one statement (the unindexed search also walks
+        # lineages)
         if "unnest(b.lineage_ids" in statement and "indexed_seq" not in statement:
             reads.append(statement)
 

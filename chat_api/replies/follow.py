@@ -25,9 +25,9 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from chat_api.replies.reply import Reply
+from memory.record.turns import load_events
 from memory.reply_state import PARKED_EVENT, TERMINAL_NAMES, Event, reply_state
 from memory.storage.models import TurnStatus
-from memory.turns import load_events
 
 if TYPE_CHECKING:
     from chat_api.services import Services

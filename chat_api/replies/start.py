@@ -23,8 +23,8 @@ from memory.branches import activate_branch, create_branch, edit_point, regenera
 from memory.errors import ConversationBusy
 from memory.outbox import record_finished_turn
 from memory.record.conversations import Owner, get_conversation
+from memory.record.turns import begin_answer, begin_reply, find_by_idempotency_key, get_turn
 from memory.storage.models import Conversation, Turn
-from memory.turns import begin_answer, begin_reply, find_by_idempotency_key, get_turn
 
 if TYPE_CHECKING:
     from chat_api.admission import AdmittedReply

@@ -52,8 +52,8 @@ from memory.branches import (
 )
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
 from memory.record.conversations import Owner
+from memory.record.turns import get_turn
 from memory.storage.models import Conversation, ToolCallState, Turn, TurnStatus
-from memory.turns import get_turn
 
 # isort: split
 # The reply lifecycle's public seam (start, follow, stop and approve a reply), in this one

@@ -28,7 +28,7 @@ from chat_api.schemas import (
 )
 from memory.branches import activate_branch, conversation_branch, fork_conversation, list_branches
 from memory.record.conversations import get_conversation
-from memory.turns import get_turn
+from memory.record.turns import get_turn
 
 router = door_router(tags=["branches"])
 

@@ -16,7 +16,7 @@ from chat_api.reply_queue import drop_if_client_leaves
 from chat_api.schemas import MessageCreate, ReplyOptions, ReplyOut, TurnOut
 from chat_api.services import Services
 from memory.record.conversations import Owner
-from memory.turns import get_turn, reply_turns
+from memory.record.turns import get_turn, reply_turns
 
 router = door_router(tags=["messages"])
 

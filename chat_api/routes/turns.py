@@ -18,8 +18,8 @@ from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
 from memory.approvals import Decision
 from memory.errors import InvalidInput
 from memory.record.conversations import Owner
+from memory.record.turns import get_turn, reply_turns
 from memory.storage.models import TurnStatus
-from memory.turns import get_turn, reply_turns
 
 router = door_router(prefix="/v1/turns", tags=["turns"])
 
