@@ -45,10 +45,10 @@ from chat_api.protocols.openai_chat import ChatRequest, ClientMessage
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
 from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_reply, store_message
 from chat_api.services import Services
-from memory.branches import activate_branch, branch_history, conversation_branch, create_branch
 from memory.errors import InvalidInput, NotFound
 from memory.history_match import Unit, matched_prefix, sent_units, stored_units
 from memory.imports import import_turns
+from memory.record.branches import activate_branch, branch_history, conversation_branch, create_branch
 from memory.record.conversations import Owner, create_conversation, get_conversation
 from memory.storage.models import Branch, Conversation, Turn, TurnStatus
 

@@ -11,7 +11,7 @@ the update only fires when the stored text differs. The conversations of a batch
 locked (``FOR NO KEY UPDATE``, in id order) while their rows are written, so a
 conversation deleted or switched to memory mode `none` during the batch never gets rows
 written after the switch, and each row's ``on_active_branch`` is read under the same lock
-(a branch switch takes it too, see memory/branches.py).
+(a branch switch takes it too, see memory/record/branches.py).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from indexer.chunking import chunk_text
-from memory.branches import turns_off_active_branch
 from memory.config import Settings
 from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.recall.embeddings import Embedder
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.redaction import redact
 from memory.recall.remembering import is_low_information
+from memory.record.branches import turns_off_active_branch
 from memory.storage.db import Database
 from memory.storage.models import EMBEDDING_DIM
 

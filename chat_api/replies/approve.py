@@ -36,8 +36,8 @@ from memory.approvals import (
     take_for_resume,
     waiting_calls,
 )
-from memory.branches import user_turn_before
 from memory.json_values import JsonObject
+from memory.record.branches import user_turn_before
 from memory.record.conversations import Owner
 from memory.record.turns import append_events, load_events
 from memory.reply_state import Event

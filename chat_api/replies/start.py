@@ -19,9 +19,15 @@ from chat_api.idempotency import check_replay
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
 from chat_api.reply_queue import in_line, until
-from memory.branches import activate_branch, create_branch, edit_point, regenerate_point, user_turn_before
 from memory.errors import ConversationBusy
 from memory.outbox import record_finished_turn
+from memory.record.branches import (
+    activate_branch,
+    create_branch,
+    edit_point,
+    regenerate_point,
+    user_turn_before,
+)
 from memory.record.conversations import Owner, get_conversation
 from memory.record.turns import begin_answer, begin_reply, find_by_idempotency_key, get_turn
 from memory.storage.models import Conversation, Turn

@@ -41,7 +41,8 @@ from chat_api.protocols.ai_sdk import (
 from chat_api.services import Services
 from memory.ai_sdk_chats import CHAT_ID, chat_conversation, find_chat, memory_payloads, remember_message_id
 from memory.approvals import Decision
-from memory.branches import (
+from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
+from memory.record.branches import (
     activate_branch,
     branch_history,
     conversation_branch,
@@ -50,7 +51,6 @@ from memory.branches import (
     newest_turn,
     on_lineage,
 )
-from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
 from memory.record.conversations import Owner
 from memory.record.turns import get_turn
 from memory.storage.models import Conversation, ToolCallState, Turn, TurnStatus

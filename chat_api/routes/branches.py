@@ -26,7 +26,7 @@ from chat_api.schemas import (
     RegenerateIn,
     ReplyOut,
 )
-from memory.branches import activate_branch, conversation_branch, fork_conversation, list_branches
+from memory.record.branches import activate_branch, conversation_branch, fork_conversation, list_branches
 from memory.record.conversations import get_conversation
 from memory.record.turns import get_turn
 

@@ -17,8 +17,8 @@ from chat_api.schemas import (
     TurnList,
     TurnOut,
 )
-from memory.branches import branch_history, conversation_branch
 from memory.record import conversations as repo
+from memory.record.branches import branch_history, conversation_branch
 
 router = door_router(prefix="/v1/conversations", tags=["conversations"])
 

@@ -13,7 +13,7 @@ once for every method. Choices measured on the LoCoMo slice (``bench/memory_eval
 - Every row that can be returned passes the tenant/user filter inside both candidate
   lists; nothing is joined in later without it. The same filter drops rows of turns off
   their conversation's active branch (``on_active_branch``, a flag kept by
-  ``memory.branches``), so it costs one column test per row and no join.
+  ``memory.record.branches``), so it costs one column test per row and no join.
 
 The dense side uses pgvector 0.8 iterative index scans so a per-user filter on a shared
 HNSW index still yields ``candidates`` rows instead of whatever survived the filter
@@ -61,7 +61,7 @@ SET_SEARCH_SETTINGS_AS_OWNER = text(
 )
 RESTORE_TENANT_ROLE = text(f"SELECT set_config('role', '{TENANT_ROLE}', true)")
 
-# on_active_branch: turns a regenerate or an edit replaced are not memory (memory/branches.py).
+# on_active_branch: turns a regenerate or an edit replaced are not memory (memory/record/branches.py).
 _OWNER_FILTER = """m.tenant_id = :tenant_id AND m.user_id = :user_id AND m.on_active_branch
       AND m.deleted_at IS NULL AND m.turn_id <> ALL(:exclude_turn_ids){conversation_filter}"""
 

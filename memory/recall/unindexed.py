@@ -11,7 +11,7 @@ with the query or its cosine similarity reaches ``UNINDEXED_MIN_SIMILARITY``.
 The rules are the index's: tenant and user always; the conversation when scoped; never a
 deleted conversation or one whose memory mode is ``none``; never turns at or below a
 conversation's ``memory_forgotten_seq``; never turns off their conversation's active
-branch (``memory.branches``); never the turns excluded by the caller.
+branch (``memory.record.branches``); never the turns excluded by the caller.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class Conversation(Base):
     # Turns up to this seq were forgotten (DELETE /v1/memory): never indexed, never recalled.
     memory_forgotten_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     active_reply_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
-    # The branch new turns go to and prompts read (memory/branches.py). Its root branch has
+    # The branch new turns go to and prompts read (memory/record/branches.py). Its root branch has
     # the conversation's id; a trigger (migration 0005) fills both in for any INSERT.
     active_branch_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True), default=lambda ctx: ctx.get_current_parameters()["id"]

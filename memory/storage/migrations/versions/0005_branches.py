@@ -14,7 +14,7 @@ tests, tools): a new conversation gets ``active_branch_id = id`` and its root br
 a new turn without ``branch_id`` lands on its conversation's active branch. Writers that
 know the branch (the reply path) set it, and the turn trigger then only checks for NULL.
 ``memory_items.on_active_branch`` is false for turns off their conversation's active
-branch (see memory/branches.py); recall reads only true rows.
+branch (see memory/record/branches.py); recall reads only true rows.
 """
 
 import sqlalchemy as sa
