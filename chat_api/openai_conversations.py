@@ -47,9 +47,9 @@ from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
 from memory.history_match import Unit, matched_prefix, sent_units, stored_units
-from memory.imports import import_turns
 from memory.record.branches import activate_branch, branch_history, conversation_branch, create_branch
 from memory.record.conversations import Owner, create_conversation, get_conversation
+from memory.record.imports import import_turns
 from memory.storage.models import Branch, Conversation, Turn, TurnStatus
 
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,

@@ -13,8 +13,8 @@ import pytest
 from indexer.kafka_transport import KafkaQueueConsumer
 from indexer.relay import OutboxRelay
 from indexer.worker import IndexerWorker
-from memory.imports import ImportTurn, import_turns
 from memory.record.conversations import Owner, create_conversation
+from memory.record.imports import ImportTurn, import_turns
 from memory.storage.db import Database
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings

@@ -2,7 +2,7 @@
 
 An import is accepted in a second and costs minutes of embedding, so every way to store
 history in bulk (the import route, the OpenAI adapter's unmatched history, any adapter
-to come) goes through `Admission.admit_import`: the import rules of `memory.imports`
+to come) goes through `Admission.admit_import`: the import rules of `memory.record.imports`
 (turns per request, characters per message, well-formed items) and then
 IMPORT_TURNS_PER_HOUR, a token bucket refilled evenly over the hour. A whole batch must
 fit in what is left; the turns it did not create (skipped as already imported, or the
@@ -15,8 +15,8 @@ from __future__ import annotations
 from types import TracebackType
 
 from chat_api.admission.bucket import TokenBuckets
-from memory.imports import ImportTurn
 from memory.record.conversations import Owner
+from memory.record.imports import ImportTurn
 
 
 class AdmittedImport:

@@ -24,8 +24,8 @@ from chat_api.errors import RateLimited
 from chat_api.replies.registry import ReplyRegistry
 from memory.config import Settings
 from memory.errors import InvalidInput
-from memory.imports import ImportTurn, parse_import
 from memory.record.conversations import Owner
+from memory.record.imports import ImportTurn, parse_import
 
 MINUTE = 60.0
 HOUR = 3600.0
@@ -95,7 +95,7 @@ class Admission:
         """Validated turns charged to the user's import quota: InvalidInput, or RateLimited past the quota.
 
         `raw_turns` is the JSON list of turns as an import request holds them; the rules
-        are `memory.imports.parse_import`'s (IMPORT_MAX_TURNS a request, MAX_MESSAGE_CHARS
+        are `memory.record.imports.parse_import`'s (IMPORT_MAX_TURNS a request, MAX_MESSAGE_CHARS
         a turn), the quota IMPORT_TURNS_PER_HOUR.
         """
         limits = {"max_turns": self.settings.import_max_turns, "max_chars": self.settings.max_message_chars}

@@ -39,7 +39,7 @@ import jwt
 
 from chat_api.auth import is_api_key
 from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, CommandError, bearer, default_url
-from memory.imports import DEFAULT_MAX_TURNS
+from memory.record.imports import DEFAULT_MAX_TURNS
 
 DEFAULT_BATCH_TURNS = 1000
 # Under the server's default 1 MB body limit, with room for the JSON around the turns.

@@ -4,7 +4,7 @@ The one route with a body limit of its own (IMPORT_MAX_BODY_BYTES). The body is 
 the door's decoder and the turns validated and charged by the import admission
 (`chat_api.admission`), both in a worker thread when large: a batch of thousands of
 turns is megabytes of JSON, too much CPU for the event loop. Validation is the domain's
-(``memory.imports``), so every error names the offending item's ``index``; the OpenAPI
+(``memory.record.imports``), so every error names the offending item's ``index``; the OpenAPI
 schema below documents the same shape.
 """
 
@@ -20,7 +20,7 @@ from chat_api.admission import AdmissionDep, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.schemas import ErrorOut
 from memory.errors import InvalidInput
-from memory.imports import DEFAULT_MAX_TURNS, ImportResult, ImportTurn, import_turns
+from memory.record.imports import DEFAULT_MAX_TURNS, ImportResult, ImportTurn, import_turns
 
 router = door_router(prefix="/v1/conversations", tags=["import"])
 
