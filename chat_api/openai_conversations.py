@@ -13,7 +13,7 @@ of the caller's conversations:
 4. otherwise a new conversation.
 
 In the chosen conversation, under its row lock (`chat_api.replies.start_reply`), the sent
-history is compared with the stored one (`memory.history_match`): the same history → the
+history is compared with the stored one (`memory.record.history_match`): the same history → the
 new message continues it; the new message already stored after the same history → its
 answer is generated again on a new branch (regenerate); a history that agrees only up
 to an earlier point → a new branch from there (edit), where the messages the client has
@@ -46,9 +46,9 @@ from chat_api.protocols.openai_chat import ChatRequest, ClientMessage
 from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_reply, store_message
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
-from memory.history_match import Unit, matched_prefix, sent_units, stored_units
 from memory.record.branches import activate_branch, branch_history, conversation_branch, create_branch
 from memory.record.conversations import Owner, create_conversation, get_conversation
+from memory.record.history_match import Unit, matched_prefix, sent_units, stored_units
 from memory.record.imports import import_turns
 from memory.storage.models import Branch, Conversation, Turn, TurnStatus
 
