@@ -28,9 +28,9 @@ from sqlalchemy import text
 
 from indexer.worker import IndexerWorker, load_embedder
 from memory.config import get_settings
-from memory.outbox import record_finished_turns
 from memory.recall.keywords import memory_text
 from memory.record.conversations import Owner, create_conversation
+from memory.record.outbox import record_finished_turns
 from memory.record.turns import add_turn
 from memory.storage.db import Database, upgrade
 from memory.storage.embedded import EmbeddedPostgres

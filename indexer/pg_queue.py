@@ -26,7 +26,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from memory.config import Settings
-from memory.outbox import NOTIFY_CHANNEL
+from memory.record.outbox import NOTIFY_CHANNEL
 from memory.storage.db import Database, asyncpg_dsn
 
 from .outbox_claims import CLAIM_FOR_INDEXER, LeaseKeeper, OutboxClaims

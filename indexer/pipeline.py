@@ -29,12 +29,12 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from indexer.chunking import chunk_text
 from memory.config import Settings
-from memory.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.recall.embeddings import Embedder
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.redaction import redact
 from memory.recall.remembering import is_low_information
 from memory.record.branches import turns_off_active_branch
+from memory.record.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.storage.db import Database
 from memory.storage.models import EMBEDDING_DIM
 

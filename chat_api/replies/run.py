@@ -47,9 +47,9 @@ from chat_api.tools import (
 from memory.approvals import earliest_expiry, park_turn
 from memory.config import Settings
 from memory.json_values import JsonObject, JsonValue
-from memory.outbox import record_finished_turn
 from memory.recall.recaller import Recaller
 from memory.record.conversations import get_conversation
+from memory.record.outbox import record_finished_turn
 from memory.record.turns import add_turn, append_events, finish_turn
 from memory.reply_endings import Ending, LiveState, end_reply
 from memory.reply_state import TERMINAL_EVENT, Event, notify_done

@@ -20,7 +20,6 @@ from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
 from chat_api.reply_queue import in_line, until
 from memory.errors import ConversationBusy
-from memory.outbox import record_finished_turn
 from memory.record.branches import (
     activate_branch,
     create_branch,
@@ -29,6 +28,7 @@ from memory.record.branches import (
     user_turn_before,
 )
 from memory.record.conversations import Owner, get_conversation
+from memory.record.outbox import record_finished_turn
 from memory.record.turns import begin_answer, begin_reply, find_by_idempotency_key, get_turn
 from memory.storage.models import Conversation, Turn
 

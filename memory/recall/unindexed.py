@@ -26,10 +26,10 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.outbox import RECORDED_ROLES, RECORDED_STATUSES
 from memory.recall.found import FoundMemory
 from memory.recall.fusion import DEFAULT_FUSION, CandidateSignals, Fusion, NeighbourSignals, is_question
 from memory.recall.keywords import photo_caption, query_terms, search_terms
+from memory.record.outbox import RECORDED_ROLES, RECORDED_STATUSES
 
 UNINDEXED_LIMIT = 32
 UNINDEXED_MIN_SIMILARITY = 0.3

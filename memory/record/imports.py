@@ -36,8 +36,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import ConversationBusy, InvalidInput
 from memory.json_bounds import MAX_DEPTH, json_problem, text_problem
-from memory.outbox import NOTIFY, turn_payload
 from memory.record.conversations import Owner, get_conversation
+from memory.record.outbox import NOTIFY, turn_payload
 from memory.storage.models import Conversation, Turn, TurnStatus
 
 DEFAULT_MAX_TURNS = 5000
@@ -59,7 +59,7 @@ INSERT_TURNS = text(
     """
 )
 
-# Imported turns are user or assistant turns, completed: every one is recorded (see memory.outbox).
+# Imported turns are user or assistant turns, completed: every one is recorded (see memory.record.outbox).
 # Priority 1: imported history is indexed after the live turns waiting (see indexer/outbox_claims.py).
 INSERT_OUTBOX = text(
     """
