@@ -25,8 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotAwaitingApproval, NotFound
 from memory.record.conversations import Owner
+from memory.record.tool_calls import Approval, ToolCall, tool_calls_of
 from memory.storage.models import Conversation, ToolCallState, Turn, TurnStatus
-from memory.tool_calls import Approval, ToolCall, tool_calls_of
 
 APPROVED = "approved"
 REJECTED = "rejected"

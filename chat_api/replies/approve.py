@@ -39,10 +39,10 @@ from memory.approvals import (
 from memory.json_values import JsonObject
 from memory.record.branches import user_turn_before
 from memory.record.conversations import Owner
+from memory.record.tool_calls import tool_calls_of
 from memory.record.turns import append_events, load_events
 from memory.reply_state import Event
 from memory.storage.models import Turn
-from memory.tool_calls import tool_calls_of
 
 if TYPE_CHECKING:
     from chat_api.admission import AdmittedReply

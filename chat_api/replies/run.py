@@ -50,12 +50,12 @@ from memory.json_values import JsonObject, JsonValue
 from memory.recall.recaller import Recaller
 from memory.record.conversations import get_conversation
 from memory.record.outbox import record_finished_turn
+from memory.record.tool_calls import Approval, ToolCall
 from memory.record.turns import add_turn, append_events, finish_turn
 from memory.reply_endings import Ending, LiveState, end_reply
 from memory.reply_state import TERMINAL_EVENT, Event, notify_done
 from memory.storage.db import Database
 from memory.storage.models import ToolCallState, TurnStatus
-from memory.tool_calls import Approval, ToolCall
 
 log = logging.getLogger(__name__)
 

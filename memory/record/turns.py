@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
 from memory.record.conversations import Owner, allocate_seq
+from memory.record.tool_calls import ToolCall
 from memory.reply_state import Event
 from memory.storage.models import Conversation, Turn, TurnEventChunk, TurnStatus
-from memory.tool_calls import ToolCall
 
 
 def _visible(owner: Owner):  # type: ignore[no-untyped-def]
