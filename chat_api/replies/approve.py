@@ -27,7 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.metrics import observe_approval
 from chat_api.replies.reply import Reply, ReplyRequest
-from memory.approvals import (
+from memory.json_values import JsonObject
+from memory.record.approvals import (
     Decision,
     decide_call,
     expired_call_ids,
@@ -36,7 +37,6 @@ from memory.approvals import (
     take_for_resume,
     waiting_calls,
 )
-from memory.json_values import JsonObject
 from memory.record.branches import user_turn_before
 from memory.record.conversations import Owner
 from memory.record.tool_calls import tool_calls_of

@@ -44,10 +44,10 @@ from chat_api.tools import (
     cancel_invocation,
     finish_invocation,
 )
-from memory.approvals import earliest_expiry, park_turn
 from memory.config import Settings
 from memory.json_values import JsonObject, JsonValue
 from memory.recall.recaller import Recaller
+from memory.record.approvals import earliest_expiry, park_turn
 from memory.record.conversations import get_conversation
 from memory.record.outbox import record_finished_turn
 from memory.record.tool_calls import Approval, ToolCall

@@ -15,8 +15,8 @@ from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.replies import decide, sse_stream, stop_reply, wait_reply_done
 from chat_api.routes.messages import SSE_HEADERS
 from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
-from memory.approvals import Decision
 from memory.errors import InvalidInput
+from memory.record.approvals import Decision
 from memory.record.conversations import Owner
 from memory.record.turns import get_turn, reply_turns
 from memory.storage.models import TurnStatus
