@@ -31,9 +31,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.json_values import JsonObject
 from memory.record.conversations import Owner
 from memory.record.outbox import record_finished_turn
+from memory.record.reply_state import TERMINAL_EVENT, Event, notify_done
 from memory.record.tool_calls import ToolCall, settle_open_calls, tool_calls_of
 from memory.record.turns import append_events, finish_turn, release_conversation
-from memory.reply_state import TERMINAL_EVENT, Event, notify_done
 from memory.storage.models import Turn, TurnStatus
 
 

@@ -39,9 +39,9 @@ from memory.record.approvals import (
 )
 from memory.record.branches import user_turn_before
 from memory.record.conversations import Owner
+from memory.record.reply_state import Event
 from memory.record.tool_calls import tool_calls_of
 from memory.record.turns import append_events, load_events
-from memory.reply_state import Event
 from memory.storage.models import Turn
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from sqlalchemy import text
 
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.reply import Reply
+from memory.record.reply_state import NOTIFY_CHECKPOINT
 from memory.record.turns import CHECKPOINT_TURN, HEARTBEAT
-from memory.reply_state import NOTIFY_CHECKPOINT
 from memory.storage.db import Database
 
 log = logging.getLogger(__name__)

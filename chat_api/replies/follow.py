@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from chat_api.replies.reply import Reply
+from memory.record.reply_state import PARKED_EVENT, TERMINAL_NAMES, Event, reply_state
 from memory.record.turns import load_events
-from memory.reply_state import PARKED_EVENT, TERMINAL_NAMES, Event, reply_state
 from memory.storage.models import TurnStatus
 
 if TYPE_CHECKING:

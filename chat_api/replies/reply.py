@@ -17,8 +17,8 @@ from typing import Any
 from memory.json_values import JsonObject
 from memory.recall.found import FoundMemory
 from memory.record.conversations import Owner
+from memory.record.reply_state import Event
 from memory.record.tool_calls import ToolCall
-from memory.reply_state import Event
 from memory.storage.models import ToolCallState
 
 

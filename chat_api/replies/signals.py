@@ -1,6 +1,6 @@
 """Cross-process signals over Postgres LISTEN/NOTIFY: no extra infrastructure.
 
-The channels are named in `memory/reply_state.py`, which also sends on them. One
+The channels are named in `memory/record/reply_state.py`, which also sends on them. One
 dedicated connection per process, reconnected on loss.
 """
 
@@ -15,7 +15,7 @@ from typing import TypeAlias
 import asyncpg
 
 from chat_api.replies.registry import ReplyRegistry
-from memory.reply_state import CHECKPOINT_CHANNEL, DONE_CHANNEL, STOP_CHANNEL
+from memory.record.reply_state import CHECKPOINT_CHANNEL, DONE_CHANNEL, STOP_CHANNEL
 from memory.storage.db import asyncpg_dsn
 
 log = logging.getLogger(__name__)

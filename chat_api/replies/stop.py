@@ -15,8 +15,8 @@ import uuid
 from typing import TYPE_CHECKING
 
 from chat_api.metrics import observe_stop
+from memory.record.reply_state import notify_stop, reply_state
 from memory.reply_endings import Ending, end_parked_reply, end_stale_replies
-from memory.reply_state import notify_stop, reply_state
 from memory.storage.models import TurnStatus
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
 from memory.record.conversations import Owner, allocate_seq
+from memory.record.reply_state import Event
 from memory.record.tool_calls import ToolCall
-from memory.reply_state import Event
 from memory.storage.models import Conversation, Turn, TurnEventChunk, TurnStatus
 
 
