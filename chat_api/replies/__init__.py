@@ -9,7 +9,7 @@
 - prompt.py     Prompter: the prompt window, read once per reply
 - checkpoint.py, signals.py, reaper.py, registry.py, reply.py: the machinery underneath
 
-Every ending is `memory.reply_endings.end_reply`.
+Every ending is `memory.record.reply_endings.end_reply`.
 """
 
 from chat_api.replies.approve import Decided, decide

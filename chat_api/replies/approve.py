@@ -8,7 +8,7 @@ exactly as if it had never stopped: the calls run (or their rejection becomes th
 result), the next model step streams, and event ids go on from the stored log. So a
 decision made after every process restarted works the same as one made a second later.
 
-Stopping a parked reply needs no runner at all: `memory.reply_endings.end_parked_reply`
+Stopping a parked reply needs no runner at all: `memory.record.reply_endings.end_parked_reply`
 writes the ending under the same row lock, so a stop and an approval racing each other
 leave exactly one outcome.
 """

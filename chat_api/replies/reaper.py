@@ -1,7 +1,7 @@
 """Ends replies left `streaming` by a process that died, so none stays streaming forever.
 
 Any number of API processes run this safely at once: the ending is
-`memory.reply_endings.end_stale_replies`, which claims rows with `FOR UPDATE SKIP LOCKED`
+`memory.record.reply_endings.end_stale_replies`, which claims rows with `FOR UPDATE SKIP LOCKED`
 and touches only turns whose heartbeat is older than the timeout. The turn keeps its last
 checkpointed content; the stored event log gets its terminal event, so a client resuming
 the stream sees it end.
@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 
-from memory.reply_endings import end_stale_replies
+from memory.record.reply_endings import end_stale_replies
 from memory.storage.db import Database
 
 log = logging.getLogger(__name__)

@@ -50,10 +50,10 @@ from memory.recall.recaller import Recaller
 from memory.record.approvals import earliest_expiry, park_turn
 from memory.record.conversations import get_conversation
 from memory.record.outbox import record_finished_turn
+from memory.record.reply_endings import Ending, LiveState, end_reply
 from memory.record.reply_state import TERMINAL_EVENT, Event, notify_done
 from memory.record.tool_calls import Approval, ToolCall
 from memory.record.turns import add_turn, append_events, finish_turn
-from memory.reply_endings import Ending, LiveState, end_reply
 from memory.storage.db import Database
 from memory.storage.models import ToolCallState, TurnStatus
 

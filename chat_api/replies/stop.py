@@ -2,7 +2,7 @@
 
 A reply running here is stopped in memory; one running on another process is asked over
 `chatmem_stop`; a parked one (no process runs it) is ended right here. Each of those
-endings is `memory.reply_endings.end_reply`; if the owner does not answer within
+endings is `memory.record.reply_endings.end_reply`; if the owner does not answer within
 STOP_WAIT_SECONDS and its heartbeat is stale, it is dead, and the stop ends the reply itself.
 """
 
@@ -15,8 +15,8 @@ import uuid
 from typing import TYPE_CHECKING
 
 from chat_api.metrics import observe_stop
+from memory.record.reply_endings import Ending, end_parked_reply, end_stale_replies
 from memory.record.reply_state import notify_stop, reply_state
-from memory.reply_endings import Ending, end_parked_reply, end_stale_replies
 from memory.storage.models import TurnStatus
 
 if TYPE_CHECKING:
