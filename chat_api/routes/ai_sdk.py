@@ -39,8 +39,14 @@ from chat_api.protocols.ai_sdk import (
     ui_messages,
 )
 from chat_api.services import Services
-from memory.ai_sdk_chats import CHAT_ID, chat_conversation, find_chat, memory_payloads, remember_message_id
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
+from memory.record.ai_sdk_chats import (
+    CHAT_ID,
+    chat_conversation,
+    find_chat,
+    memory_payloads,
+    remember_message_id,
+)
 from memory.record.approvals import Decision
 from memory.record.branches import (
     activate_branch,
