@@ -30,9 +30,9 @@ from typing import Any
 from common import print_table, summary_ms, write_json
 
 from memory.context import ContextBudget, TurnView, build_context
+from memory.prompt.tokens import clear_count_cache
 from memory.prompts import load_prompts
 from memory.recall.found import FoundMemory
-from memory.tokens import clear_count_cache
 
 WORDS = (
     "the a to of and in that is for it with as on be this was are by at from or have an not but can "

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from memory.prompt.tokens import count_tokens
 from memory.prompts import PromptSet
 from memory.recall.found import FoundMemory
 from memory.record.turns import recent_turn_rows
 from memory.storage.models import ToolCallState, TurnStatus
-from memory.tokens import count_tokens
 
 if TYPE_CHECKING:
     from memory.config import Settings

@@ -14,11 +14,11 @@ from sqlalchemy import select
 
 from memory.config import get_settings
 from memory.context import BuiltContext, ContextBudget, TurnView, build_context
+from memory.prompt.tokens import count_tokens
 from memory.prompts import PromptSet, load_prompts
 from memory.recall.found import FoundMemory
 from memory.storage.db import Database
 from memory.storage.models import Conversation, Turn
-from memory.tokens import count_tokens
 from tests.openai_rules import check_chat_messages
 
 NOW = datetime(2025, 3, 14, 9, 30, tzinfo=UTC)
