@@ -49,7 +49,7 @@ from chat_api.routes.docs import install_docs
 from chat_api.services import Services, process_id
 from chat_api.tools import ToolRegistry, configured_registry
 from memory.config import Settings
-from memory.prompts import load_prompts
+from memory.prompt.templates import load_prompts
 from memory.recall.embeddings import Embedder
 from memory.recall.recaller import Recaller
 from memory.storage.db import Database

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from memory.prompt.templates import PromptSet
 from memory.prompt.tokens import count_tokens
-from memory.prompts import PromptSet
 from memory.recall.found import FoundMemory
 from memory.record.turns import recent_turn_rows
 from memory.storage.models import ToolCallState, TurnStatus

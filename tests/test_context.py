@@ -14,8 +14,8 @@ from sqlalchemy import select
 
 from memory.config import get_settings
 from memory.context import BuiltContext, ContextBudget, TurnView, build_context
+from memory.prompt.templates import PromptSet, load_prompts
 from memory.prompt.tokens import count_tokens
-from memory.prompts import PromptSet, load_prompts
 from memory.recall.found import FoundMemory
 from memory.storage.db import Database
 from memory.storage.models import Conversation, Turn

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.prompts import LANGUAGES, TEMPLATE_FIELDS, PromptTemplateError, load_prompts
+from memory.prompt.templates import LANGUAGES, TEMPLATE_FIELDS, PromptTemplateError, load_prompts
 
 
 @pytest.fixture

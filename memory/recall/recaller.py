@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.config import Settings
 from memory.context import ContextBudget, PromptWindow, read_window
-from memory.prompts import PromptSet
+from memory.prompt.templates import PromptSet
 from memory.recall.embeddings import Embedder
 from memory.recall.found import RecallResult
 from memory.recall.fusion import Fusion

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from memory.prompts import PromptSet
+from memory.prompt.templates import PromptSet
 from memory.recall.keywords import STOPWORDS, query_terms
 
 log = logging.getLogger(__name__)
