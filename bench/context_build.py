@@ -29,7 +29,7 @@ from typing import Any
 
 from common import print_table, summary_ms, write_json
 
-from memory.context import ContextBudget, TurnView, build_context
+from memory.prompt.context import ContextBudget, TurnView, build_context
 from memory.prompt.templates import load_prompts
 from memory.prompt.tokens import clear_count_cache
 from memory.recall.found import FoundMemory

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from memory.config import get_settings
-from memory.context import BuiltContext, ContextBudget, TurnView, build_context
+from memory.prompt.context import BuiltContext, ContextBudget, TurnView, build_context
 from memory.prompt.templates import PromptSet, load_prompts
 from memory.prompt.tokens import count_tokens
 from memory.recall.found import FoundMemory

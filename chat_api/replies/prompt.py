@@ -14,7 +14,7 @@ from typing import Any
 from chat_api.replies.recall import recall_for_reply
 from chat_api.replies.reply import Reply, ReplyRequest
 from memory.config import Settings
-from memory.context import BuiltContext, ContextBudget, PromptWindow, prompt_from_window, read_window
+from memory.prompt.context import BuiltContext, ContextBudget, PromptWindow, prompt_from_window, read_window
 from memory.prompt.templates import PromptSet
 from memory.recall.found import FoundMemory
 from memory.recall.recaller import Recaller

@@ -13,9 +13,9 @@ import logging
 
 from chat_api.metrics import observe_recall, observe_retrieval, observe_rewrite
 from chat_api.replies.reply import Reply
-from memory.context import PromptWindow
 from memory.json_bounds import readable_json
 from memory.json_values import JsonObject
+from memory.prompt.context import PromptWindow
 from memory.recall.found import FoundMemory, RecallResult
 from memory.recall.recaller import Recaller
 

@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.config import Settings
-from memory.context import ContextBudget, PromptWindow, read_window
+from memory.prompt.context import ContextBudget, PromptWindow, read_window
 from memory.prompt.templates import PromptSet
 from memory.recall.embeddings import Embedder
 from memory.recall.found import RecallResult
