@@ -10,7 +10,7 @@ from typing import Any
 
 import jwt
 
-from memory.api_keys import looks_like_key, owner_of_key
+from memory.accounts.keys import looks_like_key, owner_of_key
 from memory.config import Settings
 from memory.json_bounds import text_problem
 from memory.record.conversations import Owner

@@ -19,7 +19,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.api_keys import delete_keys
+from memory.accounts.keys import delete_keys
 from memory.errors import Conflict
 from memory.record.conversations import Owner
 from memory.storage.retention import delete_conversations

@@ -16,7 +16,7 @@ from typing import TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, CommandError
-from memory.api_keys import KeyInfo, create_key, list_keys, revoke_key
+from memory.accounts.keys import KeyInfo, create_key, list_keys, revoke_key
 from memory.errors import DomainError
 from memory.record.conversations import Owner
 from memory.storage.db import Database

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from chat_api.admission import door_router
 from chat_api.deps import OwnerDep, ServicesDep, SessionOwnerDep
 from chat_api.schemas import ErrorOut
-from memory.api_keys import MAX_EXPIRES_DAYS, MAX_NAME_CHARS, KeyInfo, create_key, list_keys, revoke_key
+from memory.accounts.keys import MAX_EXPIRES_DAYS, MAX_NAME_CHARS, KeyInfo, create_key, list_keys, revoke_key
 
 router = door_router(prefix="/v1/keys", tags=["keys"])
 

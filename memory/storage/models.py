@@ -356,7 +356,7 @@ class DeadLetter(Base):
 
 
 class ApiKey(Base):
-    """A long-lived key that authenticates as one tenant and user (memory/api_keys.py); hash only."""
+    """A long-lived key that authenticates as one tenant and user (memory/accounts/keys.py); hash only."""
 
     __tablename__ = "api_keys"
 
