@@ -53,7 +53,7 @@ def cmd_users_delete(args: argparse.Namespace) -> None:
 
 
 async def _delete_user(database_url: str, tenant: str, user: str) -> dict[str, int]:
-    from memory.erasure import delete_user, delete_user_dead_letters
+    from memory.accounts.erasure import delete_user, delete_user_dead_letters
     from memory.errors import Conflict
     from memory.record.conversations import Owner
     from memory.storage.db import Database

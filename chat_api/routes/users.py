@@ -8,7 +8,7 @@ from chat_api.admission import door_router
 from chat_api.deps import ServicesDep, SessionOwnerDep
 from chat_api.replies import stop_reply
 from chat_api.schemas import ErrorOut
-from memory.erasure import active_replies, delete_user, delete_user_dead_letters
+from memory.accounts.erasure import active_replies, delete_user, delete_user_dead_letters
 from memory.storage.tenancy import unscoped
 
 router = door_router(prefix="/v1/users", tags=["users"])
