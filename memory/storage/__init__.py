@@ -1,0 +1,1 @@
+"""Where rows live: the database, the schema and its migrations, tenancy, retention."""
