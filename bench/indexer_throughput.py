@@ -28,13 +28,14 @@ from sqlalchemy import text
 
 from indexer.worker import IndexerWorker, load_embedder
 from memory.config import get_settings
+from memory.events import TurnStatus
 from memory.recall.keywords import memory_text
 from memory.record.conversations import Owner, create_conversation
 from memory.record.outbox import record_finished_turns
 from memory.record.turns import add_turn
 from memory.storage.db import Database, upgrade
 from memory.storage.embedded import EmbeddedPostgres
-from memory.storage.models import Conversation, TurnStatus
+from memory.storage.models import Conversation
 
 TOPICS = ["garden", "sister's bakery", "marathon training", "the new job", "Lisbon trip", "piano lessons"]
 

@@ -46,11 +46,12 @@ from chat_api.protocols.openai_chat import ChatRequest, ClientMessage
 from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_reply, store_message
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
+from memory.events import TurnStatus
 from memory.record.branches import activate_branch, branch_history, conversation_branch, create_branch
 from memory.record.conversations import Owner, create_conversation, get_conversation
 from memory.record.history_match import Unit, matched_prefix, sent_units, stored_units
 from memory.record.imports import import_turns
-from memory.storage.models import Branch, Conversation, Turn, TurnStatus
+from memory.storage.models import Branch, Conversation, Turn
 
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
 # and two callers' keys can never name the same conversation.

@@ -23,11 +23,12 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql import func
 
 from memory.config import Settings
+from memory.events import ToolCallState
 from memory.json_values import JsonObject, JsonValue
 from memory.recall.recaller import Recaller
 from memory.record.conversations import Owner
 from memory.storage.db import Database
-from memory.storage.models import ToolCallState, ToolInvocation
+from memory.storage.models import ToolInvocation
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,14 @@ from sqlalchemy import func, select, text, update
 from indexer.pipeline import IndexPipeline, PoisonPayload
 from indexer.worker import IndexerWorker
 from memory.config import Settings, get_settings
+from memory.events import TurnStatus
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.redaction import redact
 from memory.record.conversations import Owner, create_conversation
 from memory.record.outbox import PAYLOAD_VERSION, record_finished_turn, turn_payload
 from memory.record.turns import add_turn
 from memory.storage.db import Database, asyncpg_dsn
-from memory.storage.models import Conversation, MemoryItem, OutboxRow, Turn, TurnStatus
+from memory.storage.models import Conversation, MemoryItem, OutboxRow, Turn
 from tests.support import wait_until
 
 OWNER = Owner("tenant-a", "user-a")

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from memory.record.reply_state import Event
+from memory.events import Event
 
 Chunk = dict[str, Any]
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from memory.record.reply_state import Event
+from memory.events import Event
 
 TERMINAL_EVENTS = frozenset({"turn.completed", "turn.interrupted", "turn.failed", "turn.awaiting_approval"})
 MAX_TOOLS = 128

@@ -27,7 +27,7 @@ from chat_api.replies.start import (
     store_message,
 )
 from chat_api.replies.stop import reply_streaming, stop_reply, wait_reply_done
-from memory.record.reply_state import TERMINAL_NAMES, Event
+from memory.events import TERMINAL_NAMES, Event
 
 __all__ = [
     "TERMINAL_NAMES",

@@ -20,13 +20,14 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.metrics import observe_approval
 from chat_api.replies.reply import Reply, ReplyRequest
+from memory.events import Event, EventName, ToolCallDecidedData
 from memory.json_values import JsonObject
 from memory.record.approvals import (
     Decision,
@@ -39,7 +40,6 @@ from memory.record.approvals import (
 )
 from memory.record.branches import user_turn_before
 from memory.record.conversations import Owner
-from memory.record.reply_state import Event
 from memory.record.tool_calls import tool_calls_of
 from memory.record.turns import append_events, load_events
 from memory.storage.models import Turn
@@ -101,13 +101,13 @@ async def _record(session: AsyncSession, turn: Turn, call_ids: list[str], decisi
     events = []
     for call_id in call_ids:
         call = decide_call(turn, call_id, decision)
-        data: JsonObject = {
-            "reply_id": str(turn.reply_id or turn.id),
-            "turn_id": str(turn.id),
-            "call_id": call_id,
-            "name": call.get("name"),
-            "by": decision.by,
-        }
+        data = ToolCallDecidedData(
+            reply_id=str(turn.reply_id or turn.id),
+            turn_id=str(turn.id),
+            call_id=call_id,
+            name=call.get("name"),
+            by=decision.by,
+        )
         if decision.approved:
             data["arguments"] = call.get("arguments")
             data["arguments_edited"] = bool(call["approval"].get("arguments_edited"))
@@ -115,8 +115,8 @@ async def _record(session: AsyncSession, turn: Turn, call_ids: list[str], decisi
             data["reason"] = decision.reason or ""
         turn.last_event_id += 1
         observe_approval("approved" if decision.approved else "rejected", decision.by)
-        name = "tool_call.approved" if decision.approved else "tool_call.rejected"
-        events.append(Event(turn.last_event_id, name, data))
+        name = EventName.TOOL_CALL_APPROVED if decision.approved else EventName.TOOL_CALL_REJECTED
+        events.append(Event(turn.last_event_id, name, cast(JsonObject, data)))
     await append_events(session, turn.reply_id or turn.id, Owner(turn.tenant_id, turn.user_id), events)
 
 

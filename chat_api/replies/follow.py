@@ -25,9 +25,9 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from chat_api.replies.reply import Reply
-from memory.record.reply_state import PARKED_EVENT, TERMINAL_NAMES, Event, reply_state
+from memory.events import PARKED_EVENT, TERMINAL_NAMES, Event, StopReason, TurnStatus
+from memory.record.reply_state import reply_state
 from memory.record.turns import load_events
-from memory.storage.models import TurnStatus
 
 if TYPE_CHECKING:
     from chat_api.services import Services
@@ -119,4 +119,4 @@ async def sse_stream(
         if stop_on_disconnect and not ended:
             reply = services.registry.get(reply_id)
             if reply is not None:
-                reply.request_stop("client_disconnected")
+                reply.request_stop(StopReason.CLIENT_DISCONNECTED)

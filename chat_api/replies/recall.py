@@ -13,8 +13,8 @@ import logging
 
 from chat_api.metrics import observe_recall, observe_retrieval, observe_rewrite
 from chat_api.replies.reply import Reply
+from memory.events import ErrorData, EventName, MemoryRetrievedData, RecalledItem
 from memory.json_bounds import readable_json
-from memory.json_values import JsonObject
 from memory.prompt.context import PromptWindow
 from memory.recall.found import FoundMemory, RecallResult
 from memory.recall.recaller import Recaller
@@ -22,20 +22,20 @@ from memory.recall.recaller import Recaller
 log = logging.getLogger(__name__)
 
 
-def memory_item_json(memory: FoundMemory, *, chunk_index: bool = False) -> JsonObject:
+def recalled_item(memory: FoundMemory, *, chunk_index: bool = False) -> RecalledItem:
     """One recalled memory as the `memory.retrieved` event and the memory API show it."""
-    item: JsonObject = {
-        "turn_id": str(memory.turn_id),
-        "conversation_id": str(memory.conversation_id) if memory.conversation_id else None,
-        "conversation_title": memory.conversation_title,
-        "role": memory.role,
-        "name": memory.name,
-        "text": memory.text,
-        "created_at": memory.created_at.isoformat(),
-        "score": round(memory.score, 4),
-        "external_id": memory.external_id,
-        "metadata": readable_json(memory.metadata, what="metadata"),
-    }
+    item = RecalledItem(
+        turn_id=str(memory.turn_id),
+        conversation_id=str(memory.conversation_id) if memory.conversation_id else None,
+        conversation_title=memory.conversation_title,
+        role=memory.role,
+        name=memory.name,
+        text=memory.text,
+        created_at=memory.created_at.isoformat(),
+        score=round(memory.score, 4),
+        external_id=memory.external_id,
+        metadata=readable_json(memory.metadata, what="metadata"),
+    )
     if chunk_index:
         item["chunk_index"] = memory.chunk_index
     return item
@@ -76,40 +76,43 @@ async def recall_for_reply(
         observe_recall("timeout")
         log.warning("memory recall for reply %s took longer than %gs; replying without it", reply.id, timeout)
         message = f"memory recall took longer than {timeout:g}s; the reply goes on without memory"
-        reply.publish("memory.retrieved", _without_memory(user_text, scope, "memory_timeout", message))
+        reply.publish(
+            EventName.MEMORY_RETRIEVED, _without_memory(user_text, scope, "memory_timeout", message)
+        )
         return
     except Exception as exc:
         # Memory is an aid: the reply goes on without it, and the client is told why.
         log.exception("memory recall failed for reply %s", reply.id)
         observe_recall("error")
         reply.publish(
-            "memory.retrieved", _without_memory(user_text, scope, "memory_unavailable", type(exc).__name__)
+            EventName.MEMORY_RETRIEVED,
+            _without_memory(user_text, scope, "memory_unavailable", type(exc).__name__),
         )
         return
     observe_rewrite_of(found)
     observe_recall("ok")
     observe_retrieval(found.latency_ms["search"] / 1000)
-    payload: JsonObject = {
-        "query": user_text,
-        "rewritten_query": found.query,
-        "rewrite": found.rewrite.method,
-        "scope": scope,
-        "items": [memory_item_json(m) for m in found.memories],
-        "latency_ms": {step: ms for step, ms in found.latency_ms.items()},
-    }
+    payload = MemoryRetrievedData(
+        query=user_text,
+        rewritten_query=found.query,
+        rewrite=found.rewrite.method,
+        scope=scope,
+        items=[recalled_item(m) for m in found.memories],
+        latency_ms=dict(found.latency_ms),
+    )
     if found.rewrite.fallback_reason and found.rewrite.method == "heuristic":
         payload["rewrite_fallback"] = found.rewrite.fallback_reason
     reply.memories = found.memories
-    reply.publish("memory.retrieved", payload)
+    reply.publish(EventName.MEMORY_RETRIEVED, payload)
 
 
-def _without_memory(user_text: str, scope: str, code: str, message: str) -> JsonObject:
+def _without_memory(user_text: str, scope: str, code: str, message: str) -> MemoryRetrievedData:
     """The `memory.retrieved` payload of a reply that goes on without memory, saying why."""
-    return {
-        "query": user_text,
-        "rewritten_query": user_text,
-        "rewrite": "skipped",
-        "scope": scope,
-        "items": [],
-        "error": {"code": code, "message": message},
-    }
+    return MemoryRetrievedData(
+        query=user_text,
+        rewritten_query=user_text,
+        rewrite="skipped",
+        scope=scope,
+        items=[],
+        error=ErrorData(code=code, message=message),
+    )

@@ -12,14 +12,20 @@ import asyncio
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from memory.events import (
+    Event,
+    EventData,
+    EventName,
+    MessageDeltaData,
+    ToolCallDeltaData,
+    ToolCallState,
+)
 from memory.json_values import JsonObject
 from memory.recall.found import FoundMemory
 from memory.record.conversations import Owner
-from memory.record.reply_state import Event
 from memory.record.tool_calls import ToolCall
-from memory.storage.models import ToolCallState
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class Reply:
         self.usage: dict[str, int] = {}
         self.memories: list[FoundMemory] = []  # recalled once per reply, shown to every step
         self.stop_requested = asyncio.Event()
-        self.stop_reason: str | None = None
+        self.stop_reason: str | None = None  # a StopReason
         self.finished = asyncio.Event()
         self.started_at = 0.0  # monotonic, set when the runner launches it (for metrics)
         self.final_status: str | None = None  # how it ended, once it has
@@ -92,7 +98,7 @@ class Reply:
     def add_text(self, text: str) -> None:
         self.content_parts.append(text)
         self.chars_since_checkpoint += len(text)
-        self.publish("message.delta", {"turn_id": str(self.turn_id), "text": text})
+        self.publish(EventName.MESSAGE_DELTA, MessageDeltaData(turn_id=str(self.turn_id), text=text))
 
     def add_tool_delta(self, index: int, call_id: str | None, name: str | None, arguments: str) -> None:
         call = next((c for c in self.tool_calls if c["index"] == index), None)
@@ -112,28 +118,21 @@ class Reply:
         call["arguments"] += arguments
         self.chars_since_checkpoint += len(arguments)
         self.publish(
-            "tool_call.delta",
-            {
-                "turn_id": str(self.turn_id),
-                "index": index,
-                "id": call["id"],
-                "name": call["name"],
-                "arguments": arguments,
-            },
+            EventName.TOOL_CALL_DELTA,
+            ToolCallDeltaData(
+                turn_id=str(self.turn_id), index=index, id=call["id"], name=call["name"], arguments=arguments
+            ),
         )
 
     # --- events ---------------------------------------------------------------------
 
-    def publish(self, name: str, data: JsonObject) -> Event:
+    def publish(self, name: EventName, data: EventData) -> Event:
         """Append an event and wake every follower."""
-        event = Event(len(self.events) + 1, name, data)
+        event = Event(len(self.events) + 1, name, cast(JsonObject, data))
         self.events.append(event)
         self._wake.set()
         self._wake = asyncio.Event()
         return event
-
-    def next_event_id(self) -> int:
-        return len(self.events) + 1
 
     def finish(self, status: str) -> None:
         """Mark the reply over; followers drain the log and end."""

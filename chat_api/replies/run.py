@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -45,26 +45,38 @@ from chat_api.tools import (
     finish_invocation,
 )
 from memory.config import Settings
+from memory.events import (
+    PARKED_EVENT,
+    USER_STOP_REASONS,
+    ApprovalRequiredData,
+    ErrorData,
+    Event,
+    EventData,
+    EventName,
+    StepStartedData,
+    StopReason,
+    ToolCallState,
+    ToolResultData,
+    ToolStartedData,
+    TurnParkedData,
+    TurnStatus,
+)
 from memory.json_values import JsonObject, JsonValue
 from memory.recall.recaller import Recaller
 from memory.record.approvals import earliest_expiry, park_turn
 from memory.record.conversations import get_conversation
 from memory.record.outbox import record_finished_turn
 from memory.record.reply_endings import Ending, LiveState, end_reply
-from memory.record.reply_state import TERMINAL_EVENT, Event, notify_done
+from memory.record.reply_state import notify_done
 from memory.record.tool_calls import Approval, ToolCall
 from memory.record.turns import add_turn, append_events, finish_turn
 from memory.storage.db import Database
-from memory.storage.models import ToolCallState, TurnStatus
 
 log = logging.getLogger(__name__)
 
 # What a generation returns: it ran to the end, or it parked the turn for a person.
 FINISHED = "finished"
 PARKED = "parked"
-
-# Stop reasons that count as the user's decision; any other (shutdown) is an error ending.
-USER_REASONS = frozenset({"user", "new_message", "client_disconnected"})
 
 
 class ReplyRunner:
@@ -109,7 +121,7 @@ class ReplyRunner:
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Stop every running reply and wait for their endings to be stored."""
         for reply in self.registry.all():
-            reply.request_stop("shutdown")
+            reply.request_stop(StopReason.SHUTDOWN)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout)
 
@@ -133,7 +145,7 @@ class ReplyRunner:
             await asyncio.wait({generation})
         error: dict[str, str] | None = None
         if generation.cancelled():
-            if reply.stop_reason in USER_REASONS:
+            if reply.stop_reason in USER_STOP_REASONS:
                 status = TurnStatus.INTERRUPTED_BY_USER
             else:
                 status = TurnStatus.INTERRUPTED_BY_ERROR
@@ -158,7 +170,8 @@ class ReplyRunner:
             # The turn stays `streaming` with its last checkpoint; the reaper will end it.
             log.exception("could not store the end of reply %s", reply.id)
             reply.publish(
-                "error", {"code": "storage_error", "message": "the reply's ending could not be stored"}
+                EventName.ERROR,
+                ErrorData(code="storage_error", message="the reply's ending could not be stored"),
             )
             reply.finish(TurnStatus.STREAMING)
             self.registry.remove(reply.id)
@@ -233,16 +246,16 @@ class ReplyRunner:
             call["state"] = ToolCallState.AWAITING_APPROVAL
             call["approval"] = {"required": True, "expires_at": expires}
             reply.publish(
-                "tool_call.approval_required",
-                {
-                    "reply_id": str(reply.id),
-                    "turn_id": str(reply.turn_id),
-                    "call_id": call["id"],
-                    "index": call["index"],
-                    "name": call["name"],
-                    "arguments": call["arguments"],
-                    "expires_at": expires,
-                },
+                EventName.TOOL_CALL_APPROVAL_REQUIRED,
+                ApprovalRequiredData(
+                    reply_id=str(reply.id),
+                    turn_id=str(reply.turn_id),
+                    call_id=call["id"],
+                    index=call["index"],
+                    name=call["name"],
+                    arguments=call["arguments"],
+                    expires_at=expires,
+                ),
             )
         return True
 
@@ -275,7 +288,7 @@ class ReplyRunner:
                 owner=self.process_id,
             )
         reply.begin_step(next_id)
-        reply.publish("step.started", {"reply_id": str(reply.id), "turn_id": str(next_id)})
+        reply.publish(EventName.STEP_STARTED, StepStartedData(reply_id=str(reply.id), turn_id=str(next_id)))
 
     async def _run_tools(self, reply: Reply) -> None:
         """Run each complete tool call once (by idempotency key) and store its result as a tool turn."""
@@ -299,14 +312,14 @@ class ReplyRunner:
                     name=call["name"],
                 )
             reply.publish(
-                "tool.result",
-                {
-                    "turn_id": str(tool_turn.id),
-                    "call_id": call["id"],
-                    "name": call["name"],
-                    "state": state,
-                    "result": content,
-                },
+                EventName.TOOL_RESULT,
+                ToolResultData(
+                    turn_id=str(tool_turn.id),
+                    call_id=call["id"],
+                    name=call["name"],
+                    state=state,
+                    result=content,
+                ),
             )
 
     async def _run_one(self, reply: Reply, call: ToolCall) -> tuple[JsonValue, str]:
@@ -339,7 +352,8 @@ class ReplyRunner:
             return known.result, known.state
         call["state"] = ToolCallState.RUNNING
         reply.publish(
-            "tool.started", {"turn_id": str(reply.turn_id), "call_id": call["id"], "name": call["name"]}
+            EventName.TOOL_STARTED,
+            ToolStartedData(turn_id=str(reply.turn_id), call_id=call["id"], name=call["name"]),
         )
         context = ToolContext(
             owner=reply.owner,
@@ -401,7 +415,7 @@ class ReplyRunner:
             log.warning("reply %s was already ended elsewhere", reply.id)
             status = TurnStatus.INTERRUPTED_BY_ERROR
         else:
-            event = reply.publish(terminal.name, terminal.data)
+            event = reply.publish(EventName(terminal.name), cast(EventData, terminal.data))
             assert event.id == terminal.id
         reply.persisted = len(reply.events)
         self.registry.remove(reply.id)
@@ -428,15 +442,15 @@ class ReplyRunner:
         )
         if not parked:
             return None
-        data: JsonObject = {
-            "reply_id": str(reply.id),
-            "turn_id": str(reply.turn_id),
-            "status": TurnStatus.AWAITING_APPROVAL,
-            "call_ids": [c["id"] for c in calls if c["state"] == ToolCallState.AWAITING_APPROVAL],
-        }
+        data = TurnParkedData(
+            reply_id=str(reply.id),
+            turn_id=str(reply.turn_id),
+            status=TurnStatus.AWAITING_APPROVAL,
+            call_ids=[c["id"] for c in calls if c["state"] == ToolCallState.AWAITING_APPROVAL],
+        )
         if reply.usage:
-            data["usage"] = {name: count for name, count in reply.usage.items()}
-        terminal = Event(terminal_id, TERMINAL_EVENT[TurnStatus.AWAITING_APPROVAL], data)
+            data["usage"] = dict(reply.usage)
+        terminal = Event(terminal_id, PARKED_EVENT, cast(JsonObject, data))
         await append_events(session, reply.id, reply.owner, [*unsaved, terminal])
         await notify_done(session, reply.id)
         return terminal

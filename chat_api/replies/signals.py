@@ -15,6 +15,7 @@ from typing import TypeAlias
 import asyncpg
 
 from chat_api.replies.registry import ReplyRegistry
+from memory.events import StopReason
 from memory.record.reply_state import CHECKPOINT_CHANNEL, DONE_CHANNEL, STOP_CHANNEL
 from memory.storage.db import asyncpg_dsn
 
@@ -60,7 +61,7 @@ class Signals:
         with contextlib.suppress(ValueError):
             reply = self.registry.get(uuid.UUID(ident))
             if reply is not None:
-                reply.request_stop(reason or "user")
+                reply.request_stop(StopReason(reason or StopReason.USER))
 
     def _on_done(self, _conn: Listener, _pid: int, _channel: str, payload: str) -> None:
         with contextlib.suppress(ValueError):

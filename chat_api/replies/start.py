@@ -20,6 +20,7 @@ from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
 from chat_api.reply_queue import in_line, until
 from memory.errors import ConversationBusy
+from memory.events import EventName, StopReason, TurnStartedData
 from memory.record.branches import (
     activate_branch,
     create_branch,
@@ -260,14 +261,14 @@ async def _start_reply(
                     user_turn, user_text = await begin(session, conversation, reply_id)
                     reply = Reply(reply_id, owner, conversation.id, user_turn.id)
                     reply.publish(
-                        "turn.started",
-                        {
-                            "reply_id": str(reply_id),
-                            "user_turn_id": str(user_turn.id),
-                            "assistant_turn_id": str(reply_id),
-                            "conversation_id": str(conversation.id),
-                            "model": services.provider.model,
-                        },
+                        EventName.TURN_STARTED,
+                        TurnStartedData(
+                            reply_id=str(reply_id),
+                            user_turn_id=str(user_turn.id),
+                            assistant_turn_id=str(reply_id),
+                            conversation_id=str(conversation.id),
+                            model=services.provider.model,
+                        ),
                     )
                     # Registered before commit: a stop sent by another process as soon as the
                     # turn is visible must find it here.
@@ -286,7 +287,7 @@ async def _start_reply(
                 "a reply is already streaming in this conversation", running_turn_id=str(running)
             )
         if on_busy == "interrupt":
-            await stop_reply(services, running, reason="new_message")
+            await stop_reply(services, running, reason=StopReason.NEW_MESSAGE)
         else:  # enqueue
             if await reply_parked(services, running):
                 # Waiting for a person can take hours; holding this request open would not help.

@@ -15,9 +15,9 @@ import uuid
 from typing import TYPE_CHECKING
 
 from chat_api.metrics import observe_stop
+from memory.events import StopReason, TurnStatus
 from memory.record.reply_endings import Ending, end_parked_reply, end_stale_replies
 from memory.record.reply_state import notify_stop, reply_state
-from memory.storage.models import TurnStatus
 
 if TYPE_CHECKING:
     from chat_api.services import Services
@@ -63,7 +63,7 @@ async def wait_reply_done(services: Services, reply_id: uuid.UUID, timeout: floa
         services.signals.forget_waiter(reply_id, waiter)
 
 
-async def stop_reply(services: Services, reply_id: uuid.UUID, *, reason: str = "user") -> bool:
+async def stop_reply(services: Services, reply_id: uuid.UUID, *, reason: str = StopReason.USER) -> bool:
     """Stop the reply wherever it runs; True once it has ended (by this stop or before it)."""
     started = time.monotonic()
     ended = await _stop_reply(services, reply_id, reason)

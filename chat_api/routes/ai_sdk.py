@@ -40,6 +40,7 @@ from chat_api.protocols.ai_sdk import (
 )
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
+from memory.events import ToolCallState, TurnStatus
 from memory.record.ai_sdk_chats import (
     CHAT_ID,
     chat_conversation,
@@ -59,7 +60,7 @@ from memory.record.branches import (
 )
 from memory.record.conversations import Owner
 from memory.record.turns import get_turn
-from memory.storage.models import Conversation, ToolCallState, Turn, TurnStatus
+from memory.storage.models import Conversation, Turn
 
 # isort: split
 # The reply lifecycle's public seam (start, follow, stop and approve a reply), in this one

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from chat_api.admission import check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.replies.recall import memory_item_json, observe_rewrite_of
+from chat_api.replies.recall import observe_rewrite_of, recalled_item
 from chat_api.schemas import Strict
 from memory.errors import InvalidInput
 from memory.recall.forgetting import forget_user_memory
@@ -75,7 +75,7 @@ async def search_memory(body: MemorySearch, owner: OwnerDep, services: ServicesD
         query=body.query,
         rewritten_query=found.query,
         rewrite=found.rewrite.method,
-        items=[MemoryItemOut.model_validate(memory_item_json(m, chunk_index=True)) for m in found.memories],
+        items=[MemoryItemOut.model_validate(recalled_item(m, chunk_index=True)) for m in found.memories],
     )
 
 

@@ -16,10 +16,10 @@ from chat_api.replies import decide, sse_stream, stop_reply, wait_reply_done
 from chat_api.routes.messages import SSE_HEADERS
 from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
 from memory.errors import InvalidInput
+from memory.events import StopReason, TurnStatus
 from memory.record.approvals import Decision
 from memory.record.conversations import Owner
 from memory.record.turns import get_turn, reply_turns
-from memory.storage.models import TurnStatus
 
 router = door_router(prefix="/v1/turns", tags=["turns"])
 
@@ -43,7 +43,7 @@ async def stop(turn_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> St
     async with services.db.session() as session:
         turn = await get_turn(session, owner, turn_id)
     reply_id = turn.reply_id or turn.id
-    ended = await stop_reply(services, reply_id, reason="user")
+    ended = await stop_reply(services, reply_id, reason=StopReason.USER)
     async with services.db.session() as session:
         turns = await reply_turns(session, reply_id)
     last = turns[-1] if turns else turn

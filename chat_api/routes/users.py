@@ -9,6 +9,7 @@ from chat_api.deps import ServicesDep, SessionOwnerDep
 from chat_api.replies import stop_reply
 from chat_api.schemas import ErrorOut
 from memory.accounts.erasure import active_replies, delete_user, delete_user_dead_letters
+from memory.events import StopReason
 from memory.storage.tenancy import unscoped
 
 router = door_router(prefix="/v1/users", tags=["users"])
@@ -33,7 +34,7 @@ async def delete_me(owner: SessionOwnerDep, services: ServicesDep) -> Response:
     async with services.db.session() as session:
         running = await active_replies(session, owner)
     for reply_id in running:
-        await stop_reply(services, reply_id, reason="user")
+        await stop_reply(services, reply_id, reason=StopReason.USER)
     async with services.db.transaction() as session:
         await delete_user(session, owner)
     with unscoped():

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from memory.events import INTERRUPTED_STATUSES, ToolCallState, TurnStatus
 from memory.prompt.templates import PromptSet
 from memory.prompt.tokens import count_tokens
 from memory.recall.found import FoundMemory
 from memory.record.turns import recent_turn_rows
-from memory.storage.models import ToolCallState, TurnStatus
 
 if TYPE_CHECKING:
     from memory.config import Settings
@@ -54,7 +54,7 @@ REPLY_PRIMING_TOKENS = 3
 
 # What the OpenAI API accepts as a function name.
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_KNOWN_STATUSES = frozenset({TurnStatus.COMPLETED, TurnStatus.AWAITING_APPROVAL}) | TurnStatus.INTERRUPTED
+_KNOWN_STATUSES = frozenset({TurnStatus.COMPLETED, TurnStatus.AWAITING_APPROVAL}) | INTERRUPTED_STATUSES
 
 InterruptedPolicy = Literal["keep_text", "drop_turn"]
 
@@ -211,7 +211,7 @@ def _assistant_unit(
     text = turn.content or ""
     calls: list[dict[str, Any]] = []
     results: list[TurnView] = []
-    if turn.status in TurnStatus.INTERRUPTED:
+    if turn.status in INTERRUPTED_STATUSES:
         if turn.tool_calls:
             dropped["tool_call_of_interrupted_turn"] += len(turn.tool_calls)
     else:
@@ -294,7 +294,7 @@ def _select_window(
                 dropped["tool_result_duplicate"] += 1
             else:
                 pending[turn.tool_call_id] = turn
-        elif status in TurnStatus.INTERRUPTED and budget.interrupted_policy == "drop_turn":
+        elif status in INTERRUPTED_STATUSES and budget.interrupted_policy == "drop_turn":
             dropped["interrupted_turn"] += 1
         elif turn.role == "assistant":
             unit = _assistant_unit(turn, pending, emitted, prompts, budget, dropped)

@@ -20,6 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import InvalidInput, NotFound
+from memory.events import EventName
 from memory.record.conversations import Owner, create_conversation, get_conversation
 from memory.storage.models import Conversation
 
@@ -47,7 +48,7 @@ MEMORY_PAYLOADS = text(
     """
     SELECT te.reply_id, e -> 2 AS payload
     FROM turn_events te CROSS JOIN LATERAL jsonb_array_elements(te.events) AS e
-    WHERE te.reply_id = ANY(:reply_ids) AND e ->> 1 = 'memory.retrieved'
+    WHERE te.reply_id = ANY(:reply_ids) AND e ->> 1 = :name
     """
 )
 
@@ -111,7 +112,9 @@ async def memory_payloads(
     """The `memory.retrieved` payload of each of these replies that recalled memory, by reply id."""
     if not reply_ids:
         return {}
-    rows = await session.execute(MEMORY_PAYLOADS, {"reply_ids": reply_ids})
+    rows = await session.execute(
+        MEMORY_PAYLOADS, {"reply_ids": reply_ids, "name": EventName.MEMORY_RETRIEVED}
+    )
     return {row.reply_id: row.payload for row in rows}
 
 

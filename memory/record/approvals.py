@@ -24,9 +24,10 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotAwaitingApproval, NotFound
+from memory.events import ToolCallState, TurnStatus
 from memory.record.conversations import Owner
 from memory.record.tool_calls import Approval, ToolCall, tool_calls_of
-from memory.storage.models import Conversation, ToolCallState, Turn, TurnStatus
+from memory.storage.models import Conversation, Turn
 
 APPROVED = "approved"
 REJECTED = "rejected"

@@ -39,8 +39,9 @@ from memory.errors import (
     NotOnActiveBranch,
     TurnNotFinished,
 )
+from memory.events import TurnStatus
 from memory.record.conversations import Owner
-from memory.storage.models import Branch, Conversation, Turn, TurnStatus
+from memory.storage.models import Branch, Conversation, Turn
 
 # A lineage entry with no upper bound: the branch's own turns.
 NO_LIMIT = 2147483647

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from memory.storage.models import TurnStatus
+from memory.events import INTERRUPTED_STATUSES, TurnStatus
 
 
 class StoredTurn(Protocol):
@@ -72,7 +72,7 @@ def stored_units(turns: Iterable[StoredTurn]) -> list[Unit]:
             units.append(Unit("user", normalize(turn.content or ""), last_seq=turn.seq, turn=turn))
             continue
         visible = turn.role == "assistant" and (
-            turn.status == TurnStatus.COMPLETED or turn.status in TurnStatus.INTERRUPTED
+            turn.status == TurnStatus.COMPLETED or turn.status in INTERRUPTED_STATUSES
         )
         text = (turn.content or "") if visible else ""
         if units and units[-1].role == "assistant":
@@ -80,11 +80,11 @@ def stored_units(turns: Iterable[StoredTurn]) -> list[Unit]:
             units[-1] = replace(
                 last,
                 text=normalize(f"{last.text} {text}") if text else last.text,
-                open_ended=last.open_ended or (visible and turn.status in TurnStatus.INTERRUPTED),
+                open_ended=last.open_ended or (visible and turn.status in INTERRUPTED_STATUSES),
                 last_seq=turn.seq,
             )
         else:
-            open_ended = visible and turn.status in TurnStatus.INTERRUPTED
+            open_ended = visible and turn.status in INTERRUPTED_STATUSES
             units.append(Unit("assistant", normalize(text), open_ended=open_ended, last_seq=turn.seq))
     return _without_empty_answers(units)
 

@@ -35,10 +35,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import ConversationBusy, InvalidInput
+from memory.events import TurnStatus
 from memory.json_bounds import MAX_DEPTH, json_problem, text_problem
 from memory.record.conversations import Owner, get_conversation
 from memory.record.outbox import NOTIFY, turn_payload
-from memory.storage.models import Conversation, Turn, TurnStatus
+from memory.storage.models import Conversation, Turn
 
 DEFAULT_MAX_TURNS = 5000
 MAX_NAME_CHARS = 200

@@ -22,7 +22,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.storage.models import OutboxRow, Turn, TurnStatus
+from memory.events import TurnStatus
+from memory.storage.models import OutboxRow, Turn
 
 PAYLOAD_VERSION = 1
 NOTIFY_CHANNEL = "chatmem_outbox"

@@ -28,13 +28,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memory.events import TERMINAL_EVENT, TERMINAL_STATUSES, Event, TurnStatus
 from memory.json_values import JsonObject
 from memory.record.conversations import Owner
 from memory.record.outbox import record_finished_turn
-from memory.record.reply_state import TERMINAL_EVENT, Event, notify_done
+from memory.record.reply_state import notify_done
 from memory.record.tool_calls import ToolCall, settle_open_calls, tool_calls_of
 from memory.record.turns import append_events, finish_turn, release_conversation
-from memory.storage.models import Turn, TurnStatus
+from memory.storage.models import Turn
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Ending:
     error: dict[str, str] | None = None  # interrupted_by_error and failed: code and message
 
     def __post_init__(self) -> None:
-        if self.status not in TurnStatus.TERMINAL:
+        if self.status not in TERMINAL_STATUSES:
             raise ValueError(f"{self.status!r} is not an ending")
 
 

@@ -16,13 +16,12 @@ Channels:
 from __future__ import annotations
 
 import uuid
-from typing import NamedTuple
 
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.json_values import JsonObject
-from memory.storage.models import Turn, TurnStatus
+from memory.events import TurnStatus
+from memory.storage.models import Turn
 
 STOP_CHANNEL = "chatmem_stop"
 DONE_CHANNEL = "chatmem_turn_done"
@@ -32,26 +31,6 @@ NOTIFY_STOP = text(f"SELECT pg_notify('{STOP_CHANNEL}', :payload)")
 NOTIFY_DONE = text(f"SELECT pg_notify('{DONE_CHANNEL}', :reply_id)")
 NOTIFY_CHECKPOINT = text(f"SELECT pg_notify('{CHECKPOINT_CHANNEL}', '')")
 
-
-class Event(NamedTuple):
-    """One event of a reply's log: its id (1, 2, … with no gap), name and JSON data."""
-
-    id: int
-    name: str
-    data: JsonObject
-
-
-# The event that ends a reply's log, by the status it ended in. `turn.awaiting_approval`
-# ends a stream too, but not the reply: a decision resumes it and the log goes on.
-TERMINAL_EVENT = {
-    TurnStatus.COMPLETED: "turn.completed",
-    TurnStatus.INTERRUPTED_BY_USER: "turn.interrupted",
-    TurnStatus.INTERRUPTED_BY_ERROR: "turn.interrupted",
-    TurnStatus.FAILED: "turn.failed",
-    TurnStatus.AWAITING_APPROVAL: "turn.awaiting_approval",
-}
-TERMINAL_NAMES = frozenset(TERMINAL_EVENT.values())
-PARKED_EVENT = TERMINAL_EVENT[TurnStatus.AWAITING_APPROVAL]
 
 LIVE_STATUSES = (TurnStatus.STREAMING, TurnStatus.AWAITING_APPROVAL)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from memory.storage.models import ToolCallState, TurnStatus
+from memory.events import ToolCallState, TurnStatus
 
 
 class Approval(TypedDict, total=False):

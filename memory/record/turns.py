@@ -11,10 +11,10 @@ from sqlalchemy import and_, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
+from memory.events import TERMINAL_STATUSES, Event, TurnStatus
 from memory.record.conversations import Owner, allocate_seq
-from memory.record.reply_state import Event
 from memory.record.tool_calls import ToolCall
-from memory.storage.models import Conversation, Turn, TurnEventChunk, TurnStatus
+from memory.storage.models import Conversation, Turn, TurnEventChunk
 
 
 def _visible(owner: Owner):  # type: ignore[no-untyped-def]
@@ -125,7 +125,7 @@ async def add_turn(
         tool_calls=fields.pop("tool_calls", []),
         **fields,
     )
-    if status in TurnStatus.TERMINAL:
+    if status in TERMINAL_STATUSES:
         turn.completed_at = func.now()
     if status == TurnStatus.STREAMING:
         turn.heartbeat_at = func.now()

@@ -33,34 +33,6 @@ class Base(DeclarativeBase):
     pass
 
 
-class TurnStatus:
-    """Turn states (see DESIGN.md)."""
-
-    STREAMING = "streaming"
-    COMPLETED = "completed"
-    INTERRUPTED_BY_USER = "interrupted_by_user"
-    INTERRUPTED_BY_ERROR = "interrupted_by_error"
-    FAILED = "failed"
-    AWAITING_APPROVAL = "awaiting_approval"
-
-    TERMINAL = frozenset({COMPLETED, INTERRUPTED_BY_USER, INTERRUPTED_BY_ERROR, FAILED})
-    INTERRUPTED = frozenset({INTERRUPTED_BY_USER, INTERRUPTED_BY_ERROR})
-
-
-class ToolCallState:
-    """States of one tool call inside an assistant turn."""
-
-    STREAMING = "streaming"
-    READY = "ready"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    AWAITING_APPROVAL = "awaiting_approval"
-    # A person (or the approval timeout) said no; the model is given the rejection as the result.
-    REJECTED = "rejected"
-
-
 def _now() -> Any:
     return func.now()
 
