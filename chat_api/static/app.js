@@ -19,6 +19,7 @@
 // activates a branch and draws the history again from the stored turns.
 
 import { ApiError, NetworkError } from "./api.js";
+import { CALL_STATE, EVENT, STATUS } from "./events.js";
 import { enableApiKeys } from "./api_keys.js";
 import { busyNote, refusedAsBusy, showComposerState } from "./composer.js";
 import { api, askForToken, clearBanner, describe, showBanner, waitToRetry, withAuth } from "./connection.js";
@@ -113,14 +114,14 @@ async function openConversation(id, focus) {
 function renderHistory(state, turns, activeReplyId) {
   // A reply waiting for a decision holds the conversation (it is the active reply) but has
   // nothing to stream: it is drawn from its stored turns, buttons included.
-  const parked = new Set(turns.filter((t) => t.status === "awaiting_approval").map((t) => t.reply_id || t.id));
+  const parked = new Set(turns.filter((t) => t.status === STATUS.AWAITING_APPROVAL).map((t) => t.reply_id || t.id));
   for (const turn of turns) {
     if (turn.role === "user") {
       ui.messages.append(newUserMessage(state, turn.content, turn.id).element);
       continue;
     }
     const replyId = turn.reply_id || turn.id;
-    const live = !parked.has(replyId) && (replyId === activeReplyId || turn.status === "streaming");
+    const live = !parked.has(replyId) && (replyId === activeReplyId || turn.status === STATUS.STREAMING);
     let view = state.views.get(replyId);
     if (!view) {
       view = addReplyView(state, replyId);
@@ -158,7 +159,7 @@ async function loadMemories(replyId) {
   let payload = { items: [] };
   await withAuth(() =>
     api.followReply(replyId, 0, (event) => {
-      if (event.event === "memory.retrieved") payload = event.data;
+      if (event.event === EVENT.MEMORY_RETRIEVED) payload = event.data;
     }),
   );
   return payload;
@@ -205,7 +206,7 @@ async function streamReply(state, request, onStarted) {
   const key = idempotencyKey();
   let view = null;
   const onEvent = (event) => {
-    if (event.event === "turn.started" && !view) {
+    if (event.event === EVENT.TURN_STARTED && !view) {
       onStarted(event.data);
       view = addReplyView(state, event.data.reply_id);
       state.live.add(view);
@@ -317,7 +318,7 @@ function watchTimeout(state, view) {
     try {
       const turn = await withAuth(() => api.getTurn(calls[0].turnId));
       const stillWaiting = new Set(
-        turn.tool_calls.filter((c) => c.state === "awaiting_approval").map((c) => c.id),
+        turn.tool_calls.filter((c) => c.state === CALL_STATE.AWAITING_APPROVAL).map((c) => c.id),
       );
       if (current !== state || !state.waiting.has(view)) return;
       if (!calls.every((call) => stillWaiting.has(call.callId))) return catchUp(state, view);
@@ -422,7 +423,7 @@ function updateComposer() {
   enableBranchActions(ui.messages, Boolean(current) && !isBusy(current));
   const replies = [...ui.messages.querySelectorAll(".reply")];
   replies.forEach((reply, i) => {
-    const ended = !["streaming", "awaiting_approval"].includes(reply.dataset.status);
+    const ended = ![STATUS.STREAMING, STATUS.AWAITING_APPROVAL].includes(reply.dataset.status);
     reply.querySelector(".regenerate").hidden = i !== replies.length - 1 || !ended;
   });
 }

@@ -9,25 +9,24 @@
 // at turn.awaiting_approval, the call shows Approve / Reject, and the decision's response
 // carries the rest of the reply with the next event ids, into this same view.
 
+import { CALL_STATE, ENDING_EVENTS, EVENT, STATUS, STOP_REASON } from "./events.js";
 import { renderMarkdown } from "./markdown.js";
 import { ToolCallView } from "./tool_call_view.js";
 
 const STATUS_LABELS = {
-  streaming: "Streaming…",
-  completed: "Completed",
-  interrupted_by_user: "Interrupted — stopped",
-  interrupted_by_error: "Interrupted — error",
-  failed: "Failed",
-  awaiting_approval: "Waiting for your approval",
+  [STATUS.STREAMING]: "Streaming…",
+  [STATUS.COMPLETED]: "Completed",
+  [STATUS.INTERRUPTED_BY_USER]: "Interrupted — stopped",
+  [STATUS.INTERRUPTED_BY_ERROR]: "Interrupted — error",
+  [STATUS.FAILED]: "Failed",
+  [STATUS.AWAITING_APPROVAL]: "Waiting for your approval",
 };
 
 const REASON_LABELS = {
-  user: "Interrupted — stopped by you",
-  new_message: "Interrupted — by your new message",
-  client_disconnected: "Interrupted — the page disconnected",
+  [STOP_REASON.USER]: "Interrupted — stopped by you",
+  [STOP_REASON.NEW_MESSAGE]: "Interrupted — by your new message",
+  [STOP_REASON.CLIENT_DISCONNECTED]: "Interrupted — the page disconnected",
 };
-
-const TERMINAL_EVENTS = new Set(["turn.completed", "turn.interrupted", "turn.failed"]);
 
 let viewCounter = 0;
 
@@ -45,7 +44,7 @@ export class ReplyView {
     this.lastEventId = 0;
     this.finished = false;
     this.parked = false; // waits for a decision on a tool call; no stream carries it meanwhile
-    this.status = "streaming";
+    this.status = STATUS.STREAMING;
     this.steps = new Map(); // assistant turn id -> step
     this.calls = new Map(); // tool call id -> call view
     this.memories = null; // the memory.retrieved payload, once known
@@ -107,49 +106,49 @@ export class ReplyView {
     if (id !== null && id <= this.lastEventId) return;
     if (id !== null) this.lastEventId = id;
     switch (event) {
-      case "turn.started":
+      case EVENT.TURN_STARTED:
         this.setModel(data.model);
         this.step(data.assistant_turn_id);
         break;
-      case "memory.retrieved":
+      case EVENT.MEMORY_RETRIEVED:
         this.setMemories(data);
         break;
-      case "step.started":
+      case EVENT.STEP_STARTED:
         this.step(data.turn_id);
         break;
-      case "message.delta":
+      case EVENT.MESSAGE_DELTA:
         this.step(data.turn_id).appendText(data.text);
         break;
-      case "tool_call.delta":
+      case EVENT.TOOL_CALL_DELTA:
         this.toolDelta(data);
         break;
-      case "tool.started":
-        this.calls.get(data.call_id)?.setState("running");
+      case EVENT.TOOL_STARTED:
+        this.calls.get(data.call_id)?.setState(CALL_STATE.RUNNING);
         break;
-      case "tool.result":
+      case EVENT.TOOL_RESULT:
         this.calls.get(data.call_id)?.setResult(data.state, data.result);
         break;
-      case "tool_call.approval_required":
+      case EVENT.TOOL_CALL_APPROVAL_REQUIRED:
         this.approvalRequired(data);
         break;
-      case "turn.awaiting_approval":
+      case EVENT.TURN_AWAITING_APPROVAL:
         this.park();
         break;
-      case "tool_call.approved":
-      case "tool_call.rejected":
-        this.decided(data, event === "tool_call.approved" ? "approved" : "rejected");
+      case EVENT.TOOL_CALL_APPROVED:
+      case EVENT.TOOL_CALL_REJECTED:
+        this.decided(data, event === EVENT.TOOL_CALL_APPROVED ? "approved" : "rejected");
         break;
-      case "error":
+      case EVENT.ERROR:
         this.showError(data.message || data.code);
         break;
       default:
-        if (TERMINAL_EVENTS.has(event)) this.finish(data.status, data.reason, data.error);
+        if (ENDING_EVENTS.has(event)) this.finish(data.status, data.reason, data.error);
     }
   }
 
   toolDelta({ turn_id, index, id, name, arguments: fragment }) {
     const step = this.step(turn_id);
-    const call = this.callAt(step, index, name, "streaming");
+    const call = this.callAt(step, index, name, CALL_STATE.STREAMING);
     if (name) call.setName(name);
     if (id) this.identify(call, id);
     call.appendArguments(fragment || "");
@@ -157,7 +156,7 @@ export class ReplyView {
 
   /** The call needs a person: its complete arguments, and Approve / Reject. */
   approvalRequired({ turn_id, index, call_id, name, arguments: args, expires_at }) {
-    const call = this.callAt(this.step(turn_id), index, name, "awaiting_approval");
+    const call = this.callAt(this.step(turn_id), index, name, CALL_STATE.AWAITING_APPROVAL);
     this.identify(call, call_id);
     call.setName(name);
     call.setArguments(args ?? call.arguments);
@@ -166,7 +165,7 @@ export class ReplyView {
 
   park() {
     this.parked = true;
-    this.setStatus("awaiting_approval");
+    this.setStatus(STATUS.AWAITING_APPROVAL);
     for (const step of this.steps.values()) step.renderNow();
   }
 
@@ -177,13 +176,13 @@ export class ReplyView {
     // The last decision resumes the reply (the server's rule): the next events follow.
     if (this.parked && this.waitingCalls().length === 0) {
       this.parked = false;
-      this.setStatus("streaming");
+      this.setStatus(STATUS.STREAMING);
     }
   }
 
   /** The calls that still wait for a decision. */
   waitingCalls() {
-    return [...this.calls.values()].filter((call) => call.state === "awaiting_approval");
+    return [...this.calls.values()].filter((call) => call.state === CALL_STATE.AWAITING_APPROVAL);
   }
 
   callAt(step, index, name, state) {
@@ -208,7 +207,7 @@ export class ReplyView {
     // A stored reply takes no live events, except one that waits for a decision: the
     // decision's stream carries only events after the stored ones (their ids are not known
     // here, so any id is accepted until the first one arrives).
-    this.lastEventId = turn.status === "awaiting_approval" ? 0 : Number.MAX_SAFE_INTEGER;
+    this.lastEventId = turn.status === STATUS.AWAITING_APPROVAL ? 0 : Number.MAX_SAFE_INTEGER;
     if (turn.role === "tool") {
       const call = this.calls.get(turn.tool_call_id);
       call?.setResult(null, turn.content);
@@ -224,12 +223,12 @@ export class ReplyView {
       call.setArguments(stored.arguments || "");
       call.setState(stored.state);
       if (stored.approval?.decision) call.setDecision(stored.approval);
-      if (stored.state === "awaiting_approval") call.awaitApproval(stored.approval?.expires_at);
-      if (!["streaming", "completed", "awaiting_approval"].includes(turn.status)) call.interrupt();
+      if (stored.state === CALL_STATE.AWAITING_APPROVAL) call.awaitApproval(stored.approval?.expires_at);
+      if (![STATUS.STREAMING, STATUS.COMPLETED, STATUS.AWAITING_APPROVAL].includes(turn.status)) call.interrupt();
     }
     this.setStatus(turn.status, turn.interrupt_reason, turn.error);
-    this.parked = turn.status === "awaiting_approval";
-    this.finished = turn.status !== "streaming" && !this.parked;
+    this.parked = turn.status === STATUS.AWAITING_APPROVAL;
+    this.finished = turn.status !== STATUS.STREAMING && !this.parked;
   }
 
   // --- parts -----------------------------------------------------------------------
@@ -259,7 +258,7 @@ export class ReplyView {
     this.parked = false;
     // Mirror what the server stores: a call whose arguments were still streaming stays
     // incomplete (shown as cut off); calls that were ready, running or waiting are cancelled.
-    if (status !== "completed") {
+    if (status !== STATUS.COMPLETED) {
       for (const step of this.steps.values()) for (const call of step.calls.values()) call.interrupt();
     }
     this.setStatus(status, reason, error);
@@ -270,9 +269,9 @@ export class ReplyView {
     this.status = status;
     this.element.dataset.status = status;
     let label = STATUS_LABELS[status] || status;
-    if (status === "interrupted_by_user" && REASON_LABELS[reason]) label = REASON_LABELS[reason];
+    if (status === STATUS.INTERRUPTED_BY_USER && REASON_LABELS[reason]) label = REASON_LABELS[reason];
     this.statusLabel.textContent = label;
-    if (error && status !== "completed") this.showError(error.message || error.code || String(error));
+    if (error && status !== STATUS.COMPLETED) this.showError(error.message || error.code || String(error));
   }
 
   showError(message) {

@@ -3,16 +3,21 @@
 // Approve / Reject (Reject asks for an optional reason inline, never a prompt() dialog);
 // once decided, it says what was decided, by whom, and why.
 
+import { CALL_STATE } from "./events.js";
+
+// What the page shows for each state; `cut_off` is the page's own (a call interrupted while
+// its arguments were still streaming).
+const CUT_OFF = "cut_off";
 const CALL_STATE_LABELS = {
-  streaming: "arguments streaming…",
-  ready: "ready",
-  running: "running…",
-  succeeded: "succeeded",
-  failed: "failed",
-  cancelled: "cancelled",
-  cut_off: "cut off — arguments incomplete",
-  awaiting_approval: "waiting for your approval",
-  rejected: "rejected",
+  [CALL_STATE.STREAMING]: "arguments streaming…",
+  [CALL_STATE.READY]: "ready",
+  [CALL_STATE.RUNNING]: "running…",
+  [CALL_STATE.SUCCEEDED]: "succeeded",
+  [CALL_STATE.FAILED]: "failed",
+  [CALL_STATE.CANCELLED]: "cancelled",
+  [CUT_OFF]: "cut off — arguments incomplete",
+  [CALL_STATE.AWAITING_APPROVAL]: "waiting for your approval",
+  [CALL_STATE.REJECTED]: "rejected",
 };
 
 let callCounter = 0;
@@ -76,7 +81,7 @@ export class ToolCallView {
     this.state = state;
     this.element.dataset.state = state;
     this.stateLabel.textContent = ` — ${CALL_STATE_LABELS[state] || state}`;
-    if (state !== "awaiting_approval") this.dropApproval();
+    if (state !== CALL_STATE.AWAITING_APPROVAL) this.dropApproval();
   }
 
   setResult(state, result) {
@@ -86,8 +91,10 @@ export class ToolCallView {
   }
 
   interrupt() {
-    if (this.state === "streaming") this.setState("cut_off");
-    else if (["ready", "running", "awaiting_approval"].includes(this.state)) this.setState("cancelled");
+    if (this.state === CALL_STATE.STREAMING) this.setState(CUT_OFF);
+    else if ([CALL_STATE.READY, CALL_STATE.RUNNING, CALL_STATE.AWAITING_APPROVAL].includes(this.state)) {
+      this.setState(CALL_STATE.CANCELLED);
+    }
   }
 
   // --- approval ------------------------------------------------------------------------
@@ -95,7 +102,7 @@ export class ToolCallView {
   /** The call waits for a person: open it (its arguments are what they approve) and ask. */
   awaitApproval(expiresAt) {
     this.expiresAt = expiresAt || null;
-    this.setState("awaiting_approval");
+    this.setState(CALL_STATE.AWAITING_APPROVAL);
     this.element.open = true;
     if (!this.approval) {
       this.approval = new ApprovalPanel(this, expiresAt);
@@ -141,8 +148,8 @@ export class ToolCallView {
     this.decisionLine.textContent = line;
     this.decisionLine.hidden = false;
     // An approved call is ready to run (then running, succeeded…); a rejected one never runs.
-    if (decision === "rejected") this.setState("rejected");
-    else if (this.state === "awaiting_approval") this.setState("ready");
+    if (decision === "rejected") this.setState(CALL_STATE.REJECTED);
+    else if (this.state === CALL_STATE.AWAITING_APPROVAL) this.setState(CALL_STATE.READY);
   }
 
   dropApproval() {
