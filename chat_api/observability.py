@@ -43,7 +43,6 @@ log = logging.getLogger("chatmem.access")
 REQUEST_ID_HEADER = "x-request-id"
 # A client's request id is echoed into logs and headers: keep it short and printable.
 SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-LOG_FIELDS = ("request_id", "tenant_id", "user_id", "conversation_id", "turn_id", "reply_id")
 
 _context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "chatmem_log_context", default=None
@@ -71,11 +70,6 @@ OUTBOX_REFRESH_SECONDS = 5.0
 
 
 # --- log context -------------------------------------------------------------------
-
-
-def current_log_context() -> dict[str, str]:
-    """The ids bound for the work in progress (a copy)."""
-    return dict(_context.get() or {})
 
 
 def bind_log_context(**ids: object) -> None:

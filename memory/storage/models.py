@@ -314,19 +314,6 @@ class MemoryItem(Base):
     )
 
 
-class DeadLetter(Base):
-    """Messages the indexer gave up on (Postgres transport), with the error."""
-
-    __tablename__ = "dead_letters"
-
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    source: Mapped[str] = mapped_column(String(32))
-    outbox_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    payload: Mapped[Any] = mapped_column(JSONB)
-    error: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
-
-
 class ApiKey(Base):
     """A long-lived key that authenticates as one tenant and user (memory/accounts/keys.py); hash only."""
 
