@@ -22,9 +22,8 @@ from chat_api.reply_queue import in_line, until
 from memory.errors import ConversationBusy
 from memory.events import EventName, StopReason, TurnStartedData
 from memory.record.branches import (
-    activate_branch,
-    create_branch,
     edit_point,
+    fork_branch,
     regenerate_point,
     user_turn_before,
 )
@@ -140,8 +139,7 @@ async def regenerate_reply(
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
         current = await get_turn(session, owner, turn.id)  # re-read under the conversation's lock
         parent, fork_seq, user_turn = await regenerate_point(session, conversation, current)
-        branch = await create_branch(session, conversation, parent=parent, fork_seq=fork_seq)
-        await activate_branch(session, conversation, branch)
+        await fork_branch(session, conversation, parent=parent, fork_seq=fork_seq)
         return await answer_again(services, session, conversation, reply_id, user_turn, idempotency_key)
 
     return await start_reply(
@@ -173,8 +171,7 @@ async def edit_message(
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
         current = await get_turn(session, owner, turn.id)  # re-read under the conversation's lock
         parent, fork_seq = await edit_point(session, conversation, current)
-        branch = await create_branch(session, conversation, parent=parent, fork_seq=fork_seq)
-        await activate_branch(session, conversation, branch)
+        await fork_branch(session, conversation, parent=parent, fork_seq=fork_seq)
         return await store_message(services, session, conversation, reply_id, content, idempotency_key)
 
     return await start_reply(

@@ -258,6 +258,19 @@ async def activate_branch(session: AsyncSession, conversation: Conversation, bra
     await session.execute(SYNC_MEMORY_FLAGS, {"conversation_id": conversation.id, **_lineage_params(branch)})
 
 
+async def fork_branch(
+    session: AsyncSession, conversation: Conversation, *, parent: Branch, fork_seq: int
+) -> Branch:
+    """A new branch of `parent` after `fork_seq`, made the active one: where a new answer goes.
+
+    Regenerate, edit and every adapter that continues a conversation from an earlier point
+    fork this way. The caller holds the conversation row locked.
+    """
+    branch = await create_branch(session, conversation, parent=parent, fork_seq=fork_seq)
+    await activate_branch(session, conversation, branch)
+    return branch
+
+
 async def turns_off_active_branch(session: AsyncSession, turn_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
     """Which of these turns are off their conversation's active branch (missing turns are not)."""
     if not turn_ids:
