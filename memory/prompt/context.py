@@ -35,12 +35,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from memory.events import INTERRUPTED_STATUSES, ToolCallState, TurnStatus
 from memory.prompt.templates import PromptSet
 from memory.prompt.tokens import count_tokens
-from memory.recall.found import FoundMemory
 from memory.record.turns import recent_turn_rows
 
 if TYPE_CHECKING:
@@ -129,6 +128,23 @@ class ContextBudget:
         )
 
 
+class PromptMemory(Protocol):
+    """One recalled memory as the memory block shows it (``memory.recall.found.FoundMemory`` is one)."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def conversation_id(self) -> Any: ...
+    @property
+    def conversation_title(self) -> str | None: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+
+
 @dataclass(slots=True)
 class BuiltContext:
     """A prompt ready for the provider, and what went into it."""
@@ -141,7 +157,7 @@ class BuiltContext:
     # Why things were left out, by reason (for logs and debugging).
     dropped: dict[str, int] = field(default_factory=dict)
     # The memories that made it into the prompt, best first.
-    memory_used: list[FoundMemory] = field(default_factory=list)
+    memory_used: list[PromptMemory] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -322,12 +338,12 @@ def _select_window(
 
 
 def _memory_block(
-    memory: Sequence[FoundMemory],
+    memory: Sequence[PromptMemory],
     prompts: PromptSet,
     reserve: int,
     current_conversation: Any,
     dropped: Counter[str],
-) -> tuple[str | None, list[FoundMemory]]:
+) -> tuple[str | None, list[PromptMemory]]:
     """The memory block within `reserve` tokens (best-scored items first), and the items in it."""
     if not memory:
         return None, []
@@ -338,7 +354,7 @@ def _memory_block(
     }
     used = count_tokens(prompts.render("memory_block", items=""))
     lines: list[str] = []
-    kept: list[FoundMemory] = []
+    kept: list[PromptMemory] = []
     for item in sorted(memory, key=lambda item: item.score, reverse=True):
         text = " ".join(item.text.split())
         if not text:
@@ -417,7 +433,7 @@ def prompt_from_window(
     *,
     prompts: PromptSet,
     budget: ContextBudget,
-    memory: Sequence[FoundMemory] = (),
+    memory: Sequence[PromptMemory] = (),
 ) -> BuiltContext:
     """OpenAI chat messages: system (with the memories that fit), then the window."""
     dropped: Counter[str] = Counter(window.dropped)
@@ -444,7 +460,7 @@ def build_context(
     *,
     prompts: PromptSet,
     budget: ContextBudget,
-    memory: Sequence[FoundMemory] = (),
+    memory: Sequence[PromptMemory] = (),
     now: datetime | None = None,
 ) -> BuiltContext:
     """OpenAI chat messages for the next reply: system (with memories), then the sanitized recent window."""
