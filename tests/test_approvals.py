@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from chat_api.app import create_app
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.tools import Tool, ToolConfigError, ToolRegistry, configured_registry, default_registry
+from memory.events import EventName
 from memory.storage.db import Database
 from memory.storage.models import ToolInvocation, Turn
 from tests.conftest import TEST_SECRET, LiveServer
@@ -58,12 +59,12 @@ async def park(client: httpx.AsyncClient, cid: str, content: str = ASK) -> list[
     async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": content}) as r:
         assert r.status_code == 200, await r.aread()
         events = await collect(r)
-    assert events[-1].event == "turn.awaiting_approval", [e.event for e in events]
+    assert events[-1].event == EventName.TURN_AWAITING_APPROVAL, [e.event for e in events]
     return events
 
 
 def required(events: list[SSEEvent]) -> dict[str, Any]:
-    [event] = [e for e in events if e.event == "tool_call.approval_required"]
+    [event] = [e for e in events if e.event == EventName.TOOL_CALL_APPROVAL_REQUIRED]
     return event.data  # type: ignore[no-any-return]
 
 
@@ -124,11 +125,16 @@ async def test_approve_runs_the_tool_once_and_the_reply_streams_on(start_server:
         ask = required(parked)
         resumed = await decide_streaming(client, approve_url(ask), {})
         names = [e.event for e in resumed]
-        assert names[0] == "tool_call.approved" and names[-1] == "turn.completed"
-        assert {"tool.started", "tool.result", "step.started", "message.delta"} <= set(names)
+        assert names[0] == EventName.TOOL_CALL_APPROVED and names[-1] == EventName.TURN_COMPLETED
+        assert {
+            EventName.TOOL_STARTED,
+            EventName.TOOL_RESULT,
+            EventName.STEP_STARTED,
+            EventName.MESSAGE_DELTA,
+        } <= set(names)
         # Event ids go on from the parked log with no gap.
         assert [e.id for e in resumed] == list(range(len(parked) + 1, len(parked) + len(resumed) + 1))
-        result = next(e for e in resumed if e.event == "tool.result")
+        result = next(e for e in resumed if e.event == EventName.TOOL_RESULT)
         assert json.loads(result.data["result"]) == {"transferred": 5, "to": "bob"}
         again = await client.post(approve_url(ask), json={})
         assert again.status_code == 409
@@ -258,7 +264,7 @@ async def test_stopping_a_parked_turn_ends_it_as_interrupted_by_user(start_serve
         )
         async with client.stream("GET", f"/v1/turns/{ask['turn_id']}/events") as r:
             timeline = await collect(r)
-        assert timeline[-1].event == "turn.interrupted"
+        assert timeline[-1].event == EventName.TURN_INTERRUPTED
         never_mind = {"content": "never mind", "stream": False}
         r = await client.post(f"/v1/conversations/{cid}/messages", json=never_mind)
         assert r.status_code == 200 and r.json()["status"] == "completed"
@@ -303,7 +309,7 @@ async def test_a_call_nobody_decides_in_time_counts_as_rejected(start_server: An
         assert json.loads(turns[2]["content"])["error"] == "nobody approved this tool call in time"
         async with client.stream("GET", f"/v1/turns/{ask['turn_id']}/events") as r:
             timeline = await collect(r)
-        [rejected] = [e for e in timeline if e.event == "tool_call.rejected"]
+        [rejected] = [e for e in timeline if e.event == EventName.TOOL_CALL_REJECTED]
         assert rejected.data["by"] == "timeout"
         assert (await client.post(approve_url(ask), json={})).status_code == 409
     assert runs == []
@@ -330,7 +336,7 @@ async def test_approval_on_another_replica_and_two_racing_approvals_run_the_tool
         # Park again and approve on the replica that did not start the reply.
         ask = required(await park(on_a, cid))
         resumed = await decide_streaming(on_b, approve_url(ask), {})
-        assert resumed[-1].event == "turn.completed"
+        assert resumed[-1].event == EventName.TURN_COMPLETED
     assert len(runs) == 2
 
 
@@ -360,8 +366,8 @@ async def test_an_approval_survives_every_process_being_killed(
     try:
         async with fresh.client() as client:
             resumed = await decide_streaming(client, approve_url(ask), {})
-            assert resumed[-1].event == "turn.completed", [e.event for e in resumed]
-            result = next(e for e in resumed if e.event == "tool.result")
+            assert resumed[-1].event == EventName.TURN_COMPLETED, [e.event for e in resumed]
+            result = next(e for e in resumed if e.event == EventName.TOOL_RESULT)
             assert json.loads(result.data["result"]) == {"transferred": 5, "to": "bob"}
             assert (await client.post(approve_url(ask))).status_code == 409  # no body at all
             turns = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
@@ -401,10 +407,10 @@ async def test_several_calls_wait_for_every_decision_and_reach_the_model_in_orde
             "POST", f"/v1/conversations/{cid}/messages", json={"content": "pay", "memory_scope": "none"}
         ) as r:
             parked = await collect(r)
-        asks = [e.data for e in parked if e.event == "tool_call.approval_required"]
+        asks = [e.data for e in parked if e.event == EventName.TOOL_CALL_APPROVAL_REQUIRED]
         assert [a["call_id"] for a in asks] == ["call_a", "call_b"]
-        assert parked[-1].event == "turn.awaiting_approval"
-        assert not any(e.event == "tool.started" for e in parked)
+        assert parked[-1].event == EventName.TURN_AWAITING_APPROVAL
+        assert not any(e.event == EventName.TOOL_STARTED for e in parked)
         first = await client.post(approve_url(asks[0]), json={"stream": False})
         assert first.status_code == 200, first.text
         assert first.json()["status"] == "awaiting_approval" and first.json()["resumed"] is False
@@ -478,11 +484,11 @@ async def test_a_regenerated_reply_resumes_with_the_user_message_of_its_own_bran
         async with client.stream("POST", f"/v1/turns/{ask['turn_id']}/regenerate", json={}) as r:
             assert r.status_code == 200, await r.aread()
             parked = await collect(r)
-        assert parked[-1].event == "turn.awaiting_approval"
+        assert parked[-1].event == EventName.TURN_AWAITING_APPROVAL
         resumed = await decide_streaming(client, approve_url(required(parked)), {})
-        [recalled] = [e for e in resumed if e.event == "memory.retrieved"]
+        [recalled] = [e for e in resumed if e.event == EventName.MEMORY_RETRIEVED]
         assert recalled.data["query"] == ASK
-        assert resumed[-1].event == "turn.completed"
+        assert resumed[-1].event == EventName.TURN_COMPLETED
     assert len(runs) == 1
 
 

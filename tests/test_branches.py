@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 from sqlalchemy import func, select
 
+from memory.events import EventName
 from memory.storage.db import Database
 from memory.storage.models import Branch, Turn
 from tests.conftest import LiveServer
@@ -60,7 +61,7 @@ async def streaming_reply(client: httpx.AsyncClient, cid: str) -> AsyncIterator[
         assert r.status_code == 200
         events = iter_sse(r)
         started = await anext(events)
-        assert started.event == "turn.started"
+        assert started.event == EventName.TURN_STARTED
         try:
             yield started.data
         finally:
@@ -182,7 +183,7 @@ async def test_regenerate_makes_a_sibling_branch_and_switching_back_restores_the
         async with client.stream("POST", f"/v1/turns/{first[1]['id']}/regenerate", json={}) as r:
             assert r.status_code == 200
             events = await collect(r)
-        assert events[0].event == "turn.started" and events[-1].event == "turn.completed"
+        assert events[0].event == EventName.TURN_STARTED and events[-1].event == EventName.TURN_COMPLETED
         assert events[0].data["user_turn_id"] == first[0]["id"]
         assert [e.id for e in events] == list(range(1, len(events) + 1))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from memory.events import EventName
 from tests.conftest import LiveServer
 from tests.sse import collect
 from tests.support import new_conversation
@@ -17,10 +18,10 @@ async def test_streamed_reply_is_persisted_with_increasing_event_ids(server: Liv
             assert r.headers["content-type"].startswith("text/event-stream")
             events = await collect(r)
         names = [e.event for e in events]
-        assert names[0] == "turn.started" and names[-1] == "turn.completed"
+        assert names[0] == EventName.TURN_STARTED and names[-1] == EventName.TURN_COMPLETED
         ids = [e.id for e in events]
         assert ids == list(range(1, len(events) + 1))
-        text = "".join(e.data["text"] for e in events if e.event == "message.delta")
+        text = "".join(e.data["text"] for e in events if e.event == EventName.MESSAGE_DELTA)
         turns = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
         assert [t["role"] for t in turns] == ["user", "assistant"]
         assert turns[0]["content"] == "hello 👋 مرحبا"

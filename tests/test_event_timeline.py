@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from memory.events import EventName
 from tests.conftest import LiveServer
 from tests.sse import SSEEvent, collect, iter_sse
 from tests.support import new_conversation
@@ -41,9 +42,15 @@ async def test_a_finished_reply_with_a_tool_replays_whole_from_any_of_its_turns(
         cid = await new_conversation(client)
         seen = await live(client, cid, "/tool current_time {}")
         names = [name for _, name, _ in seen]
-        for expected in ("turn.started", "tool_call.delta", "tool.started", "tool.result", "step.started"):
+        for expected in (
+            EventName.TURN_STARTED,
+            EventName.TOOL_CALL_DELTA,
+            EventName.TOOL_STARTED,
+            EventName.TOOL_RESULT,
+            EventName.STEP_STARTED,
+        ):
             assert expected in names, names
-        assert names[-1] == "turn.completed"
+        assert names[-1] == EventName.TURN_COMPLETED
         history = await turns(client, cid)
         assert [t["role"] for t in history] == ["user", "assistant", "tool", "assistant"]
         for turn in history:
@@ -63,11 +70,11 @@ async def test_an_interrupted_reply_replays_up_to_its_interruption(start_server:
         ) as r:
             async for event in iter_sse(r):
                 seen.append((event.id, event.event, event.data))
-                if sum(1 for _, name, _ in seen if name == "message.delta") == 3:
+                if sum(1 for _, name, _ in seen if name == EventName.MESSAGE_DELTA) == 3:
                     stopped = await client.post(f"/v1/turns/{seen[0][2]['reply_id']}/stop")
                     assert stopped.status_code == 200
             # The stream goes on to the ending after the stop.
-        assert seen[-1][1] == "turn.interrupted"
+        assert seen[-1][1] == EventName.TURN_INTERRUPTED
         assert seen[-1][2]["status"] == "interrupted_by_user"
         for turn in await turns(client, cid):
             assert await replay(client, turn["id"]) == seen
@@ -80,7 +87,7 @@ async def test_replies_from_before_a_branch_switch_still_replay(server: LiveServ
         old_reply = first[0][2]["assistant_turn_id"]
         async with client.stream("POST", f"/v1/turns/{old_reply}/regenerate", json={}) as r:
             second = frames(await collect(r))
-        assert second[-1][1] == "turn.completed"
+        assert second[-1][1] == EventName.TURN_COMPLETED
         assert second[0][2]["assistant_turn_id"] != old_reply
         assert await replay(client, old_reply) == first
         assert await replay(client, second[0][2]["assistant_turn_id"]) == second

@@ -18,6 +18,7 @@ from sqlalchemy import event, select, update
 
 from indexer.pipeline import IndexPipeline
 from memory.config import Settings
+from memory.events import EventName
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.rewrite import HistoryLine, clean_model_query, heuristic_rewrite
 from memory.storage.db import Database
@@ -38,18 +39,18 @@ async def say(client: httpx.AsyncClient, cid: str, content: str, **fields: Any) 
     ) as r:
         assert r.status_code == 200, await r.aread()
         events = await collect(r)
-    assert events[-1].event == "turn.completed", events[-1]
+    assert events[-1].event == EventName.TURN_COMPLETED, events[-1]
     return events
 
 
 def retrieved(events: list[SSEEvent]) -> dict[str, Any]:
-    found = [e.data for e in events if e.event == "memory.retrieved"]
+    found = [e.data for e in events if e.event == EventName.MEMORY_RETRIEVED]
     assert len(found) == 1, [e.event for e in events]
     return found[0]  # type: ignore[no-any-return]
 
 
 def reply_text(events: list[SSEEvent]) -> str:
-    return "".join(e.data["text"] for e in events if e.event == "message.delta")
+    return "".join(e.data["text"] for e in events if e.event == EventName.MESSAGE_DELTA)
 
 
 async def index_outbox(db: Database, settings: Settings) -> Any:
@@ -186,7 +187,7 @@ async def test_scope_conversation_narrows_and_none_skips(start_server: Any) -> N
     assert "Ingrid also likes sailing on the fjords." in [item["text"] for item in narrowed_items]
     assert all(item["conversation_id"] == b for item in narrowed_items)
     assert FACT in [item["text"] for item in retrieved(wide)["items"]]
-    assert not [e for e in off if e.event == "memory.retrieved"]
+    assert not [e for e in off if e.event == EventName.MEMORY_RETRIEVED]
 
 
 async def test_turns_in_the_prompt_window_are_not_recalled_again(start_server: Any) -> None:
@@ -330,7 +331,7 @@ async def test_recall_memory_tool_returns_items(server: LiveServer) -> None:
     async with server.client() as client:
         await say(client, await new_conversation(client, "Family"), FACT)
         events = await say(client, await new_conversation(client), "/remember Ingrid Reykjavik honeybees")
-    results = [e.data for e in events if e.event == "tool.result"]
+    results = [e.data for e in events if e.event == EventName.TOOL_RESULT]
     assert len(results) == 1 and results[0]["name"] == "recall_memory"
     assert results[0]["state"] == "succeeded"
     assert "Reykjavik last spring" in results[0]["result"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from memory.events import EventName
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply, ToolCall
 from tests.sse import SSEEvent, iter_sse
@@ -40,8 +41,11 @@ async def test_stop_mid_tool_arguments_then_next_prompt_is_accepted(
             async for event in stream:
                 events.append(event)
                 if (
-                    event.event == "tool_call.delta"
-                    and len("".join(e.data["arguments"] for e in events if e.event == "tool_call.delta")) > 10
+                    event.event == EventName.TOOL_CALL_DELTA
+                    and len(
+                        "".join(e.data["arguments"] for e in events if e.event == EventName.TOOL_CALL_DELTA)
+                    )
+                    > 10
                 ):
                     break
             stop = await client.post(f"/v1/turns/{events[0].data['reply_id']}/stop")
@@ -82,9 +86,9 @@ async def test_provider_error_mid_stream_keeps_what_was_streamed(
             "POST", f"/v1/conversations/{cid}/messages", json={"content": "go", **NO_RECALL}
         ) as r:
             events = [e async for e in iter_sse(r)]
-        assert events[-1].event == "turn.interrupted"
+        assert events[-1].event == EventName.TURN_INTERRUPTED
         assert events[-1].data["status"] == "interrupted_by_error"
-        text = "".join(e.data["text"] for e in events if e.event == "message.delta")
+        text = "".join(e.data["text"] for e in events if e.event == EventName.MESSAGE_DELTA)
         turn = (await client.get(f"/v1/turns/{events[0].data['reply_id']}")).json()
         assert turn["status"] == "interrupted_by_error" and turn["content"] == text and text
         assert len(fake_openai.requests) == 1  # never retried after the first token

@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from memory.events import EventName
 from tests.conftest import LiveServer
 from tests.real_model import MAX_TOKENS, RealModel
 from tests.sse import SSEEvent, iter_sse
@@ -57,7 +58,7 @@ def texts_by_turn(events: list[SSEEvent]) -> dict[str, str]:
     """Visible text the client received, per assistant turn."""
     out: dict[str, str] = {}
     for event in events:
-        if event.event == "message.delta":
+        if event.event == EventName.MESSAGE_DELTA:
             out[event.data["turn_id"]] = out.get(event.data["turn_id"], "") + event.data["text"]
     return out
 
@@ -67,7 +68,7 @@ def arguments_by_call(events: list[SSEEvent]) -> dict[str, str]:
     out: dict[str, str] = {}
     current: dict[tuple[str, int], str] = {}
     for event in events:
-        if event.event == "tool_call.delta":
+        if event.event == EventName.TOOL_CALL_DELTA:
             key = (event.data["turn_id"], event.data["index"])
             call_id = event.data.get("id") or current[key]
             current[key] = call_id
@@ -97,8 +98,8 @@ async def test_streamed_reply_is_persisted_and_completes(start_server: Any, real
     async with asyncio.timeout(TEST_SECONDS), client_of(server) as client:
         cid = await new_conversation(client)
         events, _ = await send(client, cid, "Say hello in one short sentence.", **NO_MEMORY)
-        assert events[0].event == "turn.started"
-        assert events[-1].event == "turn.completed", events[-1]
+        assert events[0].event == EventName.TURN_STARTED
+        assert events[-1].event == EventName.TURN_COMPLETED, events[-1]
         seen = texts_by_turn(events)
         assert any(seen.values()), "the real model streamed no text"
         turns = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
@@ -119,16 +120,16 @@ async def test_real_tool_call_is_stored_raw_runs_and_the_follow_up_is_accepted(
 
     def second_step_streams(events: list[SSEEvent]) -> bool:
         # The follow-up request (with the tool result) was accepted once its step streams anything.
-        steps = [i for i, e in enumerate(events) if e.event == "step.started"]
+        steps = [i for i, e in enumerate(events) if e.event == EventName.STEP_STARTED]
         return bool(steps) and any(
-            e.event in ("message.delta", "tool_call.delta") for e in events[steps[0] + 1 :]
+            e.event in (EventName.MESSAGE_DELTA, EventName.TOOL_CALL_DELTA) for e in events[steps[0] + 1 :]
         )
 
     async with asyncio.timeout(TEST_SECONDS), client_of(server) as client:
         cid = await new_conversation(client)
         events, stop = await send(client, cid, ASK_FOR_TIME, stop_when=second_step_streams, **NO_MEMORY)
         names = [e.event for e in events]
-        deltas = [e for e in events if e.event == "tool_call.delta"]
+        deltas = [e for e in events if e.event == EventName.TOOL_CALL_DELTA]
         assert deltas, f"the real model made no tool call: {names}"
         first_turn = deltas[0].data["turn_id"]
         first_call = [e for e in deltas if e.data["turn_id"] == first_turn and e.data["index"] == 0]
@@ -140,13 +141,13 @@ async def test_real_tool_call_is_stored_raw_runs_and_the_follow_up_is_accepted(
         stored = (await client.get(f"/v1/turns/{first_turn}")).json()
         call = stored["tool_calls"][0]
         assert call["arguments"] == raw and call["state"] == "succeeded"
-        result = next(e for e in events if e.event == "tool.result")
+        result = next(e for e in events if e.event == EventName.TOOL_RESULT)
         assert result.data["state"] == "succeeded" and result.data["name"] == "current_time"
         tool_turn = (await client.get(f"/v1/turns/{result.data['turn_id']}")).json()
         assert tool_turn["role"] == "tool" and tool_turn["status"] == "completed"
-        assert "step.started" in names, names
+        assert EventName.STEP_STARTED in names, names
         assert second_step_streams(events), f"the follow-up with the tool result was not accepted: {names}"
-        assert not [e for e in events if e.event in ("error", "turn.failed")]
+        assert not [e for e in events if e.event in ("error", EventName.TURN_FAILED)]
         if stop is not None:  # stopped once the second step was accepted: a bounded test
             assert stop.json()["status"] in ("interrupted_by_user", "completed")
 
@@ -155,14 +156,14 @@ async def test_stop_mid_text_stops_the_real_generation(start_server: Any, real_m
     server: LiveServer = await start_server(**real_model.settings())
 
     def some_text(events: list[SSEEvent]) -> bool:
-        return sum(e.event == "message.delta" for e in events) >= 3
+        return sum(e.event == EventName.MESSAGE_DELTA for e in events) >= 3
 
     async with asyncio.timeout(TEST_SECONDS), client_of(server) as client:
         cid = await new_conversation(client)
         events, stop = await send(client, cid, ASK_FOR_LONG_TEXT, stop_when=some_text, **NO_MEMORY)
         assert stop is not None, [e.event for e in events]
         assert stop.json()["status"] == "interrupted_by_user"
-        assert events[-1].event == "turn.interrupted"
+        assert events[-1].event == EventName.TURN_INTERRUPTED
         seen = texts_by_turn(events)
         turn = (await client.get(f"/v1/turns/{events[-1].data['turn_id']}")).json()
         assert turn["status"] == "interrupted_by_user"
@@ -170,7 +171,7 @@ async def test_stop_mid_text_stops_the_real_generation(start_server: Any, real_m
         await assert_generation_stopped(real_model)
 
         events, _ = await send(client, cid, "Thanks, that is enough.", **NO_MEMORY)
-        assert events[-1].event == "turn.completed", "the real template refused the next prompt"
+        assert events[-1].event == EventName.TURN_COMPLETED, "the real template refused the next prompt"
 
 
 async def test_stop_mid_tool_arguments_stops_the_real_generation(
@@ -179,33 +180,33 @@ async def test_stop_mid_tool_arguments_stops_the_real_generation(
     server: LiveServer = await start_server(**real_model.settings())
 
     def arguments_started(events: list[SSEEvent]) -> bool:
-        return any(e.event == "tool_call.delta" and e.data["arguments"] for e in events)
+        return any(e.event == EventName.TOOL_CALL_DELTA and e.data["arguments"] for e in events)
 
     async with asyncio.timeout(TEST_SECONDS), client_of(server) as client:
         cid = await new_conversation(client)
         events, stop = await send(client, cid, ASK_FOR_TIME, stop_when=arguments_started, **NO_MEMORY)
         assert stop is not None, [e.event for e in events]
         assert stop.json()["status"] == "interrupted_by_user"
-        delta = next(e for e in events if e.event == "tool_call.delta")
+        delta = next(e for e in events if e.event == EventName.TOOL_CALL_DELTA)
         turn = (await client.get(f"/v1/turns/{delta.data['turn_id']}")).json()
         assert turn["status"] == "interrupted_by_user"
         call = turn["tool_calls"][0]
         assert call["arguments"] == arguments_by_call(events)[delta.data["id"]]
         assert call["state"] in ("streaming", "ready", "cancelled")
-        assert not [e for e in events if e.event == "tool.result"] or call["state"] != "streaming"
+        assert not [e for e in events if e.event == EventName.TOOL_RESULT] or call["state"] != "streaming"
         await assert_generation_stopped(real_model)
 
         context = (await client.get(f"/v1/conversations/{cid}/context")).json()
         assert all("tool_calls" not in m and m["role"] != "tool" for m in context["messages"])
         events, _ = await send(client, cid, "Never mind.", **NO_MEMORY)
-        assert events[-1].event == "turn.completed", "the real template refused the next prompt"
+        assert events[-1].event == EventName.TURN_COMPLETED, "the real template refused the next prompt"
 
 
 async def test_query_rewrite_with_the_real_model_is_time_boxed_and_stored(
     start_server: Any, real_model: RealModel
 ) -> None:
     def first_text(events: list[SSEEvent]) -> bool:
-        return any(e.event in ("message.delta", "tool_call.delta") for e in events)
+        return any(e.event in (EventName.MESSAGE_DELTA, EventName.TOOL_CALL_DELTA) for e in events)
 
     async with asyncio.timeout(TEST_SECONDS):
         for timeout, methods in ((30.0, {"model", "heuristic"}), (0.05, {"heuristic"})):
@@ -218,7 +219,7 @@ async def test_query_rewrite_with_the_real_model_is_time_boxed_and_stored(
                 events, _ = await send(
                     client, cid, "Why do I like it?", stop_when=first_text, memory_scope="user"
                 )
-                recalled = next(e for e in events if e.event == "memory.retrieved").data
+                recalled = next(e for e in events if e.event == EventName.MEMORY_RETRIEVED).data
                 assert recalled["rewrite"] in methods, recalled
                 if recalled["rewrite"] == "heuristic":
                     assert recalled.get("rewrite_fallback"), "a fallback says why"
@@ -238,7 +239,7 @@ async def test_dangling_tool_call_is_refused_raw_and_accepted_through_the_contex
     server: LiveServer = await start_server(**real_model.settings())
 
     def arguments_started(events: list[SSEEvent]) -> bool:
-        return any(e.event == "tool_call.delta" and e.data["arguments"] for e in events)
+        return any(e.event == EventName.TOOL_CALL_DELTA and e.data["arguments"] for e in events)
 
     sdk = openai.AsyncOpenAI(base_url=real_model.base_url, api_key="not-needed", max_retries=0, timeout=120)
     async with asyncio.timeout(TEST_SECONDS), client_of(server) as client:

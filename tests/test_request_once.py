@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from memory.events import EventName
 from tests.conftest import LiveServer
 from tests.sse import iter_sse
 from tests.support import new_conversation, wait_until
@@ -24,7 +25,7 @@ async def start_long_reply(client: httpx.AsyncClient, cid: str) -> str:
     async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long go"}) as r:
         assert r.status_code == 200, await r.aread()
         started = await anext(iter_sse(r))
-    assert started.event == "turn.started"
+    assert started.event == EventName.TURN_STARTED
     return str(started.data["reply_id"])
 
 

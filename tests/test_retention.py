@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
+from memory.events import EventName
 from memory.storage.db import Database
 from memory.storage.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
@@ -106,7 +107,7 @@ async def test_expired_turns_vanish_at_once_from_lists_context_and_recall(
         after = (await client.post("/v1/memory/search", json={"query": QUESTION})).json()["items"]
         assert not {FACT, LATER_FACT} & {item["text"] for item in after}
         events = await say(client, fresh, QUESTION)
-        recalled = next(e.data for e in events if e.event == "memory.retrieved")
+        recalled = next(e.data for e in events if e.event == EventName.MEMORY_RETRIEVED)
         assert "Reykjavik" not in str(recalled["items"])
     async with db.transaction() as session:
         live_memory = await session.execute(

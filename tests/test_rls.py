@@ -16,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from chat_api.tools import Tool, ToolContext, default_registry
+from memory.events import EventName
 from memory.storage.db import Database
 from memory.storage.tenancy import current_tenant, tenant_scope, unscoped
 from tests.conftest import LiveServer
@@ -184,10 +185,10 @@ async def test_a_request_and_the_reply_it_starts_run_in_its_tenants_scope(
         ) as response:
             events = await collect(response)
         names = [e.event for e in events]
-        assert names[-1] == "turn.completed", names
-        retrieved = next(e.data for e in events if e.event == "memory.retrieved")
+        assert names[-1] == EventName.TURN_COMPLETED, names
+        retrieved = next(e.data for e in events if e.event == EventName.MEMORY_RETRIEVED)
         assert "error" not in retrieved  # recall ran, scoped, without failing
-        result = json.loads(next(e.data["result"] for e in events if e.event == "tool.result"))
+        result = json.loads(next(e.data["result"] for e in events if e.event == EventName.TOOL_RESULT))
         assert result == {"role": "chatmem_tenant", "tenant": "A", "conversations": 1}
         turns = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
         assert [t["role"] for t in turns] == ["user", "assistant", "tool", "assistant"]

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from chat_api.replies import sse_frame, sse_stream
+from memory.events import EventName
 from tests.conftest import LiveServer
 from tests.sse import SSEEvent, iter_sse, parse_sse
 
@@ -25,7 +26,7 @@ async def test_a_follower_behind_catches_up_in_one_write_of_separate_events(star
             events = []
             async for event in stream:
                 events.append(event)
-                if event.event == "message.delta":
+                if event.event == EventName.MESSAGE_DELTA:
                     break
             reply_id = uuid.UUID(events[0].data["reply_id"])
             # A second follower of the same live reply, from the start: what is already in the
@@ -41,16 +42,18 @@ async def test_a_follower_behind_catches_up_in_one_write_of_separate_events(star
     followed = [event for chunk in writes for event in parse_sse(chunk)]
     assert [e.id for e in followed] == list(range(1, len(followed) + 1))
     assert [(e.id, e.event, e.data) for e in followed] == [(e.id, e.event, e.data) for e in events]
-    assert followed[-1].event == "turn.completed"
-    deltas_per_write = [sum(e.event == "message.delta" for e in parse_sse(chunk)) for chunk in writes]
+    assert followed[-1].event == EventName.TURN_COMPLETED
+    deltas_per_write = [sum(e.event == EventName.MESSAGE_DELTA for e in parse_sse(chunk)) for chunk in writes]
     assert max(deltas_per_write[1:]) >= 5  # 0.3 s at 50 tokens/s: ~15 were due at once
     assert len(writes) < len(followed)
 
 
 def test_frames_are_what_an_event_source_parses() -> None:
     data = {"text": "line one\nline two\r\n “quoted” \u2028 end", "n": 1}
-    frames = sse_frame((7, "message.delta", data)) + sse_frame((8, "turn.completed", {"status": "completed"}))
+    frames = sse_frame((7, EventName.MESSAGE_DELTA, data)) + sse_frame(
+        (8, EventName.TURN_COMPLETED, {"status": "completed"})
+    )
     assert frames.count(b"\r\n\r\n") == 2
     parsed = parse_sse(frames)
     done = {"status": "completed"}
-    assert parsed == [SSEEvent(7, "message.delta", data), SSEEvent(8, "turn.completed", done)]
+    assert parsed == [SSEEvent(7, EventName.MESSAGE_DELTA, data), SSEEvent(8, EventName.TURN_COMPLETED, done)]

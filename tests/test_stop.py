@@ -10,6 +10,7 @@ import httpx
 from sqlalchemy import func, select
 
 from chat_api.tools import Tool, ToolRegistry, default_registry
+from memory.events import ENDING_NAMES, EventName
 from memory.storage.db import Database
 from memory.storage.models import OutboxRow, ToolInvocation, Turn
 from tests.conftest import LiveServer
@@ -17,15 +18,13 @@ from tests.procs import server_process
 from tests.sse import SSEEvent, collect, iter_sse
 from tests.support import new_conversation, wait_until
 
-TERMINAL = {"turn.completed", "turn.interrupted", "turn.failed"}
-
 
 async def drain(stream: Any) -> list[SSEEvent]:
     return [event async for event in stream]
 
 
 def text_of(events: list[SSEEvent]) -> str:
-    return "".join(e.data["text"] for e in events if e.event == "message.delta")
+    return "".join(e.data["text"] for e in events if e.event == EventName.MESSAGE_DELTA)
 
 
 async def read_until(stream: Any, predicate: Any, into: list[SSEEvent]) -> None:
@@ -56,16 +55,16 @@ async def test_stop_mid_stream_keeps_every_delta_the_client_saw(start_server: An
         ) as r:
             stream = iter_sse(r)
             await read_until(
-                stream, lambda e: e.event == "message.delta" and len(text_of(events)) > 40, events
+                stream, lambda e: e.event == EventName.MESSAGE_DELTA and len(text_of(events)) > 40, events
             )
             reply_id = events[0].data["reply_id"]
             stopped = await client.post(f"/v1/turns/{reply_id}/stop")
             assert stopped.status_code == 200, stopped.text
             assert stopped.json()["status"] == "interrupted_by_user"
             events += [e async for e in stream]
-        assert events[-1].event == "turn.interrupted"
+        assert events[-1].event == EventName.TURN_INTERRUPTED
         assert events[-1].data["reason"] == "user"
-        assert sum(e.event in TERMINAL for e in events) == 1
+        assert sum(e.event in ENDING_NAMES for e in events) == 1
         stored = (await client.get(f"/v1/turns/{reply_id}")).json()
         assert stored["status"] == "interrupted_by_user"
         assert stored["content"] == text_of(events)  # byte for byte, nothing lost, nothing extra
@@ -103,7 +102,7 @@ async def test_stop_before_first_token_stores_an_empty_interrupted_turn(start_se
             stop = await client.post(f"/v1/turns/{started.data['reply_id']}/stop")
             rest = [e async for e in stream]
         assert stop.json()["status"] == "interrupted_by_user"
-        assert [e.event for e in rest] == ["turn.interrupted"]
+        assert [e.event for e in rest] == [EventName.TURN_INTERRUPTED]
         stored = (await client.get(f"/v1/turns/{started.data['reply_id']}")).json()
         assert stored["status"] == "interrupted_by_user" and stored["content"] == ""
 
@@ -128,7 +127,7 @@ async def test_stop_racing_completion_ends_in_exactly_one_state(start_server: An
                 stopped, rest = await asyncio.gather(client.post(f"/v1/turns/{reply_id}/stop"), drain(stream))
                 events += rest
             assert stopped.status_code == 200
-            terminals = [e for e in events if e.event in TERMINAL]
+            terminals = [e for e in events if e.event in ENDING_NAMES]
             assert len(terminals) == 1
             stored = (await client.get(f"/v1/turns/{reply_id}")).json()
             assert stored["status"] == terminals[0].data["status"] == stopped.json()["status"]
@@ -168,8 +167,10 @@ async def test_stop_during_tool_arguments_keeps_partial_raw_arguments(start_serv
             await read_until(
                 stream,
                 lambda e: (
-                    e.event == "tool_call.delta"
-                    and len("".join(x.data["arguments"] for x in events if x.event == "tool_call.delta"))
+                    e.event == EventName.TOOL_CALL_DELTA
+                    and len(
+                        "".join(x.data["arguments"] for x in events if x.event == EventName.TOOL_CALL_DELTA)
+                    )
                     >= 12
                 ),
                 events,
@@ -178,7 +179,7 @@ async def test_stop_during_tool_arguments_keeps_partial_raw_arguments(start_serv
             await client.post(f"/v1/turns/{reply_id}/stop")
             events += [e async for e in stream]
         stored = (await client.get(f"/v1/turns/{reply_id}")).json()
-        sent = "".join(e.data["arguments"] for e in events if e.event == "tool_call.delta")
+        sent = "".join(e.data["arguments"] for e in events if e.event == EventName.TOOL_CALL_DELTA)
         assert stored["status"] == "interrupted_by_user"
         [call] = stored["tool_calls"]
         assert call["arguments"] == sent and call["state"] == "streaming"
@@ -218,7 +219,7 @@ async def test_stop_during_a_running_tool_cancels_it_and_records_the_side_effect
             rest = [e async for e in stream]
         assert stop.json()["status"] == "interrupted_by_user"
         assert cancelled.is_set()
-        assert rest[-1].event == "turn.interrupted"
+        assert rest[-1].event == EventName.TURN_INTERRUPTED
         stored = (await client.get(f"/v1/turns/{first.data['reply_id']}")).json()
         assert stored["tool_calls"][0]["state"] == "cancelled"
     async with db.transaction() as session:
@@ -271,11 +272,11 @@ async def test_stop_sent_to_another_replica(start_server: Any) -> None:
         events: list[SSEEvent] = []
         async with ca.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
             stream = iter_sse(r)
-            await read_until(stream, lambda e: e.event == "message.delta", events)
+            await read_until(stream, lambda e: e.event == EventName.MESSAGE_DELTA, events)
             stop = await cb.post(f"/v1/turns/{events[0].data['reply_id']}/stop")
             events += [e async for e in stream]
         assert stop.status_code == 200 and stop.json()["status"] == "interrupted_by_user"
-        assert events[-1].event == "turn.interrupted"
+        assert events[-1].event == EventName.TURN_INTERRUPTED
         stored = (await cb.get(f"/v1/turns/{events[0].data['reply_id']}")).json()
         assert stored["content"] == text_of(events)
 
@@ -312,7 +313,7 @@ async def test_resume_replays_exactly_the_missing_events_on_any_replica(start_se
         for resumed in (same, other):
             ids = [e.id for e in seen + resumed]
             assert ids == list(range(1, len(ids) + 1))  # no gap, no duplicate
-            assert resumed[-1].event == "turn.completed"
+            assert resumed[-1].event == EventName.TURN_COMPLETED
         full = await _events(cb, reply_id, {})  # finished: replays everything and closes
         assert [e.id for e in full] == [e.id for e in seen + same]
         stored = (await ca.get(f"/v1/turns/{reply_id}")).json()
@@ -348,7 +349,7 @@ async def test_busy_policies(start_server: Any) -> None:
             )
             assert interrupting.status_code == 200 and interrupting.json()["status"] == "completed"
             rest = await drain(stream)
-        assert rest[-1].event == "turn.interrupted" and rest[-1].data["reason"] == "new_message"
+        assert rest[-1].event == EventName.TURN_INTERRUPTED and rest[-1].data["reason"] == "new_message"
         old = (await client.get(f"/v1/turns/{running}")).json()
         assert old["status"] == "interrupted_by_user" and old["interrupt_reason"] == "new_message"
 
@@ -361,7 +362,7 @@ async def test_busy_policies(start_server: Any) -> None:
             )
             assert queued.status_code == 200 and queued.json()["status"] == "completed"
             rest = await drain(stream)
-        assert rest[-1].event == "turn.completed"  # the enqueued message waited; it did not interrupt
+        assert rest[-1].event == EventName.TURN_COMPLETED  # the enqueued message waited; it did not interrupt
         history = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
         # The rejected message was not half-written: it left no turn behind.
         assert [t["content"] for t in history if t["role"] == "user"] == [
@@ -422,7 +423,7 @@ async def test_a_killed_server_leaves_no_turn_streaming_forever(pg_url: str, sta
         seen_text, stored = text_of(seen), turn["content"]
         assert stored and (seen_text.startswith(stored) or stored.startswith(seen_text))
         resumed = await _events(client, reply_id, {}, after=0)
-        assert resumed[-1].event == "turn.interrupted"
+        assert resumed[-1].event == EventName.TURN_INTERRUPTED
         assert [e.id for e in resumed] == list(range(1, len(resumed) + 1))
         # The conversation accepts new messages again.
         r = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "again", "stream": False})
