@@ -12,8 +12,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("chat_api", "memory", "indexer")
 # What the domain (memory/) never imports.
@@ -114,7 +112,6 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="the command line's circle (chat_api/cli.py) goes with its own folder")
 def test_no_module_of_chat_api_memory_or_indexer_imports_itself_back() -> None:
     graph = import_graph()
     assert circles(graph) == []
