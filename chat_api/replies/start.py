@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from chat_api.idempotency import check_replay
+from chat_api.replies.idempotency import check_replay
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
 from chat_api.reply_queue import in_line, until
