@@ -24,11 +24,11 @@ from chat_api.providers.base import ChatProvider
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.replies.checkpoint import Checkpointer
 from chat_api.replies.prompt import Prompter
+from chat_api.replies.queue import watch_client
 from chat_api.replies.reaper import Reaper
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
-from chat_api.reply_queue import watch_client
 from chat_api.response_headers import ResponseHeaders
 from chat_api.routes import (
     ai_sdk,

@@ -12,11 +12,11 @@ from chat_api.auth import TokenVerifier
 from chat_api.providers.base import ChatProvider
 from chat_api.replies.checkpoint import Checkpointer
 from chat_api.replies.prompt import Prompter
+from chat_api.replies.queue import ReplyQueues
 from chat_api.replies.reaper import Reaper
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
-from chat_api.reply_queue import ReplyQueues
 from chat_api.tools import ToolRegistry
 from memory.config import Settings
 from memory.recall.embeddings import Embedder

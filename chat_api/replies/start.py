@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.replies.idempotency import check_replay
+from chat_api.replies.queue import in_line, until
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
-from chat_api.reply_queue import in_line, until
 from memory.errors import ConversationBusy
 from memory.events import EventName, StopReason, TurnStartedData
 from memory.record.branches import (
@@ -205,7 +205,7 @@ async def start_reply(
     the moment the reply is registered. A request retried with the same Idempotency-Key
     reattaches to the reply it started; `content` (the message's text, None for a regenerate)
     must be the same as then.
-    Requests that may wait (`on_busy=enqueue`) are served in arrival order (chat_api.reply_queue).
+    Requests that may wait (`on_busy=enqueue`) are served in arrival order (chat_api.replies.queue).
     """
 
     async def attempt() -> Accepted:

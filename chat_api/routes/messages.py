@@ -12,7 +12,7 @@ from sse_starlette import EventSourceResponse
 from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.replies import Accepted, accept_message, sse_stream, wait_reply_done
-from chat_api.reply_queue import drop_if_client_leaves
+from chat_api.replies.queue import drop_if_client_leaves
 from chat_api.schemas import MessageCreate, ReplyOptions, ReplyOut, TurnOut
 from chat_api.services import Services
 from memory.record.conversations import Owner
