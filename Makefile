@@ -57,7 +57,7 @@ bench-small: $(VENV)/.installed-test
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/run_small.py
 
 docs: $(VENV)/.installed
-	$(BIN)/python -m chat_api.settings_doc --write README.md
+	$(BIN)/python -m chat_api.cli.settings_doc --write README.md
 
 clean:
 	rm -rf $(VENV) tests/js/node_modules examples/ai-sdk-react/node_modules .pytest_cache .ruff_cache .mypy_cache test-artifacts bench/results

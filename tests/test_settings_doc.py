@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chat_api.settings_doc import END_MARKER, START_MARKER, replace_block, settings_block, settings_table
+from chat_api.cli.settings_doc import END_MARKER, START_MARKER, replace_block, settings_block, settings_table
 from memory.config import Settings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -19,9 +19,9 @@ def test_readme_settings_block_matches_the_settings_class() -> None:
     start = text.index(START_MARKER)
     end = text.index(END_MARKER) + len(END_MARKER)
     if not text[start + len(START_MARKER) : end - len(END_MARKER)].strip():
-        pytest.skip("README settings block is empty: run `python -m chat_api.settings_doc --write README.md`")
+        pytest.skip("README settings block is empty: run `make docs`")
     assert text[start:end] == settings_block(), (
-        "README settings table is stale: run `python -m chat_api.settings_doc --write README.md`"
+        "README settings table is stale: run `python -m chat_api.cli.settings_doc --write README.md`"
     )
 
 

@@ -1,6 +1,6 @@
 """The README's settings table, generated from `memory.config.Settings` so it cannot drift.
 
-`python -m chat_api.settings_doc` prints the Markdown table; `--write README.md` replaces
+`python -m chat_api.cli.settings_doc` prints the Markdown table; `--write README.md` replaces
 what sits between the `<!-- settings:start -->` and `<!-- settings:end -->` markers.
 `tests/test_settings_doc.py` fails when the README's table and the class disagree.
 """
@@ -113,7 +113,7 @@ def replace_block(document: str, block: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Print the settings table, or write it into a Markdown file between the markers."""
-    parser = argparse.ArgumentParser(prog="python -m chat_api.settings_doc", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m chat_api.cli.settings_doc", description=__doc__)
     parser.add_argument("--write", type=Path, metavar="FILE", help="replace the block in FILE")
     args = parser.parse_args(argv)
     if args.write is None:
