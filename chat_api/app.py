@@ -20,6 +20,7 @@ from chat_api.auth import TokenVerifier
 from chat_api.errors import install_error_handlers
 from chat_api.mcp_server import install_mcp
 from chat_api.observability import install_observability
+from chat_api.protocols.ai_sdk import routes as ai_sdk
 from chat_api.providers.base import ChatProvider
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.replies.checkpoint import Checkpointer
@@ -31,7 +32,6 @@ from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
 from chat_api.response_headers import ResponseHeaders
 from chat_api.routes import (
-    ai_sdk,
     branches,
     conversations,
     health,

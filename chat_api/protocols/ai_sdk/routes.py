@@ -1,7 +1,7 @@
 """The Vercel AI SDK's chat endpoints: what `DefaultChatTransport` and `useChat` call.
 
 - `POST /v1/ai-sdk/chat`: a new message, an edit, a regenerate, or approval responses,
-  answered as a UI message stream (`chat_api/protocols/ai_sdk.py` translates).
+  answered as a UI message stream (`chat_api/protocols/ai_sdk/stream.py` translates).
 - `GET /v1/ai-sdk/chat/{id}/stream`: the streaming reply from its start (204: none).
 - `POST /v1/ai-sdk/chat/{id}/stop`: stop it, once the ending is stored.
 - `GET /v1/ai-sdk/chat/{id}/messages`: the active branch as `UIMessage[]`.
@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.protocols.ai_sdk import (
+from chat_api.protocols.ai_sdk.stream import (
     CLIENT_MESSAGE_ID,
     DONE,
     HEADERS,
