@@ -20,7 +20,8 @@ from chat_api.auth import TokenVerifier
 from chat_api.errors import install_error_handlers
 from chat_api.mcp_server import install_mcp
 from chat_api.observability import install_observability
-from chat_api.protocols.ai_sdk import routes as ai_sdk
+from chat_api.protocols.ai_sdk import routes as ai_sdk_routes
+from chat_api.protocols.openai import routes as openai_routes
 from chat_api.providers.base import ChatProvider
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.replies.checkpoint import Checkpointer
@@ -38,7 +39,6 @@ from chat_api.routes import (
     imports,
     keys,
     messages,
-    openai_compat,
     page,
     turns,
     users,
@@ -245,9 +245,9 @@ def create_app(
         memory_item_routes,
         imports,
         users,
-        ai_sdk,
+        ai_sdk_routes,
         keys,
-        openai_compat,
+        openai_routes,
     )
     # Every router here is a door_router: authenticated, rate-limited and input-bounded
     # before a body is read (chat_api.admission.door).

@@ -16,7 +16,7 @@ How a protocol adapter plugs in (the OpenAI chat, AI SDK and MCP adapters do exa
    authenticated, rate-limited and input-bounded before FastAPI reads its body. To answer
    in the protocol's own error shape, subclass `DoorRoute` and translate `AuthError`,
    `RateLimited`, `Forbidden`, `RequestValidationError` and `DomainError` in
-   `get_route_handler` (see `chat_api.routes.openai_compat.OpenAIRoute`). Read the caller
+   `get_route_handler` (see `chat_api.protocols.openai.routes.OpenAIRoute`). Read the caller
    with `OwnerDep`, the limits with `AdmissionDep`, a JSON body with `await request.json()`.
 2. To start (or resume) a reply, before anything is stored:
 

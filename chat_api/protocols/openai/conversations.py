@@ -40,7 +40,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmittedImport, AdmittedReply
-from chat_api.protocols.openai_chat import ChatRequest, ClientMessage
+from chat_api.protocols.openai.chat import ChatRequest, ClientMessage
 
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
 from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_reply, store_message

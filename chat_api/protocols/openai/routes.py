@@ -31,8 +31,7 @@ from chat_api.admission import AdmissionDep, DoorRoute, check_text, door_router
 from chat_api.auth import AuthError
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.errors import Forbidden, RateLimited
-from chat_api.openai_conversations import choose_conversation, start_chat_reply
-from chat_api.protocols.openai_chat import (
+from chat_api.protocols.openai.chat import (
     DONE,
     REQUEST_SCHEMA,
     TERMINAL_EVENTS,
@@ -45,6 +44,7 @@ from chat_api.protocols.openai_chat import (
     parse_request,
     sse_data,
 )
+from chat_api.protocols.openai.conversations import choose_conversation, start_chat_reply
 from chat_api.replies import follow_reply, stop_reply
 from chat_api.services import Services
 from memory.errors import Conflict, DomainError, InvalidInput, NotFound
