@@ -19,8 +19,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from chat_api.admission.inputs import check_text
 from chat_api.services import Services
+from memory.json_bounds import check_text
 from memory.recall.embeddings import Embedder
 from memory.recall.items import (
     MAX_ITEM_CHARS,

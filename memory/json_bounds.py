@@ -1,4 +1,4 @@
-"""Bounds on free-form JSON: checked once at the door, and tolerated on the way out.
+"""Bounds on free-form JSON and on text: checked once at the door, and tolerated on the way out.
 
 Every free-form JSON value the API accepts (import metadata, edited tool arguments, …)
 goes through `check_json` before it is stored: at most `MAX_DEPTH` levels of nesting,
@@ -48,6 +48,17 @@ def text_problem(value: str) -> str | None:
     except UnicodeEncodeError:
         return "is not valid Unicode (lone surrogate)"
     return None
+
+
+def check_text(value: str, *, field: str, allow_empty: bool = False, max_chars: int | None = None) -> None:
+    """Reject text Postgres cannot store (NUL, lone surrogates), blank text, and text over the limit."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise InvalidInput(f"{field} {problem}", field=field)
+    if not allow_empty and not value.strip():
+        raise InvalidInput(f"{field} is empty", field=field)
+    if max_chars is not None and len(value) > max_chars:
+        raise InvalidInput(f"{field} is longer than {max_chars} characters", field=field, max_chars=max_chars)
 
 
 def depth_over(value: Any, limit: int) -> bool:

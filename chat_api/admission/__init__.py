@@ -51,10 +51,11 @@ from chat_api.admission.door import (
     unguarded_routes,
 )
 from chat_api.admission.imports import AdmittedImport
-from chat_api.admission.inputs import check_text, check_time, parse_json
+from chat_api.admission.inputs import check_time, parse_json
 from chat_api.admission.limits import Admission
 from chat_api.admission.running import AdmittedReply
 from chat_api.admission.streams import StreamSlot
+from memory.json_bounds import check_text
 
 
 def get_admission(request: Request) -> Admission:

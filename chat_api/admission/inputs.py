@@ -30,17 +30,6 @@ MAX_JSON_DEPTH = 128
 INLINE_PARSE_BYTES = 256_000
 
 
-def check_text(value: str, *, field: str, allow_empty: bool = False, max_chars: int | None = None) -> None:
-    """Reject text Postgres cannot store (NUL, lone surrogates), blank text, and text over the limit."""
-    problem = text_problem(value)
-    if problem is not None:
-        raise InvalidInput(f"{field} {problem}", field=field)
-    if not allow_empty and not value.strip():
-        raise InvalidInput(f"{field} is empty", field=field)
-    if max_chars is not None and len(value) > max_chars:
-        raise InvalidInput(f"{field} is longer than {max_chars} characters", field=field, max_chars=max_chars)
-
-
 def check_time(value: datetime | None, *, field: str) -> datetime | None:
     """The time as an aware UTC datetime (no zone means UTC), or InvalidInput when UTC cannot hold it.
 
