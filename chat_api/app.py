@@ -50,6 +50,7 @@ from chat_api.services import Services, process_id
 from chat_api.tools import ToolRegistry, configured_registry
 from memory.config import Settings
 from memory.prompt.templates import load_prompts
+from memory.recall.access import MemoryAccess
 from memory.recall.embeddings import Embedder
 from memory.recall.recaller import Recaller
 from memory.storage.db import Database
@@ -170,6 +171,7 @@ def create_app(
             admission=Admission(settings, registry),
             embedder=model,
             recaller=recaller,
+            memory_access=MemoryAccess(db, model, recaller, settings),
         )
         app.state.services = services
         stop = asyncio.Event()

@@ -15,7 +15,7 @@ Transports:
   the request; a held stream (``GET /mcp``) takes a stream slot like any other; a body
   is held to the same input bounds (a JSON-RPC parse error otherwise). Every tool call
   acts for the caller the door found (in that tenant's row-level-security scope) through
-  ``chat_api.memory_access``. Stateless, so any replica answers any request, and JSON
+  ``memory.recall.access``. Stateless, so any replica answers any request, and JSON
   responses (each call is one short answer).
 - stdio: ``chatmem mcp`` (``chat_api/cli/mcp.py``), which talks to a running chatmem
   over the same HTTP API.
@@ -44,7 +44,6 @@ from chat_api.admission.door import credential_of, pass_door
 from chat_api.admission.inputs import parse_json
 from chat_api.auth import AuthError
 from chat_api.errors import RateLimited, error_body
-from chat_api.memory_access import MemoryAccess
 from chat_api.routes.memory_items import MemoryItemRecord
 from chat_api.services import Services
 from memory.errors import DomainError, InvalidInput
@@ -126,17 +125,13 @@ class LocalMemory:
     """One owner's memory in this process (the HTTP transport), in their tenant's scope."""
 
     def __init__(self, services: Services, owner: Owner) -> None:
-        self.access = MemoryAccess(services)
+        self.access = services.memory_access
         self.owner = owner
 
     async def search(self, query: str, k: int) -> list[dict[str, Any]]:
         with tenant_scope(self.owner.tenant_id):
             found = await self.access.search(self.owner, query, k=k)
-        return [
-            MemoryItemRecord.of(f.item, round(f.score, 4)).model_dump(mode="json")
-            for f in found
-            if f.item is not None
-        ]
+        return [MemoryItemRecord.of(f.item, round(f.score, 4)).model_dump(mode="json") for f in found]
 
     async def remember(self, fact: str) -> dict[str, Any]:
         with tenant_scope(self.owner.tenant_id):

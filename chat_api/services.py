@@ -19,6 +19,7 @@ from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
 from chat_api.tools import ToolRegistry
 from memory.config import Settings
+from memory.recall.access import MemoryAccess
 from memory.recall.embeddings import Embedder
 from memory.recall.recaller import Recaller
 from memory.storage.db import Database
@@ -48,4 +49,5 @@ class Services:
     admission: Admission  # every door that costs work asks it first (chat_api.admission)
     embedder: Embedder  # retrieval's encoder; an in-process indexer encodes with its twin
     recaller: Recaller  # long-term memory: every search of this process goes through it
+    memory_access: MemoryAccess  # the memory items a person sees and edits (items API, MCP)
     queues: ReplyQueues = field(default_factory=ReplyQueues)  # on_busy=enqueue, per conversation

@@ -16,9 +16,9 @@ from pydantic import BaseModel, Field
 
 from chat_api.admission import check_time, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.memory_access import MAX_QUERY_CHARS, MemoryAccess
 from chat_api.schemas import Strict
 from memory.errors import InvalidInput
+from memory.recall.access import MAX_QUERY_CHARS
 from memory.recall.items import MAX_ITEM_CHARS, ItemFilter, StoredMemory, get_item, list_items
 from memory.record.conversations import get_conversation
 
@@ -103,13 +103,11 @@ async def list_memory_items(
     if q is not None:
         if cursor is not None:
             raise InvalidInput("a search (q) has one page: no cursor", field="cursor")
-        found = await MemoryAccess(services).search(owner, q, k=limit, conversation_id=conversation_id)
+        found = await services.memory_access.search(owner, q, k=limit, conversation_id=conversation_id)
         records = [
             MemoryItemRecord.of(f.item, round(f.score, 4))
             for f in found
-            if f.item is not None
-            and (since is None or f.item.created_at >= since)
-            and (until is None or f.item.created_at < until)
+            if (since is None or f.item.created_at >= since) and (until is None or f.item.created_at < until)
         ]
         return MemoryItemPage(items=records, next_cursor=None)
     async with services.db.session() as session:
@@ -128,7 +126,7 @@ async def create_memory_item(
     body: MemoryItemCreate, owner: OwnerDep, services: ServicesDep
 ) -> MemoryItemRecord:
     """Remember a fact the caller states directly (no turn behind it); used from the next reply on."""
-    item = await MemoryAccess(services).remember(owner, body.text, conversation_id=body.conversation_id)
+    item = await services.memory_access.remember(owner, body.text, conversation_id=body.conversation_id)
     return MemoryItemRecord.of(item)
 
 
@@ -144,11 +142,11 @@ async def correct_memory_item(
     item_id: ItemId, body: MemoryItemUpdate, owner: OwnerDep, services: ServicesDep
 ) -> MemoryItemRecord:
     """Correct an item's text (re-embedded); the turn it came from stays untouched in the history."""
-    return MemoryItemRecord.of(await MemoryAccess(services).correct(owner, item_id, body.text))
+    return MemoryItemRecord.of(await services.memory_access.correct(owner, item_id, body.text))
 
 
 @router.delete("/{item_id}", status_code=204)
 async def forget_memory_item(item_id: ItemId, owner: OwnerDep, services: ServicesDep) -> Response:
     """Forget one item for good: no reply recalls it, and reprocessing its turn does not bring it back."""
-    await MemoryAccess(services).forget(owner, item_id)
+    await services.memory_access.forget(owner, item_id)
     return Response(status_code=204)
