@@ -18,9 +18,9 @@ from fastapi.routing import APIRoute
 from chat_api.admission import Admission, BodyLimit, LargeBody, unguarded_routes
 from chat_api.auth import TokenVerifier
 from chat_api.errors import install_error_handlers
-from chat_api.mcp_server import install_mcp
 from chat_api.observability import install_observability
 from chat_api.protocols.ai_sdk import routes as ai_sdk_routes
+from chat_api.protocols.mcp.server import install_mcp
 from chat_api.protocols.openai import routes as openai_routes
 from chat_api.providers.base import ChatProvider
 from chat_api.replies.approve import ApprovalTimeouts

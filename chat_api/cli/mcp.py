@@ -1,6 +1,6 @@
 """`chatmem mcp`: chatmem's memory tools over stdio, for MCP clients that launch a command.
 
-It serves the same tools as ``/mcp`` (``chat_api/mcp_server.py``) and acts through a
+It serves the same tools as ``/mcp`` (``chat_api/protocols/mcp/server.py``) and acts through a
 running chatmem's HTTP API (``--url``), as ``chatmem import`` does: the tools then take
 exactly the path the API guarantees (validation, tenant and user scope, the same search),
 and it works against a remote deployment without database credentials.
@@ -26,7 +26,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
 from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, bearer, default_url
-from chat_api.mcp_server import MemoryTools, memory_mcp_server
+from chat_api.protocols.mcp.server import MemoryTools, memory_mcp_server
 
 # Minted tokens live this long: each request gets a new one.
 MINTED_TOKEN_SECONDS = 300
