@@ -45,7 +45,6 @@ DEFAULT_BATCH_TURNS = 1000
 # Under the server's default 1 MB body limit, with room for the JSON around the turns.
 DEFAULT_BATCH_BYTES = 900_000
 DEFAULT_MAX_CHARS = 32_000
-TURN_FIELDS = ("role", "content", "created_at", "name", "external_id", "metadata")
 CHATGPT_TEXT_TYPES = frozenset({"text", "multimodal_text"})
 
 

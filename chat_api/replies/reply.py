@@ -19,6 +19,7 @@ from memory.events import (
     EventData,
     EventName,
     MessageDeltaData,
+    StopReason,
     ToolCallDeltaData,
     ToolCallState,
 )
@@ -60,7 +61,7 @@ class Reply:
         self.usage: dict[str, int] = {}
         self.memories: list[FoundMemory] = []  # recalled once per reply, shown to every step
         self.stop_requested = asyncio.Event()
-        self.stop_reason: str | None = None  # a StopReason
+        self.stop_reason: StopReason | None = None
         self.finished = asyncio.Event()
         self.started_at = 0.0  # monotonic, set when the runner launches it (for metrics)
         self.final_status: str | None = None  # how it ended, once it has
@@ -154,7 +155,7 @@ class Reply:
 
     # --- stop -----------------------------------------------------------------------
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: StopReason) -> None:
         """Ask the runner to stop; the first reason wins."""
         if not self.stop_requested.is_set():
             self.stop_reason = reason

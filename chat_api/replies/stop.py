@@ -63,7 +63,9 @@ async def wait_reply_done(services: Services, reply_id: uuid.UUID, timeout: floa
         services.signals.forget_waiter(reply_id, waiter)
 
 
-async def stop_reply(services: Services, reply_id: uuid.UUID, *, reason: str = StopReason.USER) -> bool:
+async def stop_reply(
+    services: Services, reply_id: uuid.UUID, *, reason: StopReason = StopReason.USER
+) -> bool:
     """Stop the reply wherever it runs; True once it has ended (by this stop or before it)."""
     started = time.monotonic()
     ended = await _stop_reply(services, reply_id, reason)
@@ -71,7 +73,7 @@ async def stop_reply(services: Services, reply_id: uuid.UUID, *, reason: str = S
     return ended
 
 
-async def _stop_reply(services: Services, reply_id: uuid.UUID, reason: str) -> bool:
+async def _stop_reply(services: Services, reply_id: uuid.UUID, reason: StopReason) -> bool:
     local = services.registry.get(reply_id)
     if local is not None:
         local.request_stop(reason)

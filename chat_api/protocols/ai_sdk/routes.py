@@ -40,7 +40,7 @@ from chat_api.protocols.ai_sdk.stream import (
 )
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
-from memory.events import ToolCallState, TurnStatus
+from memory.events import StopReason, ToolCallState, TurnStatus
 from memory.record.ai_sdk_chats import (
     CHAT_ID,
     chat_conversation,
@@ -344,7 +344,7 @@ async def _ui_stream(
         if stop_on_disconnect and not ended:
             reply = services.registry.get(reply_id)
             if reply is not None:
-                reply.request_stop("client_disconnected")
+                reply.request_stop(StopReason.CLIENT_DISCONNECTED)
 
 
 @router.get(
@@ -389,7 +389,7 @@ async def stop(
         conversation = await find_chat(session, owner, chat_id)
     if conversation is None or conversation.active_reply_id is None:
         return StopResult(success=True)
-    if not await stop_reply(services, conversation.active_reply_id, reason="user"):
+    if not await stop_reply(services, conversation.active_reply_id, reason=StopReason.USER):
         return JSONResponse(StopResult(success=False).model_dump(), status_code=202)
     return StopResult(success=True)
 

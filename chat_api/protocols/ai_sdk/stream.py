@@ -33,9 +33,20 @@ import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from memory.events import Event
+from memory.events import (
+    ApprovalRequiredData,
+    Event,
+    EventName,
+    StopReason,
+    ToolCallDecidedData,
+    ToolCallDeltaData,
+    ToolCallState,
+    ToolResultData,
+    TurnEndedData,
+    TurnStatus,
+)
 
 Chunk = dict[str, Any]
 
@@ -49,7 +60,7 @@ DONE = b"data: [DONE]\n\n"
 MEMORY_PART = "data-memory"
 STOPPED_ARGUMENTS = "the reply was stopped before this call's arguments were complete"
 CANCELLED = "the reply was stopped while this tool ran"
-USER_STOP_STATUS = "interrupted_by_user"
+NOT_AN_OBJECT = "the arguments are not a JSON object"
 
 APPROVAL_PREFIX = "approval"
 
@@ -137,55 +148,57 @@ class UIMessageStream:
         """The chunks for one event (none for events the protocol has no place for)."""
         _, name, data = event
         out: list[Chunk] = []
-        if self._parked and name != "turn.awaiting_approval":
+        if self._parked and name != EventName.TURN_AWAITING_APPROVAL:
             self._parked = False  # the reply went on after its approvals: one timeline
-        if name == "turn.started":
+        if name == EventName.TURN_STARTED:
             self.message_id = str(data.get("reply_id"))
             out += [{"type": "start", "messageId": self.message_id}, {"type": "start-step"}]
-        elif name == "memory.retrieved":
+        elif name == EventName.MEMORY_RETRIEVED:
             out.append({"type": MEMORY_PART, "id": "memory", "data": data})
-        elif name == "message.delta":
+        elif name == EventName.MESSAGE_DELTA:
             out += self._text(str(data.get("turn_id")), str(data.get("text") or ""))
-        elif name == "tool_call.delta":
-            out += self._tool_delta(data)
-        elif name == "tool_call.approval_required":
+        elif name == EventName.TOOL_CALL_DELTA:
+            out += self._tool_delta(cast(ToolCallDeltaData, data))
+        elif name == EventName.TOOL_CALL_APPROVAL_REQUIRED:
             out += self._inputs_complete()
-            call_id = str(data["call_id"])
+            required = cast(ApprovalRequiredData, data)
+            call_id = str(required["call_id"])
             out.append(
                 {
                     "type": "tool-approval-request",
-                    "approvalId": approval_id(str(data["turn_id"]), call_id),
+                    "approvalId": approval_id(str(required["turn_id"]), call_id),
                     "toolCallId": call_id,
                 }
             )
-        elif name == "turn.awaiting_approval":
+        elif name == EventName.TURN_AWAITING_APPROVAL:
             out += [*self._inputs_complete(), {"type": "finish-step"}]
             self._parked = True
-        elif name == "tool_call.rejected":
-            call = self._call(str(data["call_id"]), str(data.get("name") or ""))
+        elif name == EventName.TOOL_CALL_REJECTED:
+            rejected = cast(ToolCallDecidedData, data)
+            call = self._call(str(rejected["call_id"]), str(rejected.get("name") or ""))
             call.ended = True
-            out.append({"type": "tool-output-denied", "toolCallId": str(data["call_id"])})
-        elif name == "tool.started":
+            out.append({"type": "tool-output-denied", "toolCallId": str(rejected["call_id"])})
+        elif name == EventName.TOOL_STARTED:
             out += self._inputs_complete()
-        elif name == "tool.result":
-            out += [*self._inputs_complete(), *self._tool_result(data)]
-        elif name == "step.started":
+        elif name == EventName.TOOL_RESULT:
+            out += [*self._inputs_complete(), *self._tool_result(cast(ToolResultData, data))]
+        elif name == EventName.STEP_STARTED:
             out += [*self._close_text(), *self._inputs_complete(), {"type": "finish-step"}]
             out.append({"type": "start-step"})
             self._calls = {}
-        elif name == "turn.completed":
+        elif name == EventName.TURN_COMPLETED:
             out += [*self._close_text(), *self._inputs_complete(), {"type": "finish-step"}]
             out.append({"type": "finish", "finishReason": "stop"})
             self._ended = True
-        elif name == "turn.interrupted":
-            out += self._interrupted(data)
-        elif name == "turn.failed":
+        elif name == EventName.TURN_INTERRUPTED:
+            out += self._interrupted(cast(TurnEndedData, data))
+        elif name == EventName.TURN_FAILED:
             out += [
                 *self._close_open(),
-                {"type": "error", "errorText": _ending_error(data, "the reply failed")},
+                {"type": "error", "errorText": _ending_error(cast(TurnEndedData, data), "the reply failed")},
             ]
             self._ended = True
-        elif name == "error":
+        elif name == EventName.ERROR:
             out += [*self._close_open(), {"type": "error", "errorText": str(data.get("message") or "error")}]
             self._ended = True
         return out
@@ -224,7 +237,7 @@ class UIMessageStream:
             call = self._calls[call_id] = _Call(name=name, available=True)
         return call
 
-    def _tool_delta(self, data: dict[str, Any]) -> list[Chunk]:
+    def _tool_delta(self, data: ToolCallDeltaData) -> list[Chunk]:
         out = self._close_text()
         call_id = str(data["id"])
         call = self._calls.get(call_id)
@@ -267,14 +280,14 @@ class UIMessageStream:
                 call.ended = True
         return out
 
-    def _tool_result(self, data: dict[str, Any]) -> list[Chunk]:
+    def _tool_result(self, data: ToolResultData) -> list[Chunk]:
         call_id = str(data["call_id"])
         call = self._call(call_id, str(data.get("name") or ""))
         if call.ended:
             return []  # denied (its refusal is the model's result, not the user's output) or input error
         call.ended = True
         result = _json_or_text(str(data.get("result") or ""))
-        if data.get("state") == "succeeded":
+        if data.get("state") == ToolCallState.SUCCEEDED:
             return [{"type": "tool-output-available", "toolCallId": call_id, "output": result}]
         return [
             {
@@ -304,15 +317,15 @@ class UIMessageStream:
                 out.append({"type": "tool-output-error", "toolCallId": call_id, "errorText": CANCELLED})
         return out
 
-    def _interrupted(self, data: dict[str, Any]) -> list[Chunk]:
+    def _interrupted(self, data: TurnEndedData) -> list[Chunk]:
         self._ended = True
         out = self._close_open()
-        if data.get("status") == USER_STOP_STATUS:
-            return [*out, {"type": "abort", "reason": str(data.get("reason") or "user")}]
+        if data.get("status") == TurnStatus.INTERRUPTED_BY_USER:
+            return [*out, {"type": "abort", "reason": str(data.get("reason") or StopReason.USER)}]
         return [*out, {"type": "error", "errorText": _ending_error(data, "the reply was interrupted")}]
 
 
-def _ending_error(data: dict[str, Any], default: str) -> str:
+def _ending_error(data: TurnEndedData, default: str) -> str:
     error = data.get("error")
     if isinstance(error, dict) and error.get("message"):
         return f"{error.get('code') or 'error'}: {error['message']}"
@@ -388,7 +401,7 @@ def _assistant_message(turns: list[StoredTurn], memories: dict[uuid.UUID, dict[s
         if index == 0 and reply_id in memories:
             parts.append({"type": MEMORY_PART, "id": "memory", "data": memories[reply_id]})
         if step.content:
-            state = "streaming" if step.status == "streaming" else "done"
+            state = "streaming" if step.status == TurnStatus.STREAMING else "done"
             parts.append({"type": "text", "text": step.content, "state": state})
         parts += [_tool_part(step, call, results.get(str(call.get("id")))) for call in step.tool_calls or []]
     last = steps[-1] if steps else turns[-1]
@@ -409,27 +422,29 @@ def _tool_part(step: StoredTurn, call: dict[str, Any], result: StoredTurn | None
     approval = call.get("approval") or {}
     decision = approval.get("decision")
     ident = approval_id(step.id, call_id)
-    if state == "streaming" and step.status == "streaming":
+    if state == ToolCallState.STREAMING and step.status == TurnStatus.STREAMING:
         return {**part, "state": "input-streaming", "input": value if complete else None, "rawInput": raw}
-    if state == "streaming" or not complete:
-        error = STOPPED_ARGUMENTS if state == "streaming" else "the arguments are not a JSON object"
+    if state == ToolCallState.STREAMING or not complete:
+        error = (
+            STOPPED_ARGUMENTS if state == ToolCallState.STREAMING else "the arguments are not a JSON object"
+        )
         return {**part, "state": "output-error", "input": None, "rawInput": raw, "errorText": error}
     part["input"] = value
-    if state == "awaiting_approval":
+    if state == ToolCallState.AWAITING_APPROVAL:
         return {**part, "state": "approval-requested", "approval": {"id": ident}}
-    if state == "rejected" or decision == "rejected":
+    if state == ToolCallState.REJECTED or decision == "rejected":
         denied = {"id": ident, "approved": False}
         if approval.get("reason"):
             denied["reason"] = str(approval["reason"])
         return {**part, "state": "output-denied", "approval": denied}
     if decision == "approved":
         part["approval"] = {"id": ident, "approved": True}
-    if state == "succeeded" and result is not None:
+    if state == ToolCallState.SUCCEEDED and result is not None:
         return {**part, "state": "output-available", "output": _json_or_text(result.content)}
-    if state in ("failed", "succeeded"):
+    if state in (ToolCallState.FAILED, ToolCallState.SUCCEEDED):
         output = _json_or_text(result.content) if result is not None else None
         return {**part, "state": "output-error", "errorText": _error_text(output, "the tool call failed")}
-    if state == "cancelled" or step.status != "streaming":
+    if state == ToolCallState.CANCELLED or step.status != TurnStatus.STREAMING:
         return {**part, "state": "output-error", "errorText": CANCELLED}
     if decision == "approved":
         return {**part, "state": "approval-responded"}

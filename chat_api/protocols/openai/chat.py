@@ -20,13 +20,12 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from memory.events import Event
+from memory.events import TERMINAL_NAMES, Event, EventName, ToolCallDeltaData, TurnEndedData
 
-TERMINAL_EVENTS = frozenset({"turn.completed", "turn.interrupted", "turn.failed", "turn.awaiting_approval"})
 MAX_TOOLS = 128
 # Between the texts of two model steps (a server tool ran in between): one answer to the client.
 STEP_SEPARATOR = "\n\n"
@@ -334,12 +333,12 @@ class ReplyTranslator:
     def feed(self, event: Event) -> list[dict[str, Any]]:
         """The chunks (possibly none) this event adds to the stream; also folds it into the completion."""
         _id, name, data = event
-        if name == "memory.retrieved":
+        if name == EventName.MEMORY_RETRIEVED:
             items = data.get("items")
             self.memories = (
                 [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
             )
-        elif name == "message.delta":
+        elif name == EventName.MESSAGE_DELTA:
             text = str(data.get("text") or "")
             turn_id = str(data.get("turn_id"))
             if text and self.text and turn_id != self._text_turn:
@@ -348,11 +347,11 @@ class ReplyTranslator:
                 self._text_turn = turn_id
                 self.text.append(text)
                 return [self._chunk(self._opening({"content": text}))]
-        elif name == "tool_call.delta":
-            return self._tool_delta(data)
-        elif name in TERMINAL_EVENTS:
-            return self._end(name, data)
-        elif name == "error":
+        elif name == EventName.TOOL_CALL_DELTA:
+            return self._tool_delta(cast(ToolCallDeltaData, data))
+        elif name in TERMINAL_NAMES:
+            return self._end(name, cast(TurnEndedData, data))
+        elif name == EventName.ERROR:
             self.error = {"message": str(data.get("message") or "the reply failed"), "code": data.get("code")}
             return [
                 {
@@ -363,7 +362,7 @@ class ReplyTranslator:
             ]
         return []
 
-    def _tool_delta(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+    def _tool_delta(self, data: ToolCallDeltaData) -> list[dict[str, Any]]:
         key = (str(data.get("turn_id")), int(data.get("index") or 0))
         call = self.calls.get(key)
         arguments = str(data.get("arguments") or "")
@@ -390,7 +389,7 @@ class ReplyTranslator:
         call.arguments += arguments
         return [self._chunk({"tool_calls": [{"index": call.index, "function": {"arguments": arguments}}]})]
 
-    def _end(self, name: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+    def _end(self, name: str, data: TurnEndedData) -> list[dict[str, Any]]:
         self.status = str(data.get("status") or name)
         usage = data.get("usage") or {}
         prompt = int(usage.get("prompt_tokens") or 0)
@@ -400,8 +399,8 @@ class ReplyTranslator:
             "completion_tokens": completion,
             "total_tokens": int(usage.get("total_tokens") or prompt + completion),
         }
-        if name == "turn.failed" or (name == "turn.interrupted" and data.get("error")):
-            error = data.get("error") or {}
+        if name == EventName.TURN_FAILED or (name == EventName.TURN_INTERRUPTED and data.get("error")):
+            error: dict[str, Any] = dict(data.get("error") or {})
             self.error = {
                 "message": str(error.get("message") or "the model failed"),
                 "code": error.get("code"),
@@ -413,7 +412,7 @@ class ReplyTranslator:
                     ]
                 }
             ]
-        if name == "turn.awaiting_approval":
+        if name == EventName.TURN_AWAITING_APPROVAL:
             self.error = {
                 "message": "the reply waits for a person to approve a tool call in chatmem",
                 "code": "awaiting_approval",

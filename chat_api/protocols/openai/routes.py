@@ -34,7 +34,6 @@ from chat_api.errors import Forbidden, RateLimited
 from chat_api.protocols.openai.chat import (
     DONE,
     REQUEST_SCHEMA,
-    TERMINAL_EVENTS,
     ChatRequest,
     Event,
     OpenAIError,
@@ -48,6 +47,7 @@ from chat_api.protocols.openai.conversations import choose_conversation, start_c
 from chat_api.replies import follow_reply, stop_reply
 from chat_api.services import Services
 from memory.errors import Conflict, DomainError, InvalidInput, NotFound
+from memory.events import TERMINAL_NAMES, EventName, StopReason, TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,12 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CONVERSATION_HEADER = "x-chatmem-conversation-id"
 CHAT_KEY_HEADERS = ("x-chatmem-chat-key", "x-openwebui-chat-id")
 # Events after which the response's headers can say which memories the reply uses.
-HEAD_EVENTS = frozenset({"memory.retrieved", "message.delta", "tool_call.delta", "error"}) | TERMINAL_EVENTS
+HEAD_EVENTS = (
+    frozenset(
+        {EventName.MEMORY_RETRIEVED, EventName.MESSAGE_DELTA, EventName.TOOL_CALL_DELTA, EventName.ERROR}
+    )
+    | TERMINAL_NAMES
+)
 
 
 def _openai_error(exc: Exception) -> OpenAIError | None:
@@ -176,7 +181,7 @@ async def chat_completions(
     batches = follow_reply(services, accepted.reply_id, 0)
     head = await _head(batches)
     for event in head:
-        if event[1] == "memory.retrieved":
+        if event[1] == EventName.MEMORY_RETRIEVED:
             translator.feed(event)
     headers = {
         "X-Chatmem-Conversation-Id": str(conversation),
@@ -196,7 +201,7 @@ async def chat_completions(
             code=translator.error.get("code"),
             headers=headers,
         )
-    headers["X-Chatmem-Status"] = translator.status or "failed"
+    headers["X-Chatmem-Status"] = translator.status or TurnStatus.FAILED
     return JSONResponse(translator.completion(), headers=headers)
 
 
@@ -279,7 +284,7 @@ def _stop_here(services: Services, reply_id: uuid.UUID) -> None:
     # The reply was started by this request, so it runs in this process.
     reply = services.registry.get(reply_id)
     if reply is not None:
-        reply.request_stop("client_disconnected")
+        reply.request_stop(StopReason.CLIENT_DISCONNECTED)
 
 
 async def _whole(
@@ -292,7 +297,7 @@ async def _whole(
 ) -> None:
     """Fold the whole reply into the translator; a client that leaves first stops it."""
     for event in head:
-        if event[1] != "memory.retrieved":
+        if event[1] != EventName.MEMORY_RETRIEVED:
             translator.feed(event)
     if translator.ended:
         return
@@ -313,7 +318,7 @@ async def _whole(
     try:
         await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
         if not collecting.done():
-            await stop_reply(services, reply_id, reason="client_disconnected")
+            await stop_reply(services, reply_id, reason=StopReason.CLIENT_DISCONNECTED)
         await collecting
     finally:
         for task in (collecting, watching):
