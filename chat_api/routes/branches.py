@@ -16,7 +16,7 @@ from sse_starlette import EventSourceResponse
 from chat_api.admission import AdmissionDep, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.replies import edit_message, regenerate_reply
-from chat_api.routes.messages import reply_response
+from chat_api.routes.messages import admit, reply_response
 from chat_api.schemas import (
     BranchList,
     BranchOut,
@@ -110,12 +110,8 @@ async def regenerate(
     options = body or RegenerateIn.model_validate({})
     async with services.db.session() as session:
         turn = await get_turn(session, owner, turn_id)
-    return await reply_response(
-        services,
-        owner,
-        admission,
-        options,
-        lambda admitted: regenerate_reply(
+    with admit(admission, owner, options) as admitted:
+        accepted = await regenerate_reply(
             services,
             owner,
             turn,
@@ -124,8 +120,8 @@ async def regenerate(
             on_busy=options.on_busy or services.settings.on_busy_default,
             idempotency_key=idempotency_key,
             memory_scope=options.memory_scope or services.settings.memory_scope,
-        ),
-    )
+        )
+    return await reply_response(services, owner, options, admitted, accepted)
 
 
 @router.post("/v1/turns/{turn_id}/edit", response_model=None, responses=REPLY_RESPONSES)
@@ -141,12 +137,8 @@ async def edit(
     check_text(body.content, field="content", max_chars=services.settings.max_message_chars)
     async with services.db.session() as session:
         turn = await get_turn(session, owner, turn_id)
-    return await reply_response(
-        services,
-        owner,
-        admission,
-        body,
-        lambda admitted: edit_message(
+    with admit(admission, owner, body) as admitted:
+        accepted = await edit_message(
             services,
             owner,
             turn,
@@ -156,5 +148,5 @@ async def edit(
             on_busy=body.on_busy or services.settings.on_busy_default,
             idempotency_key=idempotency_key,
             memory_scope=body.memory_scope or services.settings.memory_scope,
-        ),
-    )
+        )
+    return await reply_response(services, owner, body, admitted, accepted)

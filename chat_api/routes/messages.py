@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Header
@@ -38,12 +37,8 @@ async def post_message(
 ) -> EventSourceResponse | ReplyOut:
     """Store the message and stream the reply (`turn.started` … `turn.completed|interrupted|failed`)."""
     check_text(body.content, field="content", max_chars=services.settings.max_message_chars)
-    return await reply_response(
-        services,
-        owner,
-        admission,
-        body,
-        lambda admitted: accept_message(
+    with admit(admission, owner, body) as admitted:
+        accepted = await accept_message(
             services,
             owner,
             conversation_id,
@@ -52,22 +47,20 @@ async def post_message(
             on_busy=body.on_busy or services.settings.on_busy_default,
             idempotency_key=idempotency_key,
             memory_scope=body.memory_scope or services.settings.memory_scope,
-        ),
-    )
+        )
+    return await reply_response(services, owner, body, admitted, accepted)
+
+
+def admit(admission: Admission, owner: Owner, options: ReplyOptions) -> AdmittedReply:
+    """Admit the reply a request is about to start: 429 past a cap, before anything is stored."""
+    drop_if_client_leaves(options.on_disconnect == "stop")  # while it waits in line (on_busy=enqueue)
+    return admission.admit_reply(owner, stream=options.stream)
 
 
 async def reply_response(
-    services: Services,
-    owner: Owner,
-    admission: Admission,
-    options: ReplyOptions,
-    start: Callable[[AdmittedReply], Awaitable[Accepted]],
+    services: Services, owner: Owner, options: ReplyOptions, admitted: AdmittedReply, accepted: Accepted
 ) -> EventSourceResponse | ReplyOut:
-    """Start a reply with `start` and stream it as SSE, or wait and return it whole (`stream: false`)."""
-    drop_if_client_leaves(options.on_disconnect == "stop")  # while it waits in line (on_busy=enqueue)
-    # Admitted before anything is stored, so a 429 leaves nothing behind.
-    with admission.admit_reply(owner, stream=options.stream) as admitted:
-        accepted = await start(admitted)
+    """The started reply as SSE (in the admitted stream slot), or awaited and whole (`stream: false`)."""
     if options.stream:
         stop_on_disconnect = options.on_disconnect == "stop"
         stream = sse_stream(services, accepted.reply_id, 0, stop_on_disconnect=stop_on_disconnect)
