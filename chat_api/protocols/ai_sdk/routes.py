@@ -14,7 +14,7 @@ starts, in chatmem's error body; nothing is stored for a refused request.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import Path, Response
@@ -50,10 +50,9 @@ from memory.record.ai_sdk_chats import (
 )
 from memory.record.approvals import Decision
 from memory.record.branches import (
-    activate_branch,
     branch_history,
     conversation_branch,
-    create_branch,
+    fork_branch,
     load_branch,
     newest_turn,
     on_lineage,
@@ -144,10 +143,11 @@ async def chat(
             raise InvalidInput("messageId must name the last message (the one edited)", field="messageId")
         return await _edit(body, content, owner, services, admission)
 
-    async def start(admitted: AdmittedReply) -> Accepted:
+    # Admitted before anything is stored (the chat's conversation included), so a 429 leaves nothing.
+    with admission.admit_reply(owner, stream=True) as admitted:
         async with services.db.transaction() as session:
             conversation = await chat_conversation(session, owner, body.id)
-        return await accept_message(
+        accepted = await accept_message(
             services,
             owner,
             conversation.id,
@@ -158,8 +158,8 @@ async def chat(
             idempotency_key=f"ai-sdk:{last.id}",
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
-
-    return await _reply_stream(services, owner, admission, start, client_message_id=last.id, body=body)
+        await _remember_client_id(services, accepted, last.id)
+    return _reply_stream(services, admitted, accepted, body)
 
 
 async def _edit(
@@ -171,8 +171,8 @@ async def _edit(
     async with services.db.session() as session:
         turn = await _user_turn_named(session, conversation, body.messageId)
 
-    async def start(admitted: AdmittedReply) -> Accepted:
-        return await edit_message(
+    with admission.admit_reply(owner, stream=True) as admitted:
+        accepted = await edit_message(
             services,
             owner,
             turn,
@@ -183,8 +183,8 @@ async def _edit(
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
-
-    return await _reply_stream(services, owner, admission, start, client_message_id=body.messageId, body=body)
+        await _remember_client_id(services, accepted, body.messageId)
+    return _reply_stream(services, admitted, accepted, body)
 
 
 async def _regenerate(body: ChatRequest, owner: Owner, services: Services, admission: Admission) -> Response:
@@ -204,8 +204,8 @@ async def _regenerate(body: ChatRequest, owner: Owner, services: Services, admis
     async def begin(session: AsyncSession, locked: Conversation, reply_id: uuid.UUID) -> Started:
         return await _begin_regenerate(services, owner, session, locked, reply_id, target)
 
-    async def start(admitted: AdmittedReply) -> Accepted:
-        return await start_reply(
+    with admission.admit_reply(owner, stream=True) as admitted:
+        accepted = await start_reply(
             services,
             owner,
             conversation.id,
@@ -215,8 +215,7 @@ async def _regenerate(body: ChatRequest, owner: Owner, services: Services, admis
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
-
-    return await _reply_stream(services, owner, admission, start, client_message_id=None, body=body)
+    return _reply_stream(services, admitted, accepted, body)
 
 
 async def _begin_regenerate(
@@ -248,8 +247,7 @@ async def _begin_regenerate(
     if user_turn is None:
         raise InvalidInput("the reply answers no user message", field="messageId")
     parent = await load_branch(session, user_turn.branch_id)
-    branch = await create_branch(session, conversation, parent=parent, fork_seq=user_turn.seq)
-    await activate_branch(session, conversation, branch)
+    await fork_branch(session, conversation, parent=parent, fork_seq=user_turn.seq)
     return await answer_again(services, session, conversation, reply_id, user_turn)
 
 
@@ -298,23 +296,16 @@ async def _approve(
     return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
-async def _reply_stream(
-    services: Services,
-    owner: Owner,
-    admission: Admission,
-    start: Callable[[AdmittedReply], Awaitable[Accepted]],
-    *,
-    client_message_id: str | None,
-    body: ChatRequest,
+async def _remember_client_id(services: Services, accepted: Accepted, client_message_id: str) -> None:
+    """Store the client's id of the message on its user turn, so the chat's history names it so."""
+    async with services.db.transaction() as session:
+        await remember_message_id(session, accepted.user_turn_id, CLIENT_MESSAGE_ID, client_message_id)
+
+
+def _reply_stream(
+    services: Services, admitted: AdmittedReply, accepted: Accepted, body: ChatRequest
 ) -> Response:
-    # Admitted before anything is stored, so a 429 leaves nothing behind.
-    with admission.admit_reply(owner, stream=True) as admitted:
-        accepted = await start(admitted)
-        if client_message_id is not None:
-            async with services.db.transaction() as session:
-                await remember_message_id(
-                    session, accepted.user_turn_id, CLIENT_MESSAGE_ID, client_message_id
-                )
+    """The started reply as a UI message stream, held in the admitted stream slot."""
     stop = body.on_disconnect == "stop"
     events = _ui_stream(services, accepted.reply_id, 0, UIMessageStream(), [], stop_on_disconnect=stop)
     return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
