@@ -32,7 +32,6 @@ import contextlib
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import text
@@ -47,11 +46,12 @@ from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
 from memory.events import TurnStatus
-from memory.record.branches import activate_branch, branch_history, conversation_branch, create_branch
+from memory.record.branches import branch_history, conversation_branch, fork_branch
 from memory.record.conversations import Owner, create_conversation, get_conversation
 from memory.record.history_match import Unit, matched_prefix, sent_units, stored_units
 from memory.record.imports import import_turns
-from memory.storage.models import Branch, Conversation, Turn
+from memory.record.turns import add_turn
+from memory.storage.models import Conversation
 
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
 # and two callers' keys can never name the same conversation.
@@ -268,10 +268,11 @@ def _begin_prompt(
             # The new message is already stored after the same history: answer it again.
             user_turn = stored[matched - 1].turn
             if matched < len(stored):
-                await _fork(session, conversation, active, user_turn.seq)
+                await fork_branch(session, conversation, parent=active, fork_seq=user_turn.seq)
             return await answer_again(services, session, conversation, reply_id, user_turn)
         if matched < len(stored):
-            await _fork(session, conversation, active, stored[matched - 1].last_seq if matched else 0)
+            fork_seq = stored[matched - 1].last_seq if matched else 0
+            await fork_branch(session, conversation, parent=active, fork_seq=fork_seq)
         missing = sent[matched:-1]
         if missing:
             if history is not None and matched == 0:
@@ -287,11 +288,6 @@ def _begin_prompt(
     return begin
 
 
-async def _fork(session: AsyncSession, conversation: Conversation, active: Branch, fork_seq: int) -> None:
-    branch = await create_branch(session, conversation, parent=active, fork_seq=fork_seq)
-    await activate_branch(session, conversation, branch)
-
-
 def _begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
         turns = await branch_history(session, await conversation_branch(session, conversation))
@@ -302,7 +298,6 @@ def _begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
             for call in turn.tool_calls or []
         }
         answered = {turn.tool_call_id for turn in turns if turn.role == "tool"}
-        now = datetime.now(UTC)
         for result in chat.tool_results:
             call = calls.get(str(result.tool_call_id))
             if call is None:
@@ -313,27 +308,14 @@ def _begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
                 )
             if result.tool_call_id in answered:
                 continue  # sent again with a later request: stored once
-            seq = conversation.next_seq
-            conversation.next_seq = seq + 1
-            session.add(
-                Turn(
-                    id=uuid.uuid4(),
-                    conversation_id=conversation.id,
-                    branch_id=conversation.active_branch_id,
-                    tenant_id=conversation.tenant_id,
-                    user_id=conversation.user_id,
-                    seq=seq,
-                    role="tool",
-                    status=TurnStatus.COMPLETED,
-                    content=result.text,
-                    tool_call_id=result.tool_call_id,
-                    name=str(call.get("name") or ""),
-                    tool_calls=[],
-                    last_event_id=0,
-                    created_at=now,
-                    updated_at=now,
-                    completed_at=now,
-                )
+            await add_turn(
+                session,
+                conversation,
+                role="tool",
+                status=TurnStatus.COMPLETED,
+                content=result.text,
+                tool_call_id=result.tool_call_id,
+                name=str(call.get("name") or ""),
             )
         user_turn = next((turn for turn in reversed(turns) if turn.role == "user"), None)
         if user_turn is None:
