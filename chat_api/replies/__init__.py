@@ -6,10 +6,12 @@
 - stop.py       stop_reply, wait_reply_done, reply_streaming
 - approve.py    decide (approve or reject a waiting tool call; the last decision resumes)
 - run.py        ReplyRunner: model → tools → model, and the one ending call
-- prompt.py     Prompter: the prompt window, read once per reply
+- prompt.py     Prompter: the prompt window, read once per reply; recall.py: recall's glue into it
+- queue.py, idempotency.py: on_busy=enqueue, and a retried request's Idempotency-Key
 - checkpoint.py, signals.py, reaper.py, registry.py, reply.py: the machinery underneath
 
-Every ending is `memory.record.reply_endings.end_reply`.
+Every ending is `memory.record.reply_endings.end_reply`. The events a reply is made of, and
+their names, are `memory.events`: adapters import them from there.
 """
 
 from chat_api.replies.approve import Decided, decide
@@ -27,14 +29,11 @@ from chat_api.replies.start import (
     store_message,
 )
 from chat_api.replies.stop import reply_streaming, stop_reply, wait_reply_done
-from memory.events import TERMINAL_NAMES, Event
 
 __all__ = [
-    "TERMINAL_NAMES",
     "Accepted",
     "BeginReply",
     "Decided",
-    "Event",
     "Reply",
     "ReplyRequest",
     "Started",
