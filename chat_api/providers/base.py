@@ -41,6 +41,20 @@ class StreamEnd:
 Delta = TextDelta | ToolCallDelta | StreamEnd
 
 
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    """What a client asked of the model for one reply (OpenAI `tool_choice`, sampling, length).
+
+    `tool_choice` is "auto", "none", "required" or `{"type": "function", "name": ...}`;
+    None everywhere means the provider's defaults.
+    """
+
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+
+
 def public_message(status: int | None) -> str:
     """What a user is told when the model failed with this HTTP status (None: no answer at all)."""
     if status is None:
@@ -78,7 +92,10 @@ class ChatProvider(Protocol):
     model: str
 
     def stream(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        options: ModelOptions | None = None,
     ) -> AsyncGenerator[Delta, None]:
         """Stream the model's reply to ``messages`` as deltas, ending with one StreamEnd."""
         ...

@@ -8,7 +8,14 @@ Cues in the user's last message:
 - a question about the time (``what time``, ``current time``, ``几点``) calls ``current_time``;
 - ``/remember QUESTION`` calls ``recall_memory``;
 - ``/fail`` fails before the first token, ``/fail-mid`` fails after a few words;
-- ``/long`` gives a reply five times as long.
+- ``/long`` gives a reply five times as long;
+- a tool named VERB_NOUN (``get_weather``, ``search_docs``; verbs in ``CALL_VERBS``) is
+  called when the message names its NOUN, with arguments made from its JSON schema.
+
+It follows the client's `ModelOptions` as a real model would: a forced `tool_choice` (a
+named function, or `required`: the tool the message names, else the last one offered,
+which is the client's own) is called, `none` calls nothing, and `max_output_tokens` cuts
+the reply. Images and files in the user's message are acknowledged ("I see 1 image …").
 
 Pace: token i is due at ``start + i / tokens_per_second`` on the loop's clock, like a real
 model whose tokens keep arriving on its socket at its own rate whatever our process is
@@ -28,7 +35,7 @@ import uuid
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from chat_api.providers.base import Delta, ProviderError, StreamEnd, TextDelta, ToolCallDelta
+from chat_api.providers.base import Delta, ModelOptions, ProviderError, StreamEnd, TextDelta, ToolCallDelta
 
 LABEL = "[demo model]"
 FILLER = (
@@ -38,10 +45,76 @@ FILLER = (
 )
 TOOL_CUE = re.compile(r"/tool\s+([A-Za-z_][\w-]*)\s*(\{.*\})?", re.DOTALL)
 TIME_CUE = re.compile(r"what time|current time|time is it|几点|现在时间", re.IGNORECASE)
+# A tool named VERB_NOUN is called when the message names the noun ("weather" → get_weather).
+CALL_VERBS = frozenset({"get", "fetch", "find", "lookup", "search", "list", "send", "create", "check"})
 
 
 def _last(messages: Sequence[dict[str, Any]], role: str) -> dict[str, Any] | None:
     return next((m for m in reversed(messages) if m.get("role") == role), None)
+
+
+def _text(message: dict[str, Any] | None) -> str:
+    """The text of a message whose content is a string or chat-completions parts."""
+    content = message.get("content") if message else None
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return str(content or "")
+
+
+def _attachments(message: dict[str, Any] | None) -> str:
+    """ " I see 1 image and the file a.pdf." for the parts of a user message, or ""."""
+    content = message.get("content") if message else None
+    if not isinstance(content, list):
+        return ""
+    images = [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"]
+    files = [
+        str((p.get("file") or {}).get("filename") or "file")
+        for p in content
+        if isinstance(p, dict) and p.get("type") == "file"
+    ]
+    seen = []
+    if images:
+        seen.append(f"{len(images)} image{'s' if len(images) > 1 else ''}")
+    if files:
+        seen.append(("the file " if len(files) == 1 else "the files ") + ", ".join(files))
+    return f" I see {' and '.join(seen)}." if seen else ""
+
+
+def _named_tool(user_text: str, tools: Sequence[dict[str, Any]]) -> str | None:
+    """The VERB_NOUN tool whose noun the message names, if any."""
+    words = set(re.findall(r"[a-z0-9]+", user_text.lower()))
+    for tool in tools:
+        name = str(tool["function"]["name"])
+        verb, _, noun = name.lower().partition("_")
+        if verb in CALL_VERBS and noun and set(noun.split("_")) <= words:
+            return name
+    return None
+
+
+def _arguments_for(tool: dict[str, Any], user_text: str) -> str:
+    """Arguments that satisfy the tool's JSON schema: its required properties, filled plainly."""
+    schema = tool["function"].get("parameters") or {}
+    properties = schema.get("properties") or {}
+    required = schema.get("required") or list(properties)
+    values: dict[str, Any] = {}
+    for key in required:
+        spec = properties.get(key) or {}
+        kind = spec.get("type")
+        if spec.get("enum"):
+            values[key] = spec["enum"][0]
+        elif kind in ("integer", "number"):
+            values[key] = spec.get("minimum", 1)
+        elif kind == "boolean":
+            values[key] = True
+        elif kind == "array":
+            values[key] = []
+        elif kind == "object":
+            values[key] = {}
+        else:
+            values[key] = user_text[:100]
+    return json.dumps(values, ensure_ascii=False)
 
 
 def _memories(messages: Sequence[dict[str, Any]]) -> list[str]:
@@ -81,16 +154,27 @@ class DemoProvider:
         self.first_token_delay = first_token_delay
 
     def _plan(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None,
+        options: ModelOptions | None = None,
     ) -> tuple[list[str], tuple[str, str] | None]:
         last = messages[-1] if messages else {}
         user = _last(messages, "user")
-        user_text = str(user.get("content") or "") if user else ""
+        user_text = _text(user)
+        choice = options.tool_choice if options is not None else None
+        if choice == "none":
+            tools = None
         tool_names = {t["function"]["name"] for t in tools or ()}
         if last.get("role") == "tool":
             result = str(last.get("content") or "")
             words = f"{LABEL} The tool answered: {result[:400]}".split(" ")
             return words, None
+        if tools and choice not in (None, "auto"):
+            forced = choice.get("name") if isinstance(choice, dict) else None
+            name = forced or _named_tool(user_text, tools) or str(tools[-1]["function"]["name"])
+            tool = next(t for t in tools if t["function"]["name"] == name)
+            return [], (name, _arguments_for(tool, user_text))
         if tools:
             if (cue := TOOL_CUE.search(user_text)) and cue.group(1) in tool_names:
                 return [], (cue.group(1), cue.group(2) or "{}")
@@ -99,7 +183,10 @@ class DemoProvider:
             if user_text.startswith("/remember") and "recall_memory" in tool_names:
                 query = user_text.removeprefix("/remember").strip() or user_text
                 return [], ("recall_memory", json.dumps({"query": query}, ensure_ascii=False))
-        text = f"{LABEL} You said: “{user_text[:200]}”."
+            if (named := _named_tool(user_text, tools)) is not None:
+                tool = next(t for t in tools if t["function"]["name"] == named)
+                return [], (named, _arguments_for(tool, user_text))
+        text = f"{LABEL} You said: “{user_text[:200]}”.{_attachments(user)}"
         memories = _memories(messages)
         if memories:
             text += " I remember: " + " | ".join(memories[:3]) + "."
@@ -107,12 +194,18 @@ class DemoProvider:
         return (text + " " + filler).split(" "), None
 
     async def stream(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        options: ModelOptions | None = None,
     ) -> AsyncGenerator[Delta, None]:
         """Stream the demo reply; one word (or argument fragment) per tick."""
-        words, call = self._plan(messages, tools)
-        user = _last(messages, "user")
-        user_text = str(user.get("content") or "") if user else ""
+        words, call = self._plan(messages, tools, options)
+        user_text = _text(_last(messages, "user"))
+        limit = options.max_output_tokens if options is not None else None
+        finish_reason = "stop"
+        if limit is not None and len(words) > limit:
+            words, finish_reason = words[:limit], "length"
         if "/fail" in user_text and not any(m.get("role") == "tool" for m in messages[-1:]):
             if "/fail-mid" not in user_text:
                 message = "demo model failure (asked for by /fail)"
@@ -137,9 +230,9 @@ class DemoProvider:
                 raise ProviderError(message, status=500, public=message)
             yield TextDelta(word if i == 0 else " " + word)
             emitted += 1
-        prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in messages)
+        prompt_tokens = sum(len(_text(m).split()) for m in messages)
         yield StreamEnd(
-            finish_reason="stop",
+            finish_reason=finish_reason,
             usage={
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": emitted,

@@ -24,7 +24,7 @@ import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionChunk
 
-from chat_api.providers.base import Delta, ProviderError, StreamEnd, TextDelta, ToolCallDelta
+from chat_api.providers.base import Delta, ModelOptions, ProviderError, StreamEnd, TextDelta, ToolCallDelta
 
 if TYPE_CHECKING:
     from memory.config import Settings
@@ -83,7 +83,10 @@ class OpenAIProvider:
         )
 
     async def stream(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        options: ModelOptions | None = None,
     ) -> AsyncGenerator[Delta, None]:
         """Stream one model step as deltas ending with a StreamEnd; retry only before the first delta."""
         attempt = 0
@@ -95,6 +98,7 @@ class OpenAIProvider:
                     model=self.model,
                     messages=cast(Any, list(messages)),
                     tools=cast(Any, list(tools)) if tools else openai.omit,
+                    **_option_arguments(options, bool(tools)),
                     stream=True,
                     stream_options={"include_usage": True},
                 )
@@ -254,3 +258,22 @@ def _retry_after_seconds(exc: BaseException) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def _option_arguments(options: ModelOptions | None, has_tools: bool) -> dict[str, Any]:
+    """The client's choices as chat-completions arguments (only those it made)."""
+    if options is None:
+        return {}
+    out: dict[str, Any] = {}
+    if options.temperature is not None:
+        out["temperature"] = options.temperature
+    if options.top_p is not None:
+        out["top_p"] = options.top_p
+    if options.max_output_tokens is not None:
+        out["max_tokens"] = options.max_output_tokens
+    if has_tools and options.tool_choice is not None:
+        choice = options.tool_choice
+        if isinstance(choice, dict):
+            choice = {"type": "function", "function": {"name": choice.get("name")}}
+        out["tool_choice"] = choice
+    return out

@@ -59,4 +59,9 @@ class Prompter:
         """The provider messages for the reply's next model step, from `window` if it is still current."""
         if window is None:
             window = await self.window_for(reply.conversation_id)
-        return self.prompt(window, reply.memories).messages
+        messages = self.prompt(window, reply.memories).messages
+        if reply.instructions:
+            # Inside the one system message (some chat templates take no second one).
+            system = messages[0]
+            messages[0] = {**system, "content": f"{system['content']}\n\n{reply.instructions}"}
+        return messages

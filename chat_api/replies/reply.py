@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, cast
 
+from chat_api.providers.base import ModelOptions
 from memory.events import (
     Event,
     EventData,
@@ -69,6 +70,10 @@ class Reply:
         # Tools the client runs itself (OpenAI `tools`), offered beside the server's; a step
         # that calls one ends the reply, and the client sends the results in its next request.
         self.client_tools: tuple[dict[str, Any], ...] = ()
+        # What the client asked of the model (tool_choice, sampling) and its own instructions,
+        # added to the system prompt of this reply only.
+        self.model_options: ModelOptions | None = None
+        self.instructions: str | None = None
         self._wake = asyncio.Event()
 
     def restore(

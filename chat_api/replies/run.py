@@ -25,6 +25,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -32,7 +33,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.metrics import observe_first_token, observe_reply_end
 from chat_api.observability import log_context
-from chat_api.providers.base import ChatProvider, ProviderError, StreamEnd, TextDelta, ToolCallDelta
+from chat_api.providers.base import (
+    ChatProvider,
+    ModelOptions,
+    ProviderError,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
+)
 from chat_api.replies.checkpoint import Checkpointer, give_back, take_unpersisted
 from chat_api.replies.prompt import Prompter
 from chat_api.replies.registry import ReplyRegistry
@@ -190,7 +198,7 @@ class ReplyRunner:
             # The first step is sent the window recall read; later ones read the turns they follow.
             messages = await self.prompter.messages(reply, window if step == 0 else None)
             tools = self._tool_schemas(reply) if step < steps else None
-            stream = self.provider.stream(messages, tools)
+            stream = self.provider.stream(messages, tools, _step_options(reply, step))
             try:
                 async for delta in stream:
                     if first_token and isinstance(delta, TextDelta | ToolCallDelta):
@@ -468,6 +476,18 @@ def _hand_back_to_client(reply: Reply) -> bool:
     for call in reply.tool_calls:
         call["state"] = ToolCallState.READY
     return True
+
+
+def _step_options(reply: Reply, step: int) -> ModelOptions | None:
+    """The client's model options for a step: a forced tool_choice binds the first step only.
+
+    After a tool ran, the model must be free to answer (as the Agents SDK resets it), or a
+    forced choice would call the tool again at every step.
+    """
+    options = reply.model_options
+    if options is None or step == 0 or options.tool_choice in (None, "auto", "none"):
+        return options
+    return replace(options, tool_choice="auto")
 
 
 def _json_object(raw: str) -> bool:
