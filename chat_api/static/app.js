@@ -117,7 +117,8 @@ function renderHistory(state, turns, activeReplyId) {
   const parked = new Set(turns.filter((t) => t.status === STATUS.AWAITING_APPROVAL).map((t) => t.reply_id || t.id));
   for (const turn of turns) {
     if (turn.role === "user") {
-      ui.messages.append(newUserMessage(state, turn.content, turn.id).element);
+      const attachments = turn.metadata?.attachments ?? [];
+      ui.messages.append(newUserMessage(state, turn.content, turn.id, attachments).element);
       continue;
     }
     const replyId = turn.reply_id || turn.id;
@@ -148,8 +149,9 @@ function newReplyView(state, replyId) {
   });
 }
 
-function newUserMessage(state, text, turnId = null) {
-  const message = userMessage(text, { turnId, onEdit: (id, edited) => versions.edit(state, id, edited) });
+function newUserMessage(state, text, turnId = null, attachments = []) {
+  const onEdit = (id, edited) => versions.edit(state, id, edited);
+  const message = userMessage(text, { turnId, onEdit, attachments });
   if (turnId) state.userMessages.set(turnId, message);
   return message;
 }

@@ -10,12 +10,13 @@ let editorCounter = 0;
  * `{element, note(text, kind), setTurn(id)}`: kind "info" or "error"; an empty text hides the
  * note. `onEdit(turnId, text)` (optional) is called when the person saves an edited text.
  */
-export function userMessage(text, { turnId = null, onEdit = null } = {}) {
+export function userMessage(text, { turnId = null, onEdit = null, attachments = [] } = {}) {
   const element = document.createElement("div");
   element.className = "message user";
   const bubble = document.createElement("div");
   bubble.className = "bubble markdown";
   bubble.append(renderMarkdown(text));
+  if (attachments.length) bubble.append(attachmentList(attachments));
   const note = document.createElement("p");
   note.className = "message-note";
   note.hidden = true;
@@ -66,6 +67,31 @@ export function userMessage(text, { turnId = null, onEdit = null } = {}) {
     },
     setTurn,
   };
+}
+
+/**
+ * Images and files sent with the message (through the Responses API): an image sent as a
+ * data: URL is shown (the page's CSP allows data: images, never another host), anything
+ * else is named.
+ */
+function attachmentList(attachments) {
+  const list = document.createElement("ul");
+  list.className = "attachments";
+  list.setAttribute("aria-label", "Attachments");
+  for (const item of attachments) {
+    const entry = document.createElement("li");
+    if (item.type === "image" && String(item.url || "").startsWith("data:image/")) {
+      const image = document.createElement("img");
+      image.src = item.url;
+      image.alt = "Attached image";
+      entry.append(image);
+    } else {
+      entry.className = "attachment-chip";
+      entry.textContent = item.type === "image" ? "Image (link)" : item.filename || "File";
+    }
+    list.append(entry);
+  }
+  return list;
 }
 
 /** The inline editor: a textarea, Save and Cancel; Enter saves, Shift+Enter adds a line, Escape cancels. */

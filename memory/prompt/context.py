@@ -72,6 +72,9 @@ class TurnView:
     id: Any = None
     created_at: datetime | None = None
     conversation_id: Any = None
+    # User turns: images and files sent with the message ({"type": "image", "url"} or
+    # {"type": "file", "filename", "data" | "url"}), given to the model as content parts.
+    attachments: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def from_row(cls, turn: Turn) -> TurnView:
@@ -88,7 +91,34 @@ class TurnView:
             id=turn.id,
             created_at=turn.created_at,
             conversation_id=turn.conversation_id,
+            attachments=_attachments(turn.meta),
         )
+
+
+def _attachments(meta: object) -> tuple[Mapping[str, Any], ...]:
+    found = meta.get("attachments") if isinstance(meta, Mapping) else None
+    return tuple(a for a in found if isinstance(a, Mapping)) if isinstance(found, list) else ()
+
+
+def _content_parts(text: str, attachments: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A user message's text and attachments as OpenAI chat content parts."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for item in attachments:
+        if item.get("type") == "image":
+            parts.append(
+                {
+                    "type": "image_url",
+                    "image_url": {"url": item.get("url"), "detail": item.get("detail", "auto")},
+                }
+            )
+        elif item.get("type") == "file":
+            file: dict[str, Any] = {"filename": item.get("filename") or "file"}
+            if item.get("data"):
+                file["file_data"] = item.get("data")
+            else:
+                file["file_url"] = item.get("url")
+            parts.append({"type": "file", "file": file})
+    return parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +346,10 @@ def _select_window(
             unit = _assistant_unit(turn, pending, emitted, prompts, budget, dropped)
         elif turn.role == "user":
             text = turn.content or ""
-            if text.strip():
+            if turn.attachments:
+                content = _content_parts(text, turn.attachments)
+                unit = _Unit([{"role": "user", "content": content}], [turn.id], _message_tokens(text), True)
+            elif text.strip():
                 unit = _Unit([{"role": "user", "content": text}], [turn.id], _message_tokens(text), True)
             else:
                 dropped["empty_message"] += 1

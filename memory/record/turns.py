@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, func, select, text, update
+from sqlalchemy import and_, column, func, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
@@ -48,6 +49,7 @@ PROMPT_COLUMNS = (
     Turn.id,
     Turn.created_at,
     Turn.conversation_id,
+    column("meta", JSONB),  # turns.metadata, named as the model's attribute
 )
 
 
@@ -56,7 +58,7 @@ PROMPT_COLUMNS = (
 RECENT_TURNS = text(
     """
     SELECT t.role, t.status, t.content, t.tool_calls, t.tool_call_id, t.name, t.seq, t.id, t.created_at,
-           t.conversation_id
+           t.conversation_id, t.metadata AS meta
     FROM conversations c
     JOIN branches b ON b.id = c.active_branch_id
     CROSS JOIN LATERAL unnest(b.lineage_ids, b.lineage_max_seqs) AS l(branch_id, max_seq)
