@@ -21,6 +21,8 @@ from chat_api.errors import install_error_handlers
 from chat_api.observability import install_observability
 from chat_api.protocols.ai_sdk import routes as ai_sdk_routes
 from chat_api.protocols.mcp.server import install_mcp
+from chat_api.protocols.openai import responses_compaction as compaction_routes
+from chat_api.protocols.openai import responses_routes, responses_websocket
 from chat_api.protocols.openai import routes as openai_routes
 from chat_api.providers.base import ChatProvider
 from chat_api.replies.approve import ApprovalTimeouts
@@ -250,6 +252,8 @@ def create_app(
         ai_sdk_routes,
         keys,
         openai_routes,
+        responses_routes,
+        compaction_routes,
     )
     # Every router here is a door_router: authenticated, rate-limited and input-bounded
     # before a body is read (chat_api.admission.door).
@@ -258,6 +262,8 @@ def create_app(
         raise RuntimeError(f"routes that read the caller without passing the door: {unguarded}")
     for module in routers:
         app.include_router(module.router, dependencies=[Depends(watch_client)])
+    # WebSocket mode passes the door itself, per connection and per message.
+    app.include_router(responses_websocket.router)
     app.state.mcp = install_mcp(app)
     # Only the import route takes a body larger than MAX_BODY_BYTES.
     large = [

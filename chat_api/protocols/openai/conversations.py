@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmittedImport, AdmittedReply
 from chat_api.protocols.openai.chat import ChatRequest, ClientMessage
+from chat_api.providers.base import ModelOptions
 
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
 from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_reply, store_message
@@ -210,10 +212,15 @@ async def start_chat_reply(
     *,
     admitted: AdmittedReply,
     memory_scope: str,
+    recorded: Callable[[BeginReply], BeginReply] | None = None,
+    options: ModelOptions | None = None,
+    instructions: str | None = None,
 ) -> tuple[uuid.UUID, Accepted]:
     """Store what the request adds to the conversation and start its reply (interrupting a running one).
 
     Returns the conversation (made here for a new target) and the started reply.
+    `recorded` wraps what is stored (another adapter's own rows go in the same
+    transaction); `options` and `instructions` are what the client asked of the model.
     """
     history: AdmittedImport | None = None
     rows = _turn_rows(_sent(chat)[:-1]) if target.new else []
@@ -224,24 +231,40 @@ async def start_chat_reply(
         conversation_id = await _make(services, owner, chat, target) if target.new else target.conversation_id
         assert conversation_id is not None
         if chat.tool_results:
-            begin = _begin_tool_answer(services, chat)
+            begin = begin_tool_answer(services, chat)
         else:
             begin = _begin_prompt(services, admission, owner, chat, history)
         accepted = await start_reply(
             services,
             owner,
             conversation_id,
-            begin,
+            recorded(begin) if recorded is not None else begin,
             admitted=admitted,
             on_busy="interrupt",
             idempotency_key=None,
             memory_scope=memory_scope,
         )
+    hand_over(services, accepted, chat.tools, options, instructions)
+    return conversation_id, accepted
+
+
+def hand_over(
+    services: Services,
+    accepted: Accepted,
+    client_tools: tuple[dict[str, Any], ...],
+    options: ModelOptions | None = None,
+    instructions: str | None = None,
+) -> None:
+    """Give the reply just started what the client asked of the model: its tools, options, instructions.
+
+    Call it right after `start_reply` returns, before anything awaits: the reply's task has
+    been created but has not run yet.
+    """
     reply = services.registry.get(accepted.reply_id)
     if reply is not None and not accepted.reattached:
-        # Set before anything awaits: the reply's task has been created but has not run yet.
-        reply.client_tools = chat.tools
-    return conversation_id, accepted
+        reply.client_tools = client_tools
+        reply.model_options = options
+        reply.instructions = instructions
 
 
 def _turn_rows(units: list[Unit]) -> list[dict[str, Any]]:
@@ -288,7 +311,9 @@ def _begin_prompt(
     return begin
 
 
-def _begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
+def begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
+    """Store the client's tool results after the calls of the active branch they answer, and answer them."""
+
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
         turns = await branch_history(session, await conversation_branch(session, conversation))
         calls = {

@@ -20,12 +20,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
+from starlette.requests import HTTPConnection
 
 from chat_api.admission import AdmissionDep, DoorRoute, check_text, door_router
 from chat_api.auth import AuthError
@@ -63,7 +64,7 @@ HEAD_EVENTS = (
 )
 
 
-def _openai_error(exc: Exception) -> OpenAIError | None:
+def openai_error(exc: Exception) -> OpenAIError | None:
     """The OpenAI-shaped form of an error raised by a route or its dependencies (None: not ours)."""
     if isinstance(exc, OpenAIError):
         return exc
@@ -107,7 +108,7 @@ class OpenAIRoute(DoorRoute):
             try:
                 return await handler(request)
             except Exception as exc:
-                error = _openai_error(exc)
+                error = openai_error(exc)
                 if error is None:
                     log.exception("%s %s failed", request.method, request.url.path)
                     error = OpenAIError(500, "internal server error", type="server_error")
@@ -156,8 +157,8 @@ async def chat_completions(
 ) -> Response:
     """Answer with chatmem's reply: memory, the sanitized window, server tools; every turn stored."""
     chat = parse_request(await request.json(), served_models(services))
-    _check_texts(chat, services.settings.max_message_chars)
-    conversation_id, chat_key = _target(request, chat)
+    check_texts(chat, services.settings.max_message_chars)
+    conversation_id, chat_key = chat_target(request, chat)
     # Admitted before anything is stored, so a 429 leaves nothing behind.
     with admission.admit_reply(owner, stream=chat.stream) as admitted:
         target = await choose_conversation(
@@ -179,7 +180,7 @@ async def chat_completions(
         include_usage=chat.include_usage,
     )
     batches = follow_reply(services, accepted.reply_id, 0)
-    head = await _head(batches)
+    head = await reply_head(batches)
     for event in head:
         if event[1] == EventName.MEMORY_RETRIEVED:
             translator.feed(event)
@@ -192,7 +193,7 @@ async def chat_completions(
     if chat.stream:
         stream = _stream(services, accepted.reply_id, translator, head, batches)
         return EventSourceResponse(admitted.stream(stream), headers={**SSE_HEADERS, **headers}, ping=15)
-    await _whole(request, services, accepted.reply_id, translator, head, batches)
+    await fold_reply(request, services, accepted.reply_id, translator, head, batches)
     if translator.error is not None and not translator.text and not translator.calls:
         raise OpenAIError(
             500,
@@ -205,7 +206,7 @@ async def chat_completions(
     return JSONResponse(translator.completion(), headers=headers)
 
 
-def _check_texts(chat: ChatRequest, max_chars: int) -> None:
+def check_texts(chat: ChatRequest, max_chars: int) -> None:
     """Text Postgres cannot store, or a prompt over the limit, is refused before anything is stored."""
     if chat.prompt is not None:
         check_text(chat.prompt, field="messages", max_chars=max_chars)
@@ -213,7 +214,7 @@ def _check_texts(chat: ChatRequest, max_chars: int) -> None:
         check_text(message.text, field="messages", allow_empty=True)
 
 
-def _target(request: Request, chat: ChatRequest) -> tuple[uuid.UUID | None, str | None]:
+def chat_target(request: HTTPConnection, chat: ChatRequest) -> tuple[uuid.UUID | None, str | None]:
     """(an explicit conversation id, a frontend's chat key): headers, then metadata, then `user`."""
     explicit = request.headers.get(CONVERSATION_HEADER) or chat.metadata.get("conversation_id")
     user = chat.user or ""
@@ -234,7 +235,7 @@ def _target(request: Request, chat: ChatRequest) -> tuple[uuid.UUID | None, str 
     return None, key
 
 
-async def _head(batches: AsyncIterator[list[Event]]) -> list[Event]:
+async def reply_head(batches: AsyncIterator[list[Event]]) -> list[Event]:
     """The reply's first events, up to the memories it uses (or its first output)."""
     head: list[Event] = []
     async for batch in batches:
@@ -267,7 +268,7 @@ async def _stream(
     finally:
         if not translator.ended:
             # Synchronous, before any await: a cancelled stream may not get to await again.
-            _stop_here(services, reply_id)
+            stop_here(services, reply_id)
         aclose = getattr(batches, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -280,18 +281,27 @@ def _frames(translator: ReplyTranslator, events: list[Event]) -> bytes:
     return b"".join(chunks)
 
 
-def _stop_here(services: Services, reply_id: uuid.UUID) -> None:
+def stop_here(services: Services, reply_id: uuid.UUID) -> None:
     # The reply was started by this request, so it runs in this process.
     reply = services.registry.get(reply_id)
     if reply is not None:
         reply.request_stop(StopReason.CLIENT_DISCONNECTED)
 
 
-async def _whole(
+class Folding(Protocol):
+    """A translator that folds a reply's events into one answer (chat completion, response)."""
+
+    @property
+    def ended(self) -> bool: ...
+
+    def feed(self, event: Event) -> Any: ...
+
+
+async def fold_reply(
     request: Request,
     services: Services,
     reply_id: uuid.UUID,
-    translator: ReplyTranslator,
+    translator: Folding,
     head: list[Event],
     batches: AsyncIterator[list[Event]],
 ) -> None:

@@ -1,0 +1,382 @@
+"""OpenAI Responses API (Open Responses) requests, read into what chatmem needs.
+
+Pure: no database, no HTTP framework. `parse_request` validates a `POST /responses` body
+and turns its `input` (a string, or typed items: `message`, `function_call`,
+`function_call_output`) into the same `ChatRequest` the chat-completions adapter maps
+onto conversations, so both doors share one mapping: history, the new user message (or
+tool results), the client's function tools. What only the Responses API has (its options,
+echoed back on every read; the input items, listed by `/input_items`; the attachments of
+the new message) rides beside it in `ResponsesRequest`.
+
+- `system` and `developer` messages of the input join `instructions`: chatmem puts them
+  in the system prompt of this response only (not carried over by `previous_response_id`,
+  as the API says).
+- `input_image` and `input_file` parts of the new user message are kept as attachments
+  (stored with the turn, passed to the model); in earlier messages only their text counts.
+- `reasoning` items sent back by a client are accepted and skipped (chatmem's models
+  produce none); anything else unknown is a 400 naming the item.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from chat_api.protocols.openai.chat import MAX_TOOLS, ChatRequest, ClientMessage, OpenAIError
+from chat_api.protocols.openai.responses_input import (
+    compaction_point,
+    input_items,
+    input_messages,
+    listed_item,
+)
+from chat_api.providers.base import ModelOptions
+
+RESPONSE_PREFIX = "resp_"
+CONVERSATION_PREFIX = "conv_"
+MAX_METADATA_KEYS = 16
+MAX_METADATA_VALUE_CHARS = 512
+
+
+def response_ref(reply_id: uuid.UUID) -> str:
+    """The Responses API id of a chatmem reply."""
+    return f"{RESPONSE_PREFIX}{reply_id.hex}"
+
+
+def parse_response_id(value: str) -> uuid.UUID | None:
+    """The reply id named by `resp_<hex>` (or a bare uuid); None if it names none."""
+    raw = value.removeprefix(RESPONSE_PREFIX)
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        return None
+
+
+def conversation_ref(conversation_id: uuid.UUID) -> str:
+    """The Responses API id of a chatmem conversation."""
+    return f"{CONVERSATION_PREFIX}{conversation_id.hex}"
+
+
+def parse_conversation_ref(value: str) -> uuid.UUID | None:
+    """The conversation named by `conv_<hex>` (or a bare uuid); None if it names none."""
+    try:
+        return uuid.UUID(value.removeprefix(CONVERSATION_PREFIX))
+    except ValueError:
+        return None
+
+
+# --- the body ---------------------------------------------------------------------------
+
+
+class _FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class _NamedChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    name: str
+
+
+class _Conversation(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+
+
+class _Body(BaseModel):
+    # Options chatmem does not act on (include, service_tier, …) are accepted and echoed.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | _NamedChoice | None = None
+    stream: bool = False
+    store: bool = True
+    background: bool = False
+    previous_response_id: str | None = None
+    conversation: str | _Conversation | None = None
+    metadata: dict[str, str] | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    max_output_tokens: int | None = Field(None, ge=16)
+    max_tool_calls: int | None = Field(None, ge=1)
+    parallel_tool_calls: bool = True
+    truncation: Literal["auto", "disabled"] = "disabled"
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesRequest:
+    """A validated `POST /responses`: the chat it adds to, and what the Responses API echoes."""
+
+    chat: ChatRequest
+    options: ModelOptions
+    instructions: str | None
+    store: bool
+    background: bool
+    previous_response_id: uuid.UUID | None
+    conversation_id: uuid.UUID | None
+    attachments: tuple[dict[str, Any], ...]
+    input_items: list[dict[str, Any]]
+    compacted: uuid.UUID | None = None  # a leading compaction item: continue after this turn
+    echo: dict[str, Any] = field(default_factory=dict)  # the request fields a response object repeats
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def parse_request(raw: object, served_models: Sequence[str]) -> ResponsesRequest:
+    """Validate a body; OpenAIError (400/404) says what is wrong, before anything is stored."""
+    if not isinstance(raw, dict):
+        raise _bad("the request body must be a JSON object")
+    try:
+        body = _Body.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()))
+        raise _bad(f"{param}: {first.get('msg', 'invalid')}", param or None) from None
+    if body.model not in served_models:
+        raise OpenAIError(
+            404,
+            f"The model `{body.model}` does not exist; this server serves: {', '.join(served_models)}",
+            param="model",
+            code="model_not_found",
+        )
+    _check_metadata(body.metadata)
+    tools = _function_tools(body.tools or [])
+    names = {tool["name"] for tool in tools}
+    if isinstance(body.tool_choice, _NamedChoice) and body.tool_choice.name not in names:
+        raise _bad(f"tool_choice names `{body.tool_choice.name}`, which is not in tools", "tool_choice")
+    if body.tool_choice == "required" and not names:
+        raise _bad("tool_choice `required` needs at least one function tool", "tool_choice")
+    previous = None
+    if body.previous_response_id is not None:
+        previous = parse_response_id(body.previous_response_id)
+        if previous is None:
+            raise OpenAIError(
+                404,
+                f"Previous response with id '{body.previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+    conversation = _conversation(body.conversation)
+    if previous is not None and conversation is not None:
+        raise _bad("previous_response_id and conversation cannot be used together", "conversation")
+    if body.background and not body.store:
+        raise _bad("background responses must be stored (store: true)", "background")
+    items = input_items(body.input)
+    compacted = compaction_point(items)
+    if compacted is not None and (previous is not None or conversation is not None):
+        raise _bad("a compaction item starts a chain: send it without previous_response_id", "input[0]")
+    messages, system, attachments = input_messages(items[1:] if compacted is not None else items)
+    instructions = "\n\n".join(part for part in (body.instructions, *system) if part) or None
+    continuing = previous is not None or conversation is not None or compacted is not None
+    chat = _chat(body, messages, tools, continuing=continuing)
+    choice: str | dict[str, Any] | None = (
+        body.tool_choice.model_dump() if isinstance(body.tool_choice, _NamedChoice) else body.tool_choice
+    )
+    return ResponsesRequest(
+        chat=chat,
+        options=ModelOptions(
+            tool_choice=choice,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            max_output_tokens=body.max_output_tokens,
+        ),
+        instructions=instructions,
+        store=body.store,
+        background=body.background,
+        previous_response_id=previous,
+        conversation_id=conversation,
+        attachments=attachments,
+        input_items=[listed_item(item) for item in items],
+        compacted=compacted,
+        echo=_echo(body, tools, choice),
+    )
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise _bad(f"metadata holds at most {MAX_METADATA_KEYS} keys", "metadata")
+    for key, value in metadata.items():
+        if len(key) > 64 or len(value) > MAX_METADATA_VALUE_CHARS:
+            raise _bad(
+                f"metadata keys hold at most 64 characters and values {MAX_METADATA_VALUE_CHARS}", "metadata"
+            )
+
+
+def _function_tools(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    tools = []
+    for index, tool in enumerate(raw):
+        if tool.get("type") != "function":
+            raise _bad(
+                f"tools[{index}]: only function tools are supported (got {tool.get('type')!r})",
+                f"tools[{index}].type",
+                "unsupported_tool",
+            )
+        try:
+            parsed = _FunctionTool.model_validate(tool)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            raise _bad(f"tools[{index}].{where}: {first.get('msg')}", f"tools[{index}].{where}") from None
+        tools.append(
+            {
+                "type": "function",
+                "name": parsed.name,
+                "description": parsed.description,
+                "parameters": parsed.parameters,
+                "strict": parsed.strict,
+            }
+        )
+    return tools
+
+
+def _conversation(value: str | _Conversation | None) -> uuid.UUID | None:
+    if value is None:
+        return None
+    ref = value if isinstance(value, str) else value.id
+    found = parse_conversation_ref(ref)
+    if found is None:
+        raise OpenAIError(
+            404, f"Conversation with id '{ref}' not found.", param="conversation", code="not_found"
+        )
+    return found
+
+
+def _chat(
+    body: _Body, messages: list[ClientMessage], tools: list[dict[str, Any]], *, continuing: bool
+) -> ChatRequest:
+    """The chat-completions form of the input: history, then a user message or tool results."""
+    if not messages:
+        raise _bad("input must hold a user message or function_call_output items", "input")
+    last = messages[-1]
+    if last.role == "user":
+        history, prompt, results = messages[:-1], last.text, []
+        if not prompt.strip() and not continuing:
+            raise _bad("the last user message is empty", "input")
+    elif last.role == "tool":
+        start = len(messages)
+        while start > 0 and messages[start - 1].role == "tool":
+            start -= 1
+        history, prompt, results = messages[:start], None, messages[start:]
+        if not continuing and (not history or not history[-1].tool_calls):
+            raise _bad(
+                "function_call_output items must follow the function_call they answer "
+                "(or name the response that made it in previous_response_id)",
+                "input",
+            )
+    else:
+        raise _bad("the last input item must be a user message or a function_call_output", "input")
+    return ChatRequest(
+        model=body.model,
+        history=tuple(history),
+        prompt=prompt,
+        tool_results=tuple(results),
+        stream=body.stream,
+        include_usage=False,
+        tools=tuple(
+            {"type": "function", "function": {k: v for k, v in tool.items() if k != "type" and v is not None}}
+            for tool in tools
+        ),
+        metadata=dict(body.metadata or {}),
+        user=body.user,
+    )
+
+
+def _echo(body: _Body, tools: list[dict[str, Any]], choice: str | dict[str, Any] | None) -> dict[str, Any]:
+    """The request fields every response object repeats, with the API's defaults."""
+    return {
+        "created_at": int(time.time()),
+        "model": body.model,
+        "instructions": body.instructions,
+        "tools": tools,
+        "tool_choice": choice if choice is not None else "auto",
+        "truncation": body.truncation,
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "text": body.text or {"format": {"type": "text"}},
+        "top_p": body.top_p if body.top_p is not None else 1.0,
+        "temperature": body.temperature if body.temperature is not None else 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "top_logprobs": body.top_logprobs or 0,
+        "reasoning": body.reasoning,
+        "max_output_tokens": body.max_output_tokens,
+        "max_tool_calls": body.max_tool_calls,
+        "store": body.store,
+        "background": body.background,
+        "service_tier": body.service_tier or "default",
+        "metadata": dict(body.metadata or {}),
+        "safety_identifier": body.safety_identifier,
+        "prompt_cache_key": body.prompt_cache_key,
+        "user": body.user,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRequest:
+    """A validated `POST /responses/compact`: the history to keep, and where it continues from."""
+
+    model: str
+    messages: tuple[ClientMessage, ...]
+    previous_response_id: uuid.UUID | None
+    compacted: uuid.UUID | None
+
+
+def parse_compaction(raw: object, served_models: Sequence[str]) -> CompactionRequest:
+    """Validate a compaction body (the create body's `model`, `input`, `previous_response_id`)."""
+    if not isinstance(raw, dict):
+        raise _bad("the request body must be a JSON object")
+    if "model" not in raw:
+        raise _bad("model: Field required", "model")
+    asked = {key: raw[key] for key in ("model", "previous_response_id", "instructions") if key in raw}
+    try:
+        body = _Body.model_validate(asked)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()))
+        raise _bad(f"{param}: {first.get('msg', 'invalid')}", param or None) from None
+    if body.model not in served_models:
+        raise OpenAIError(
+            404, f"The model `{body.model}` does not exist", param="model", code="model_not_found"
+        )
+    previous = None
+    if body.previous_response_id is not None:
+        previous = parse_response_id(body.previous_response_id)
+        if previous is None:
+            raise OpenAIError(
+                404,
+                f"Previous response with id '{body.previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+    value = raw.get("input")
+    items = input_items(value) if value is not None else []
+    compacted = compaction_point(items)
+    messages, _system, _attachments = input_messages(items[1:] if compacted is not None else items)
+    if previous is None and compacted is None and not messages:
+        raise _bad("there is nothing to compact: send input or previous_response_id", "input")
+    return CompactionRequest(body.model, tuple(messages), previous, compacted)

@@ -1,0 +1,502 @@
+"""The OpenAI Responses API (Open Responses) at `/openai/v1/responses`, beside chat completions.
+
+- `POST /responses`: a response is a chatmem reply. Without `previous_response_id` or
+  `conversation` the request is mapped onto a conversation exactly as a chat completion is
+  (`conversations.py` beside it); with `previous_response_id` it continues that
+  response's branch (a new branch when the branch has moved on since); with
+  `conversation` it appends to that conversation. Streamed (the spec's semantic events
+  with `sequence_number`), whole, or in the background.
+- `GET /responses/{id}` (`?stream=true&starting_after=N` replays the events after N from
+  the reply's log and follows live, on any replica), `DELETE /responses/{id}`,
+  `GET /responses/{id}/input_items`, `POST /responses/{id}/cancel` (chatmem's stop).
+
+A client closing a foreground stream (or a whole request) stops the reply: it ends
+`interrupted_by_user` with what was sent, and reads `incomplete`. Background responses
+run on whatever the client does; cancel stops them (`cancelled`). Errors before the
+stream are OpenAI-shaped 4xx (`OpenAIRoute`); after it, an `error` event and
+`response.failed`. `responses_request.py` reads requests and
+`responses.py` translates the reply's events.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+from fastapi import Query, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy.ext.asyncio import AsyncSession
+from sse_starlette import EventSourceResponse
+from starlette.requests import HTTPConnection
+
+from chat_api.admission import Admission, AdmissionDep, AdmittedReply, door_router
+from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.protocols.openai.chat import ClientMessage, OpenAIError
+from chat_api.protocols.openai.conversations import (
+    begin_tool_answer,
+    choose_conversation,
+    hand_over,
+    start_chat_reply,
+)
+from chat_api.protocols.openai.responses import ResponseEvent, ResponseTranslator
+from chat_api.protocols.openai.responses_request import (
+    ResponsesRequest,
+    conversation_ref,
+    parse_request,
+    parse_response_id,
+    response_ref,
+)
+from chat_api.protocols.openai.routes import (
+    SSE_HEADERS,
+    OpenAIRoute,
+    chat_target,
+    check_texts,
+    fold_reply,
+    reply_head,
+    served_models,
+    stop_here,
+)
+from chat_api.services import Services
+from memory.errors import InvalidInput, NotFound
+from memory.events import Event, EventName, StopReason, TurnStatus
+from memory.record.branches import conversation_branch, fork_branch, load_branch, newest_turn
+from memory.record.conversations import Owner, get_conversation
+from memory.record.imports import import_turns
+from memory.record.reply_state import reply_state
+from memory.record.responses import StoredResponse, delete_response, find_response, record_response
+from memory.record.turns import get_turn, load_events, reply_turns
+from memory.storage.models import Conversation, Turn
+
+# isort: split
+# The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.
+from chat_api.replies import (
+    Accepted,
+    BeginReply,
+    Started,
+    follow_reply,
+    start_reply,
+    stop_reply,
+    store_message,
+)
+
+router = door_router(prefix="/openai/v1", tags=["openai"], route_class=OpenAIRoute)
+
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "a `response` object, or its semantic events as SSE (`event: <type>`, `data: {...}`)"
+    }
+}
+
+
+@router.post("/responses", response_model=None, responses=STREAM_RESPONSE)
+async def create_response(
+    request: Request, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
+) -> Response:
+    """Answer with a chatmem reply (memory, the sanitized window, server tools); every turn stored."""
+    asked = parse_request(await request.json(), served_models(services))
+    check_texts(asked.chat, services.settings.max_message_chars)
+    # Admitted before anything is stored, so a 429 leaves nothing behind.
+    with admission.admit_reply(owner, stream=asked.chat.stream) as admitted:
+        accepted, conversation_id, previous = await start_response(
+            request, services, admission, owner, asked, admitted
+        )
+    translator = ResponseTranslator(
+        response_base(accepted.reply_id, asked.echo, previous, asked.conversation_id),
+        frozenset(tool["function"]["name"] for tool in asked.chat.tools),
+    )
+    if asked.background and not asked.chat.stream:
+        translator.status = "queued"
+        return JSONResponse(translator.response(), headers=_headers(conversation_id, accepted.reply_id))
+    batches = follow_reply(services, accepted.reply_id, 0)
+    head = await reply_head(batches)
+    for event in head:
+        if event.name == EventName.MEMORY_RETRIEVED:
+            translator.feed(event)
+    headers = _headers(conversation_id, accepted.reply_id, translator)
+    if asked.chat.stream:
+        events = _sse(services, accepted.reply_id, translator, head, batches, stop=not asked.background)
+        return EventSourceResponse(
+            admitted.stream(events), headers={**SSE_HEADERS, **headers}, ping=15, sep="\n"
+        )
+    await fold_reply(request, services, accepted.reply_id, translator, head, batches)
+    translator.end_of_log()
+    return JSONResponse(translator.response(), headers=headers)
+
+
+async def start_response(
+    connection: HTTPConnection,
+    services: Services,
+    admission: Admission,
+    owner: Owner,
+    asked: ResponsesRequest,
+    admitted: AdmittedReply,
+    known: Mapping[uuid.UUID, StoredResponse] | None = None,
+) -> tuple[Accepted, uuid.UUID, uuid.UUID | None]:
+    """Store what the request adds and start its reply (HTTP and WebSocket mode alike).
+
+    `known`: responses this connection made, which `previous_response_id` may name even
+    when they were not stored (`store: false` over one WebSocket). Returns the accepted
+    reply, its conversation and the response it continues (if any).
+    """
+    chat = asked.chat
+    previous: StoredResponse | None = None
+    if asked.previous_response_id is not None:
+        previous = (known or {}).get(asked.previous_response_id)
+        if previous is None:
+            previous = await previous_response(services, owner, asked.previous_response_id)
+        conversation_id = previous.conversation_id
+        begin = _continue(services, admission, owner, asked, after_response(previous))
+    elif asked.compacted is not None:
+        async with services.db.session() as session:
+            conversation_id = (
+                await get_turn(session, owner, asked.compacted)
+            ).conversation_id  # 404 unless theirs
+        begin = _continue(services, admission, owner, asked, after_turn(owner, asked.compacted))
+    elif asked.conversation_id is not None:
+        conversation_id = asked.conversation_id
+        async with services.db.session() as session:
+            await get_conversation(session, owner, conversation_id)  # 404 unless the caller's
+        begin = _continue(services, admission, owner, asked, None)
+    else:
+        # Mapped exactly as a chat completion is (its admission of imported history included).
+        explicit, chat_key = chat_target(connection, chat)
+        target = await choose_conversation(services, owner, chat, conversation_id=explicit, chat_key=chat_key)
+        conversation_id, accepted = await start_chat_reply(
+            services,
+            admission,
+            owner,
+            chat,
+            target,
+            admitted=admitted,
+            memory_scope=services.settings.memory_scope,
+            recorded=lambda begin: _recorded(owner, asked, begin),
+            options=asked.options,
+            instructions=asked.instructions,
+        )
+        return accepted, conversation_id, None
+    accepted = await start_reply(
+        services,
+        owner,
+        conversation_id,
+        _recorded(owner, asked, begin),
+        admitted=admitted,
+        on_busy="reject",
+        idempotency_key=None,
+        memory_scope=services.settings.memory_scope,
+    )
+    hand_over(services, accepted, chat.tools, asked.options, asked.instructions)
+    return accepted, conversation_id, previous.id if previous is not None else None
+
+
+async def previous_response(services: Services, owner: Owner, reply_id: uuid.UUID) -> StoredResponse:
+    try:
+        async with services.db.session() as session:
+            return await find_response(session, owner, reply_id)
+    except NotFound:
+        raise OpenAIError(
+            404,
+            f"Previous response with id '{response_ref(reply_id)}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        ) from None
+
+
+def _recorded(owner: Owner, asked: ResponsesRequest, begin: BeginReply) -> BeginReply:
+    """`begin`, then the attachments and (with `store`) the response row, in the same transaction."""
+
+    async def recorded(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
+        user_turn, text = await begin(session, conversation, reply_id)
+        if asked.attachments and asked.chat.prompt is not None:
+            user_turn.meta = {**(user_turn.meta or {}), "attachments": list(asked.attachments)}
+        if asked.store:
+            await record_response(
+                session,
+                owner,
+                reply_id=reply_id,
+                conversation_id=conversation.id,
+                previous_response_id=asked.previous_response_id,
+                request={**asked.echo, "conversation": asked.conversation_id is not None},
+                input_items=asked.input_items,
+            )
+        return user_turn, text
+
+    return recorded
+
+
+# Where a continuation starts: the last turn of what it continues, read under the conversation's lock.
+LastTurn = Callable[[AsyncSession], Awaitable[Turn]]
+
+
+def after_response(previous: StoredResponse) -> LastTurn:
+    async def last_turn(session: AsyncSession) -> Turn:
+        turns = await reply_turns(session, previous.id)
+        if not turns or any(turn.status == TurnStatus.STREAMING for turn in turns):
+            raise InvalidInput("the previous response has not finished", field="previous_response_id")
+        return turns[-1]
+
+    return last_turn
+
+
+def after_turn(owner: Owner, turn_id: uuid.UUID) -> LastTurn:
+    async def last_turn(session: AsyncSession) -> Turn:
+        return await get_turn(session, owner, turn_id)
+
+    return last_turn
+
+
+async def continue_after(session: AsyncSession, conversation: Conversation, last: Turn) -> None:
+    """Make the active branch end at `last`: as it is when `last` is its newest turn, else a new branch."""
+    newest = await newest_turn(session, await conversation_branch(session, conversation))
+    if newest is None or newest.id != last.id:
+        parent = await load_branch(session, last.branch_id)
+        await fork_branch(session, conversation, parent=parent, fork_seq=last.seq)
+
+
+def import_rows(messages: Sequence[ClientMessage]) -> list[dict[str, str]]:
+    """The messages a client has and chatmem has not, as import rows (user and assistant text)."""
+    return [
+        {"role": m.role, "content": m.text}
+        for m in messages
+        if m.role in ("user", "assistant") and m.text.strip()
+    ]
+
+
+async def import_history(
+    admission: Admission,
+    session: AsyncSession,
+    owner: Owner,
+    conversation: Conversation,
+    messages: Sequence[ClientMessage],
+) -> None:
+    """Store those messages as turns, within the import admission (refused before anything is stored)."""
+    rows = import_rows(messages)
+    if rows:
+        with await admission.admit_import(owner, rows) as imported:
+            result = await import_turns(session, owner, conversation.id, imported.turns)
+            imported.settle(result.created)
+
+
+def _continue(
+    services: Services, admission: Admission, owner: Owner, asked: ResponsesRequest, after: LastTurn | None
+) -> BeginReply:
+    """Add the input after a turn (a new branch if its branch moved on), or after the active branch."""
+    chat = asked.chat
+
+    async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
+        if after is not None:
+            await continue_after(session, conversation, await after(session))
+        if chat.tool_results:
+            return await begin_tool_answer(services, chat)(session, conversation, reply_id)
+        await import_history(admission, session, owner, conversation, chat.history)
+        return await store_message(services, session, conversation, reply_id, chat.prompt or "")
+
+    return begin
+
+
+def response_base(
+    reply_id: uuid.UUID, echo: dict[str, Any], previous: uuid.UUID | None, conversation: uuid.UUID | None
+) -> dict[str, Any]:
+    """The response object's fields that never change: id, creation time, the request echoed."""
+    base = {
+        "id": response_ref(reply_id),
+        "object": "response",
+        "previous_response_id": response_ref(previous) if previous is not None else None,
+        **echo,
+    }
+    if conversation is not None:
+        base["conversation"] = {"id": conversation_ref(conversation)}
+    return base
+
+
+def _headers(
+    conversation_id: uuid.UUID, reply_id: uuid.UUID, translator: ResponseTranslator | None = None
+) -> dict[str, str]:
+    memories = translator.memories if translator is not None else []
+    return {
+        "X-Chatmem-Conversation-Id": str(conversation_id),
+        "X-Chatmem-Reply-Id": str(reply_id),
+        "X-Chatmem-Memory-Count": str(len(memories)),
+        "X-Chatmem-Memory-Turn-Ids": ",".join(str(m.get("turn_id")) for m in memories),
+    }
+
+
+def _frames(events: list[ResponseEvent], after: int) -> bytes:
+    """SSE frames (`event:` and `data:` lines, `\\n` line ends) of the events numbered after `after`."""
+    return b"".join(
+        f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False)}\n\n".encode()
+        for e in events
+        if e["sequence_number"] > after
+    )
+
+
+async def _sse(
+    services: Services,
+    reply_id: uuid.UUID,
+    translator: ResponseTranslator,
+    head: list[Event],
+    batches: AsyncIterator[list[Event]],
+    *,
+    stop: bool,
+    after: int = -1,
+) -> AsyncIterator[bytes]:
+    """The reply as Responses events after `after`; with `stop`, the client leaving stops the reply."""
+    try:
+        events = translator.opening() + [e for event in head for e in translator.feed(event)]
+        if translator.ended:
+            yield _frames(events, after)
+            return
+        yield _frames(events, after)
+        async for batch in batches:
+            out = _frames([e for event in batch for e in translator.feed(event)], after)
+            if out:
+                yield out
+            if translator.ended:
+                return
+        yield _frames(translator.end_of_log(), after)
+    finally:
+        if stop and not translator.ended:
+            # Synchronous, before any await: a cancelled stream may not get to await again.
+            stop_here(services, reply_id)
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+# --- reading, resuming, deleting, cancelling ----------------------------------------------
+
+
+def _reply_of(value: str) -> uuid.UUID:
+    found = parse_response_id(value)
+    if found is None:
+        raise OpenAIError(
+            404, f"Response with id '{value}' not found.", param="response_id", code="not_found"
+        )
+    return found
+
+
+async def _stored(services: Services, owner: Owner, value: str) -> StoredResponse:
+    reply_id = _reply_of(value)
+    try:
+        async with services.db.session() as session:
+            return await find_response(session, owner, reply_id)
+    except NotFound:
+        raise OpenAIError(
+            404, f"Response with id '{value}' not found.", param="response_id", code="not_found"
+        ) from None
+
+
+def _translator(stored: StoredResponse) -> ResponseTranslator:
+    request = dict(stored.request)
+    conversation = stored.conversation_id if request.pop("conversation", False) else None
+    tools = frozenset(str(tool.get("name")) for tool in request.get("tools") or [])
+    request.setdefault("created_at", int(stored.created_at.timestamp()))
+    base = response_base(stored.id, request, stored.previous_response_id, conversation)
+    return ResponseTranslator(base, tools)
+
+
+async def _as_it_stands(services: Services, stored: StoredResponse) -> ResponseTranslator:
+    """The response folded from the reply's log as far as it goes now (live here, or stored)."""
+    translator = _translator(stored)
+    live = services.registry.get(stored.id)
+    async with services.db.session() as session:
+        if live is not None:
+            events, running = list(live.events), True
+        else:
+            events = await load_events(session, stored.id, 0)
+            running = await reply_state(session, stored.id) == TurnStatus.STREAMING
+        ended_at = [t.completed_at for t in await reply_turns(session, stored.id) if t.completed_at]
+    for event in events:
+        translator.feed(event)
+    if not running:
+        translator.completed_at = int(max(ended_at).timestamp()) if ended_at else None
+        translator.end_of_log()  # a log that ends parked (awaiting approval) ends here
+    return translator
+
+
+@router.get("/responses/{response_id}", response_model=None, responses=STREAM_RESPONSE)
+async def get_response(
+    response_id: str,
+    owner: OwnerDep,
+    services: ServicesDep,
+    admission: AdmissionDep,
+    stream: bool = False,
+    starting_after: Annotated[int, Query(ge=-1)] = -1,
+) -> Response:
+    """The response as it stands; with `stream=true`, its events after `starting_after`, then live."""
+    stored = await _stored(services, owner, response_id)
+    if not stream:
+        translator = await _as_it_stands(services, stored)
+        return JSONResponse(
+            translator.response(), headers=_headers(stored.conversation_id, stored.id, translator)
+        )
+    slot = admission.admit_stream(owner)
+    events = _sse(
+        services,
+        stored.id,
+        _translator(stored),
+        [],
+        follow_reply(services, stored.id, 0),
+        stop=False,
+        after=starting_after,
+    )
+    return EventSourceResponse(
+        slot.hold(events),
+        headers={**SSE_HEADERS, **_headers(stored.conversation_id, stored.id)},
+        ping=15,
+        sep="\n",
+    )
+
+
+@router.delete("/responses/{response_id}")
+async def delete(response_id: str, owner: OwnerDep, services: ServicesDep) -> dict[str, Any]:
+    """Forget the response (404 from then on); the conversation's turns stay."""
+    stored = await _stored(services, owner, response_id)
+    async with services.db.transaction() as session:
+        await delete_response(session, owner, stored.id)
+    return {"id": response_id_of(stored), "object": "response", "deleted": True}
+
+
+def response_id_of(stored: StoredResponse) -> str:
+    return response_ref(stored.id)
+
+
+@router.post("/responses/{response_id}/cancel")
+async def cancel(response_id: str, owner: OwnerDep, services: ServicesDep) -> JSONResponse:
+    """Stop a background response wherever it runs (chatmem's stop); it then reads `cancelled`."""
+    stored = await _stored(services, owner, response_id)
+    if not stored.request.get("background"):
+        raise OpenAIError(400, "Only background responses can be cancelled.", param="response_id")
+    await stop_reply(services, stored.id, reason=StopReason.USER)
+    translator = await _as_it_stands(services, stored)
+    return JSONResponse(
+        translator.response(), headers=_headers(stored.conversation_id, stored.id, translator)
+    )
+
+
+@router.get("/responses/{response_id}/input_items")
+async def input_items(
+    response_id: str,
+    owner: OwnerDep,
+    services: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> dict[str, Any]:
+    """The items this response was sent as input (newest first by default), paged by `after`."""
+    stored = await _stored(services, owner, response_id)
+    items = list(stored.input_items)
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0].get("id") if page else None,
+        "last_id": page[-1].get("id") if page else None,
+        "has_more": len(items) > limit,
+    }

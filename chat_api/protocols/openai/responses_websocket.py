@@ -1,0 +1,164 @@
+"""The Responses API's WebSocket mode: `response.create` messages on one connection at `…/responses`.
+
+Each `{"type": "response.create", ...}` message is a `POST /responses` with `stream: true`
+(`stream` and `background` are refused, as the specification says), answered with the
+same events, as JSON text messages, one response after another. The connection keeps the
+responses it made, so `previous_response_id` can name a `store: false` response made on
+it; a stored response is found as over HTTP. A failed continuation forgets the response
+it named, so naming it again is `previous_response_not_found`. Failures are error
+envelopes, `{"type": "error", "status", "error": {"type", "code", "message", "param"}}`,
+and the connection stays open. Closing the connection while a response streams is a
+stop, like closing a foreground stream.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from chat_api.admission import parse_json, pass_door
+from chat_api.auth import AuthError
+from chat_api.errors import RateLimited
+from chat_api.protocols.openai.chat import OpenAIError
+from chat_api.protocols.openai.responses import ResponseEvent, ResponseTranslator
+from chat_api.protocols.openai.responses_request import parse_request
+from chat_api.protocols.openai.responses_routes import response_base, start_response
+from chat_api.protocols.openai.routes import check_texts, openai_error, served_models, stop_here
+from chat_api.services import Services
+from memory.record.conversations import Owner
+from memory.record.responses import StoredResponse
+
+# isort: split
+from chat_api.replies import follow_reply
+
+router = APIRouter(prefix="/openai/v1", tags=["openai"])
+
+# A connection is closed after this long (the specification's limit, with its error code).
+CONNECTION_SECONDS = 60 * 60
+
+
+def _envelope(error: OpenAIError) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "status": error.status,
+        "error": {
+            "type": error.type,
+            "code": error.code or "invalid_request",
+            "message": error.message,
+            "param": error.param,
+        },
+    }
+
+
+@router.websocket("/responses")
+async def responses_socket(websocket: WebSocket) -> None:
+    """One WebSocket-mode connection: each `response.create` streams its response's events."""
+    services: Services = websocket.app.state.services
+    try:
+        # The one door, as for every route (the connection's headers carry the credential).
+        owner = (await pass_door(services, websocket.scope)).owner
+    except (AuthError, RateLimited):
+        await websocket.close(code=1008)
+        return
+    await websocket.accept()
+    opened = datetime.now(UTC)
+    known: dict[uuid.UUID, StoredResponse] = {}
+    try:
+        while True:
+            text = await websocket.receive_text()
+            if (datetime.now(UTC) - opened).total_seconds() > CONNECTION_SECONDS:
+                limit = OpenAIError(
+                    400, "this connection is over its 60 minutes", code="websocket_connection_limit_reached"
+                )
+                await websocket.send_json(_envelope(limit))
+                await websocket.close()
+                return
+            await _turn(websocket, services, owner, text, known)
+    except WebSocketDisconnect:
+        return
+
+
+async def _turn(
+    websocket: WebSocket, services: Services, owner: Owner, text: str, known: dict[uuid.UUID, StoredResponse]
+) -> None:
+    """One `response.create`: refused with an envelope, or its events until the response ends."""
+    named: uuid.UUID | None = None
+    try:
+        message = await _message(text, services.settings.max_body_bytes)
+        asked = parse_request({**message, "stream": True}, served_models(services))
+        named = asked.previous_response_id
+        check_texts(asked.chat, services.settings.max_message_chars)
+        services.admission.admit_request(owner)  # each response.create is a request
+        admitted = services.admission.admit_reply(owner, stream=True)
+        with admitted:
+            accepted, conversation_id, previous = await start_response(
+                websocket, services, services.admission, owner, asked, admitted, known
+            )
+    except Exception as exc:
+        error = openai_error(exc)
+        if error is None:
+            raise
+        if named is not None:
+            known.pop(named, None)  # a failed continuation forgets the response it named
+        await websocket.send_json(_envelope(error))
+        return
+    translator = ResponseTranslator(
+        response_base(accepted.reply_id, asked.echo, previous, asked.conversation_id),
+        frozenset(tool["function"]["name"] for tool in asked.chat.tools),
+    )
+    known[accepted.reply_id] = StoredResponse(
+        id=accepted.reply_id,
+        conversation_id=conversation_id,
+        previous_response_id=previous,
+        request=asked.echo,
+        input_items=[],
+        created_at=datetime.now(UTC),
+    )
+    try:
+        async for event in admitted.stream(_events(services, accepted.reply_id, translator)):
+            await websocket.send_text(json.dumps(event, ensure_ascii=False))
+    finally:
+        if not translator.ended:
+            stop_here(services, accepted.reply_id)  # the client left mid-response: its stop
+    if translator.status == "failed" and named is not None:
+        known.pop(named, None)
+
+
+async def _message(text: str, max_bytes: int) -> dict[str, Any]:
+    """A `response.create` message as a create body: read by the door's strict JSON decoder."""
+    raw = text.encode()
+    if len(raw) > max_bytes:
+        raise OpenAIError(413, f"a message may hold at most {max_bytes} bytes", code="request_too_large")
+    message = await parse_json(raw)
+    if not isinstance(message, dict) or message.get("type") != "response.create":
+        raise OpenAIError(400, 'send {"type": "response.create", ...}', param="type")
+    for field in ("stream", "background"):
+        if field in message:
+            raise OpenAIError(400, f"`{field}` is not sent in WebSocket mode", param=field)
+    return {key: value for key, value in message.items() if key != "type"}
+
+
+async def _events(
+    services: Services, reply_id: uuid.UUID, translator: ResponseTranslator
+) -> AsyncIterator[ResponseEvent]:
+    for event in translator.opening():
+        yield event
+    batches = follow_reply(services, reply_id, 0)
+    try:
+        async for batch in batches:
+            for chatmem_event in batch:
+                for event in translator.feed(chatmem_event):
+                    yield event
+            if translator.ended:
+                return
+        for event in translator.end_of_log():
+            yield event
+    finally:
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            await aclose()
