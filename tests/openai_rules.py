@@ -4,8 +4,9 @@ The fake OpenAI server answers 400 with these messages, and property tests of th
 builder assert that every prompt it builds passes them. The rules are the ones the real
 API enforces on message sequences (tool-call pairing above all), written from its 400
 answers; the wording imitates them so a failing test reads like a production error.
-Where the real API is lenient in ways our prompts never need (content-part arrays,
-`developer` and `function` roles), this is deliberately stricter.
+Where the real API is lenient in ways our prompts never need (content-part arrays outside
+user messages, `developer` and `function` roles), this is deliberately stricter. User
+messages may be content parts (text, image_url, file), as those with attachments are.
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ def _check_shape(message: Any, where: str) -> MessageError | None:
             f"Additional properties are not allowed ('{extra[0]}' was unexpected) - '{where}'", where, None
         )
     content = message.get("content")
+    if role == "user" and isinstance(content, list):
+        return _check_parts(content, f"{where}.content")
     if role in ("system", "user"):
         return _check_text(content, f"{where}.content")
     if role == "tool":
@@ -151,6 +154,27 @@ def _check_shape(message: Any, where: str) -> MessageError | None:
             return _wrong_type(f"{where}.content", "a string", content)
         return None
     return _check_assistant(message, where)
+
+
+PART_FIELDS = {"text": "text", "image_url": "image_url", "file": "file"}
+
+
+def _check_parts(parts: list[Any], where: str) -> MessageError | None:
+    """A user message's content parts: each `{"type": t, t: …}` of text, image_url or file."""
+    if not parts:
+        return MessageError(
+            f"Invalid '{where}': empty array. Expected an array with minimum length 1.", where, None
+        )
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        field = PART_FIELDS.get(str(kind))
+        if field is None or field not in part:
+            return MessageError(
+                f"Invalid value: '{kind}'. Supported values are: 'text', 'image_url' and 'file'.",
+                f"{where}[{index}].type",
+                None,
+            )
+    return None
 
 
 def _check_assistant(message: dict[str, Any], where: str) -> MessageError | None:

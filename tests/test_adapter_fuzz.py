@@ -222,3 +222,37 @@ async def test_import_never_answers_5xx(fuzz_server: LiveServer, body: str) -> N
         cid = (await client.post("/v1/conversations", json={})).json()["id"]
     r = await post(fuzz_server, f"/v1/conversations/{cid}/import", body)
     assert r.status_code < 500, (body[:300], r.status_code, r.text[:500])
+
+
+RESPONSES_BASES: list[Any] = [
+    {"model": "chatmem-demo", "input": "hi", "metadata": {"k": "v"}, "instructions": "be brief"},
+    {
+        "model": "chatmem-demo",
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q"}]},
+            {"type": "message", "role": "assistant", "content": "a"},
+            {"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA=="}]},
+        ],
+        "stream": True,
+        "temperature": 0.5,
+    },
+    {
+        "model": "chatmem-demo",
+        "input": [
+            {"role": "user", "content": "call it"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        ],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "f"},
+    },
+]
+
+
+@FUZZ
+@given(body=mutated(RESPONSES_BASES))
+async def test_openai_responses_never_answer_5xx(fuzz_server: LiveServer, body: str) -> None:
+    r = await post(fuzz_server, "/openai/v1/responses", body)
+    assert r.status_code < 500, (body[:300], r.status_code, r.text[:500])
+    if r.status_code >= 400:
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text

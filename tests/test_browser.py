@@ -466,3 +466,33 @@ def test_memories_used_for_a_question_about_an_earlier_conversation(
     expect_ui(panel).to_be_visible()
     expect_ui(panel).to_contain_text("Miso")
     shot(tab, "09-memories")
+
+
+def test_images_and_files_sent_through_the_responses_api_are_shown(
+    page: tuple[Page, PageWatch], server: ChatmemUp, api: httpx.Client
+) -> None:
+    tab, watch = page
+    pixel = (
+        "data:image/png;base64,"
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    )
+    content = [
+        {"type": "input_text", "text": "what is in these?"},
+        {"type": "input_image", "image_url": pixel},
+        {
+            "type": "input_file",
+            "filename": "notes.pdf",
+            "file_data": "data:application/pdf;base64,JVBERi0xLjEK",
+        },
+    ]
+    created = api.post(
+        "/openai/v1/responses",
+        json={"model": "chatmem-demo", "background": True, "input": [{"role": "user", "content": content}]},
+    )
+    assert created.status_code == 200, created.text
+    open_chat(tab, server, created.headers["x-chatmem-conversation-id"])
+    message = tab.locator(".message.user").first
+    expect_ui(message.locator(".attachments img")).to_have_attribute("src", pixel)
+    expect_ui(message.locator(".attachment-chip")).to_have_text("notes.pdf")
+    assert api.post(f"/openai/v1/responses/{created.json()['id']}/cancel").status_code == 200
+    assert watch.errors == []

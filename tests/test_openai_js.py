@@ -1,6 +1,7 @@
 """The OpenAI-compatible API with the official `openai` npm package (pinned in tests/js), on `chatmem serve`.
 
-Runs `node --test tests/js/openai_chat.test.mjs` against a server process with an API key
+Runs `node --test` on the chat-completions and the Responses suites (`tests/js/openai_chat.test.mjs`,
+`tests/js/openai_responses.test.mjs`) against one server process with an API key
 of a fresh user; the Node tests read back what was stored through chatmem's own API with
 the same key. Skipped only when Node or the installed packages are missing (`make test`
 installs them with `npm ci`).
@@ -34,6 +35,7 @@ async def test_openai_npm_package_streams_and_aborts(pg_url: str) -> None:
             "--test",
             "--test-reporter=tap",
             "openai_chat.test.mjs",
+            "openai_responses.test.mjs",
             cwd=JS,
             env={"PATH": str(Path(NODE).parent), "CHATMEM_URL": live.base_url, "CHATMEM_KEY": key},
             stdout=asyncio.subprocess.PIPE,
@@ -47,4 +49,4 @@ async def test_openai_npm_package_streams_and_aborts(pg_url: str) -> None:
                 await proc.wait()
     report = output.decode(errors="replace")
     assert proc.returncode == 0, report
-    assert "# fail 0" in report and "# pass 4" in report, report
+    assert "# fail 0" in report and "# pass 9" in report, report

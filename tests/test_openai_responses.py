@@ -1,0 +1,638 @@
+"""The Responses API (`/openai/v1/responses`) with the official `openai` Python SDK on a live server.
+
+One server process for the module (the demo model at 40 tokens/s); each test is its own
+user. What was stored is read back through chatmem's own API: the stored reply must be
+what the client was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.openai_support import MODEL, TENANT, conversations, ended_turns, make_key, new_user, sdk, turns
+from tests.procs import ServerProcess, server_process
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+# A 1x1 PNG, as a data URL.
+PIXEL = (
+    "data:image/png;base64,"
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+
+
+@pytest.fixture(scope="module")
+async def live(pg_url: str) -> AsyncIterator[ServerProcess]:
+    async with server_process(pg_url, demo_tokens_per_second=40) as proc:
+        yield proc
+
+
+async def client_for(live: ServerProcess) -> tuple[str, openai.OpenAI]:
+    user = new_user()
+    return user, sdk(live, await make_key(live, user))
+
+
+def text_of(items: list[Any]) -> str:
+    return "".join(
+        part.text
+        for item in items
+        if item.type == "message"
+        for part in item.content
+        if part.type == "output_text"
+    )
+
+
+# --- plain, streamed, chained ----------------------------------------------------------
+
+
+async def test_a_plain_response_is_the_stored_reply(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    raw = client.responses.with_raw_response.create(model=MODEL, input="hello there", instructions="be brief")
+    response = raw.parse()
+    assert response.object == "response" and response.status == "completed"
+    assert response.id.startswith("resp_") and response.completed_at is not None
+    assert response.instructions == "be brief" and response.store is True and response.background is False
+    assert response.usage is not None and response.usage.output_tokens > 0
+    assert "hello there" in response.output_text
+    stored = await turns(live, user, raw.headers["x-chatmem-conversation-id"])
+    assert [(t["role"], t["status"]) for t in stored] == [("user", "completed"), ("assistant", "completed")]
+    assert stored[1]["content"] == response.output_text
+    assert raw.headers["x-chatmem-reply-id"] == stored[1]["id"]
+    again = client.responses.retrieve(response.id)
+    assert again.model_dump(exclude={"completed_at"}) == response.model_dump(exclude={"completed_at"})
+    items = client.responses.input_items.list(response.id)
+    assert [(i.type, i.role) for i in items.data] == [("message", "user")]
+
+
+async def test_a_streamed_response_numbers_its_events_and_equals_what_is_stored(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    events = list(client.responses.create(model=MODEL, input="count from 1 to 5", stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert final.status == "completed" and final.output_text == streamed
+    assert client.responses.retrieve(final.id).output_text == streamed
+    conversation = (await conversations(live, user))[0]["id"]
+    assert (await turns(live, user, conversation))[-1]["content"] == streamed
+
+
+async def test_the_stream_helper_accumulates_the_same_response(live: ServerProcess) -> None:
+    _user, client = await client_for(live)
+    with client.responses.stream(model=MODEL, input="stream me") as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.output_text == deltas
+
+
+async def test_previous_response_id_continues_and_branches_when_the_branch_moved_on(
+    live: ServerProcess,
+) -> None:
+    user, client = await client_for(live)
+    first = client.responses.with_raw_response.create(model=MODEL, input="my code word is papaya")
+    conversation = first.headers["x-chatmem-conversation-id"]
+    one = first.parse()
+    two = client.responses.create(model=MODEL, input="what was it?", previous_response_id=one.id)
+    assert two.previous_response_id == one.id
+    stored = await turns(live, user, conversation)
+    assert [t["content"] for t in stored if t["role"] == "user"] == ["my code word is papaya", "what was it?"]
+    # Continuing from the first response again: a new branch after it, made active.
+    three = client.responses.with_raw_response.create(
+        model=MODEL, input="no, forget that", previous_response_id=one.id
+    )
+    assert three.headers["x-chatmem-conversation-id"] == conversation
+    stored = await turns(live, user, conversation)
+    assert [t["content"] for t in stored if t["role"] == "user"] == [
+        "my code word is papaya",
+        "no, forget that",
+    ]
+    async with live.client(TENANT, user) as api:
+        branches = (await api.get(f"/v1/conversations/{conversation}/branches")).json()["items"]
+    assert len(branches) == 2
+    # The second response still reads as it was.
+    assert client.responses.retrieve(two.id).output_text == two.output_text
+
+
+async def test_a_response_recalls_what_the_user_said_in_another_conversation(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    told = client.responses.with_raw_response.create(model=MODEL, input="My sister Ottilie lives in Tromsø.")
+    told_turn = (await turns(live, user, told.headers["x-chatmem-conversation-id"]))[0]["id"]
+    raw = client.responses.with_raw_response.create(model=MODEL, input="Where does my sister Ottilie live?")
+    assert raw.headers["x-chatmem-conversation-id"] != told.headers["x-chatmem-conversation-id"]
+    assert told_turn in raw.headers["x-chatmem-memory-turn-ids"].split(",")
+    assert "Tromsø" in raw.parse().output_text  # the demo model quotes what it was given
+    assert (
+        raw.headers["x-chatmem-memory-count"]
+        == client.responses.with_raw_response.retrieve(raw.parse().id).headers["x-chatmem-memory-count"]
+    )
+
+
+# --- function tools ---------------------------------------------------------------------
+
+
+async def test_function_tool_round_trip_with_a_forced_tool_choice(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    raw = client.responses.with_raw_response.create(
+        model=MODEL,
+        input="Use the weather tool for Paris.",
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "function", "name": "get_weather"},
+    )
+    first = raw.parse()
+    assert first.status == "completed"
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.status == "completed"
+    assert set(json.loads(call.arguments)) == {"city"}
+    second = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "64 degrees and clear"}],
+        tools=[WEATHER],  # type: ignore[list-item]
+    )
+    assert second.status == "completed" and "64 degrees and clear" in second.output_text
+    stored = await turns(live, user, raw.headers["x-chatmem-conversation-id"])
+    assert [t["role"] for t in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[1]["tool_calls"][0]["arguments"] == call.arguments
+    assert stored[2]["tool_call_id"] == call.call_id and stored[2]["content"] == "64 degrees and clear"
+
+
+async def test_tool_choice_required_and_none(live: ServerProcess) -> None:
+    _user, client = await client_for(live)
+    forced = client.responses.create(
+        model=MODEL,
+        input="hello",
+        tools=[WEATHER],
+        tool_choice="required",  # type: ignore[list-item]
+    )
+    assert [item.type for item in forced.output] == ["function_call"]
+    free = client.responses.create(
+        model=MODEL,
+        input="what's the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice="none",  # type: ignore[list-item]
+    )
+    assert [item.type for item in free.output] == ["message"]
+    asked = client.responses.create(model=MODEL, input="what's the weather in Paris?", tools=[WEATHER])  # type: ignore[list-item]
+    assert [item.type for item in asked.output] == ["function_call"]
+
+
+# --- stop -------------------------------------------------------------------------------
+
+
+async def test_closing_the_stream_mid_text_stops_and_the_next_response_is_valid(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input="/long tell me everything", stream=True
+    )
+    conversation = raw.headers["x-chatmem-conversation-id"]
+    stream = raw.parse()
+    received, response_id = "", ""
+    for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta":
+            received += event.delta
+            if len(received.split()) >= 12:
+                break
+    stream.close()  # the client's stop
+    stored = await ended_turns(live, user, conversation)
+    reply = stored[-1]
+    assert reply["status"] == "interrupted_by_user" and reply["interrupt_reason"] == "client_disconnected"
+    assert reply["content"].startswith(received)
+    assert len(reply["content"].split()) - len(received.split()) <= 2, (reply["content"], received)
+    stopped = client.responses.retrieve(response_id)
+    assert stopped.status == "incomplete" and stopped.incomplete_details is not None
+    assert stopped.output_text == reply["content"]  # what was sent, byte for byte
+    assert stopped.output[0].status == "incomplete"
+    after = client.responses.create(model=MODEL, input="go on", previous_response_id=response_id)
+    assert after.status == "completed" and "go on" in after.output_text
+
+
+async def test_closing_the_stream_mid_arguments_keeps_them_and_the_next_response_is_valid(
+    live: ServerProcess,
+) -> None:
+    user, client = await client_for(live)
+    long_args = json.dumps({"city": "Paris " * 60})
+    raw = client.responses.with_raw_response.create(
+        model=MODEL,
+        input=f"/tool get_weather {long_args}",
+        tools=[WEATHER],
+        stream=True,  # type: ignore[list-item]
+    )
+    conversation = raw.headers["x-chatmem-conversation-id"]
+    stream = raw.parse()
+    received, response_id = "", ""
+    for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.function_call_arguments.delta":
+            received += event.delta
+            if len(received) >= 40:
+                break
+    stream.close()
+    stored = await ended_turns(live, user, conversation)
+    call = stored[-1]["tool_calls"][0]
+    assert stored[-1]["status"] == "interrupted_by_user"
+    assert call["arguments"].startswith(received) and call["arguments"] != long_args
+    stopped = client.responses.retrieve(response_id)
+    [item] = stopped.output
+    assert (
+        item.type == "function_call" and item.status == "incomplete" and item.arguments == call["arguments"]
+    )
+    after = client.responses.create(model=MODEL, input="never mind", previous_response_id=response_id)
+    assert after.status == "completed" and "never mind" in after.output_text
+
+
+# --- background, cancel, resume ---------------------------------------------------------
+
+
+async def test_background_poll_resume_and_cancel(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    started = client.responses.create(model=MODEL, input="/long a long story", background=True)
+    assert started.status in ("queued", "in_progress") and started.background is True
+    deadline = time.monotonic() + 20
+    while not (polled := client.responses.retrieve(started.id)).output_text:
+        assert polled.status == "in_progress" and time.monotonic() < deadline
+        time.sleep(0.05)
+    # Resume from the middle: exactly the events after N, numbered on from there.
+    first = list(_take(client.responses.retrieve(started.id, stream=True), 8))
+    resumed = client.responses.retrieve(started.id, stream=True, starting_after=first[4].sequence_number)
+    following = list(_take(resumed, 3))
+    assert [e.sequence_number for e in following] == [5, 6, 7]
+    assert [e.model_dump() for e in following] == [e.model_dump() for e in first[5:8]]
+    cancelled = client.responses.cancel(started.id)
+    assert cancelled.status == "cancelled"
+    stored = await ended_turns(live, user, (await conversations(live, user))[0]["id"])
+    assert stored[-1]["status"] == "interrupted_by_user" and stored[-1]["interrupt_reason"] == "user"
+    assert client.responses.retrieve(started.id).output_text == stored[-1]["content"]
+    # A resumed stream of the whole response ends as the stored one does.
+    events = list(client.responses.retrieve(started.id, stream=True))
+    assert events[-1].type == "response.incomplete" and events[-1].response.status == "cancelled"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == stored[-1]["content"]
+    assert client.responses.cancel(started.id).status == "cancelled"  # again: the same
+
+
+def _take(stream: Any, count: int) -> Any:
+    try:
+        for index, event in enumerate(stream):
+            yield event
+            if index + 1 == count:
+                return
+    finally:
+        stream.close()
+
+
+async def test_a_background_stream_outlives_its_client(live: ServerProcess) -> None:
+    _user, client = await client_for(live)
+    stream = client.responses.create(model=MODEL, input="keep going", background=True, stream=True)
+    created = next(iter(stream))
+    stream.close()  # not a stop: background responses run on
+    deadline = time.monotonic() + 20
+    while (response := client.responses.retrieve(created.response.id)).status == "in_progress":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert response.status == "completed"
+
+
+async def test_only_background_responses_can_be_cancelled(live: ServerProcess) -> None:
+    _user, client = await client_for(live)
+    done = client.responses.create(model=MODEL, input="hi")
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(done.id)
+
+
+# --- store, delete, images and files ----------------------------------------------------
+
+
+async def test_store_false_is_answered_then_not_retrievable(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    response = client.responses.create(model=MODEL, input="off the record", store=False)
+    assert response.status == "completed" and response.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, input="and?", previous_response_id=response.id)
+    # chatmem still keeps the turns in the conversation (its memory mode decides recall).
+    assert len(await conversations(live, user)) == 1
+
+
+async def test_delete_hides_the_response_and_keeps_the_turns(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    response = client.responses.create(model=MODEL, input="delete me")
+    deleted = client.responses.delete(response.id)
+    assert deleted is None  # the SDK returns nothing for a 200 deletion
+    for call in (client.responses.retrieve, client.responses.input_items.list, client.responses.delete):
+        with pytest.raises(openai.NotFoundError):
+            call(response.id)
+    conversation = (await conversations(live, user))[0]["id"]
+    assert len(await turns(live, user, conversation)) == 2
+
+
+async def test_images_and_files_are_stored_given_to_the_model_and_acknowledged(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    pdf = "data:application/pdf;base64,JVBERi0xLjEKJSVFT0Y="
+    raw = client.responses.with_raw_response.create(
+        model=MODEL,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "what is in these?"},
+                    {"type": "input_image", "image_url": PIXEL, "detail": "auto"},
+                    {"type": "input_file", "filename": "notes.pdf", "file_data": pdf},
+                ],
+            }
+        ],
+    )
+    response = raw.parse()
+    assert "I see 1 image and the file notes.pdf" in response.output_text
+    conversation = raw.headers["x-chatmem-conversation-id"]
+    stored = await turns(live, user, conversation)
+    assert stored[0]["content"] == "what is in these?"
+    assert stored[0]["metadata"]["attachments"] == [
+        {"type": "image", "url": PIXEL, "detail": "auto"},
+        {"type": "file", "filename": "notes.pdf", "data": pdf},
+    ]
+    async with live.client(TENANT, user) as api:
+        context = (await api.get(f"/v1/conversations/{conversation}/context")).json()
+    user_message = next(m for m in context["messages"] if m["role"] == "user")
+    assert [p["type"] for p in user_message["content"]] == ["text", "image_url", "file"]
+
+
+# --- bad input --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "param"),
+    [
+        ({"model": MODEL}, openai.BadRequestError, "input"),
+        ({"model": MODEL, "input": []}, openai.BadRequestError, "input"),
+        ({"model": "gpt-4o", "input": "a"}, openai.NotFoundError, "model"),
+        (
+            {"model": MODEL, "input": [{"type": "web_search_call", "id": "x"}]},
+            openai.BadRequestError,
+            "input[0].type",
+        ),
+        (
+            {"model": MODEL, "input": [{"type": "function_call_output", "call_id": "call_x", "output": "r"}]},
+            openai.BadRequestError,
+            "input",
+        ),
+        (
+            {
+                "model": MODEL,
+                "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "ftp://x"}]}],
+            },
+            openai.BadRequestError,
+            "input[0].content[0].image_url",
+        ),
+        (
+            {"model": MODEL, "input": "a", "tools": [{"type": "web_search"}]},
+            openai.BadRequestError,
+            "tools[0].type",
+        ),
+        (
+            {
+                "model": MODEL,
+                "input": "a",
+                "tools": [WEATHER],
+                "tool_choice": {"type": "function", "name": "nope"},
+            },
+            openai.BadRequestError,
+            "tool_choice",
+        ),
+        (
+            {"model": MODEL, "input": "a", "previous_response_id": "resp_nope"},
+            openai.NotFoundError,
+            "previous_response_id",
+        ),
+        (
+            {"model": MODEL, "input": "a", "background": True, "store": False},
+            openai.BadRequestError,
+            "background",
+        ),
+        ({"model": MODEL, "input": "a", "temperature": 7}, openai.BadRequestError, "temperature"),
+        ({"model": MODEL, "input": "a\x00b"}, openai.BadRequestError, None),
+    ],
+)
+async def test_bad_requests_are_openai_shaped_before_any_stream_and_store_nothing(
+    live: ServerProcess, body: dict[str, Any], error: type[openai.APIStatusError], param: str | None
+) -> None:
+    user, client = await client_for(live)
+    for stream in (False, True):
+        with pytest.raises(error) as caught:
+            client.responses.create(**body, stream=stream)
+        payload = caught.value.body
+        assert isinstance(payload, dict) and payload["message"] and payload["type"] == "invalid_request_error"
+        if param is not None:
+            assert payload["param"] == param
+    assert await conversations(live, user) == []
+
+
+async def test_another_users_response_is_404_everywhere(live: ServerProcess) -> None:
+    _owner, owner_client = await client_for(live)
+    response = owner_client.responses.create(model=MODEL, input="mine", background=True)
+    intruder, client = await client_for(live)
+    for call in (
+        client.responses.retrieve,
+        client.responses.cancel,
+        client.responses.delete,
+        client.responses.input_items.list,
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, input="theirs", previous_response_id=response.id)
+    async with httpx.AsyncClient(
+        base_url=live.base_url, headers={"Authorization": f"Bearer {client.api_key}"}
+    ) as http:
+        streamed = await http.get(f"/openai/v1/responses/{response.id}", params={"stream": "true"})
+    assert streamed.status_code == 404 and streamed.json()["error"]["code"] == "not_found"
+    assert await conversations(live, intruder) == []
+    assert owner_client.responses.retrieve(response.id).id == response.id
+
+
+async def test_background_responses_count_against_the_running_reply_cap(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    started = [
+        client.responses.create(model=MODEL, input=f"/long story {n}", background=True) for n in range(10)
+    ]
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.responses.create(model=MODEL, input="one too many", background=True)
+    assert caught.value.response.headers.get("retry-after")
+    assert len(await conversations(live, user)) == 10  # the refused one stored nothing
+    for response in started:
+        assert client.responses.cancel(response.id).status == "cancelled"
+
+
+# --- WebSocket mode (the SDK's `client.responses.connect()`) ----------------------------
+
+TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
+
+
+def _until_terminal(connection: Any) -> list[Any]:
+    events = []
+    for event in connection:
+        events.append(event)
+        if event.type in TERMINAL:
+            return events
+    raise AssertionError("the connection closed before a terminal event")
+
+
+async def test_websocket_mode_continues_unstored_responses_on_its_connection_only(
+    live: ServerProcess,
+) -> None:
+    user, client = await client_for(live)
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="the code word is cobalt", store=False)
+        first = _until_terminal(connection)
+        assert [e.sequence_number for e in first] == list(range(len(first)))
+        done = first[-1].response
+        assert first[-1].type == "response.completed" and done.store is False
+        connection.response.create(
+            model=MODEL, input="what was it?", store=False, previous_response_id=done.id
+        )
+        second = _until_terminal(connection)[-1]
+        assert second.type == "response.completed" and second.response.previous_response_id == done.id
+        # A continuation that fails forgets the response it named.
+        connection.response.create(
+            model=MODEL,
+            store=False,
+            previous_response_id=second.response.id,
+            input=[{"type": "function_call_output", "call_id": "call_missing", "output": "x"}],
+        )
+        failed = _until_terminal(connection)[-1]
+        assert failed.type == "error" and failed.status == 400
+        connection.response.create(
+            model=MODEL, input="again", store=False, previous_response_id=second.response.id
+        )
+        forgotten = _until_terminal(connection)[-1]
+        assert forgotten.type == "error" and forgotten.error.code == "previous_response_not_found"
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="and now?", store=False, previous_response_id=done.id)
+        elsewhere = _until_terminal(connection)[-1]
+        assert elsewhere.type == "error" and elsewhere.error.code == "previous_response_not_found"
+    [conversation] = await conversations(live, user)
+    stored = await turns(live, user, conversation["id"])
+    assert [t["content"] for t in stored if t["role"] == "user"] == [
+        "the code word is cobalt",
+        "what was it?",
+    ]
+
+
+async def test_closing_the_websocket_mid_response_stops_it(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    received = ""
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="/long keep talking")
+        for event in connection:
+            if event.type == "response.output_text.delta":
+                received += event.delta
+                if len(received.split()) >= 8:
+                    break
+    [conversation] = await conversations(live, user)
+    reply = (await ended_turns(live, user, conversation["id"]))[-1]
+    assert reply["status"] == "interrupted_by_user" and reply["content"].startswith(received)
+    assert len(reply["content"].split()) < 100
+
+
+# --- compaction -------------------------------------------------------------------------
+
+
+async def test_compaction_keeps_the_history_and_a_response_goes_on_from_its_item(live: ServerProcess) -> None:
+    user, client = await client_for(live)
+    compacted = client.responses.compact(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "We launch on Tuesday and tell support first."},
+            {"role": "assistant", "content": "Understood: Tuesday, support first."},
+        ],
+    )
+    assert compacted.object == "response.compaction"
+    [item] = compacted.output
+    assert item.type == "compaction" and item.encrypted_content
+    raw = client.responses.with_raw_response.create(
+        model=MODEL,
+        input=[item.model_dump(exclude_none=True), {"role": "user", "content": "when do we launch?"}],
+        store=False,
+    )
+    assert raw.parse().status == "completed"
+    stored = await turns(live, user, raw.headers["x-chatmem-conversation-id"])
+    assert [(t["role"], t["content"]) for t in stored][:3] == [
+        ("user", "We launch on Tuesday and tell support first."),
+        ("assistant", "Understood: Tuesday, support first."),
+        ("user", "when do we launch?"),
+    ]
+    # The item is the owner's: for anyone else it names nothing.
+    _other, intruder = await client_for(live)
+    with pytest.raises(openai.NotFoundError):
+        intruder.responses.create(
+            model=MODEL, input=[item.model_dump(exclude_none=True), {"role": "user", "content": "hi"}]
+        )
+    with pytest.raises(openai.BadRequestError):
+        client.responses.compact(model=MODEL, input=[])
+    with pytest.raises(openai.BadRequestError):
+        client.post("/responses/compact", body={"input": "no model"}, cast_to=object)
+
+
+ODD_BODIES = {
+    "nested past the bound": f'{{"model":"{MODEL}","input":{"[" * 2000}"a"{"]" * 2000}}}',
+    "an integer of 5,000 digits": f'{{"model":"{MODEL}","input":"a","max_output_tokens":{"9" * 5000}}}',
+    "a lone surrogate in metadata": f'{{"model":"{MODEL}","input":"a","metadata":{{"k":"\\ud800"}}}}',
+    "a NUL in a call id": json.dumps(
+        {"model": MODEL, "input": [{"type": "function_call_output", "call_id": "c\u0000x", "output": "r"}]}
+    ),
+    "a lone surrogate in a call id": (
+        f'{{"model":"{MODEL}","input":[{{"type":"function_call_output","call_id":"\\udc00","output":"r"}}]}}'
+    ),
+    "a NUL in a file name": json.dumps(
+        {
+            "model": MODEL,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [{"type": "input_file", "filename": "a\u0000", "file_data": "QQ=="}],
+                }
+            ],
+        }
+    ),
+    "not JSON": '{"model":',
+    "a list": "[1]",
+}
+
+
+@pytest.mark.parametrize("body", list(ODD_BODIES.values()), ids=list(ODD_BODIES))
+async def test_odd_bodies_are_400s_in_openai_shape_never_500s(live: ServerProcess, body: str) -> None:
+    user = new_user()
+    key = await make_key(live, user)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=live.base_url, headers=headers) as http:
+        response = await http.post("/openai/v1/responses", content=body)
+        assert response.status_code in (400, 422), response.text
+        error = response.json()["error"]
+        assert set(error) >= {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+        assert (await http.get("/openai/v1/models")).status_code == 200  # the connection and server live on
+    assert await conversations(live, user) == []
