@@ -35,6 +35,7 @@ from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
 from chat_api.response_headers import ResponseHeaders
 from chat_api.routes import (
+    ag_ui,
     branches,
     conversations,
     health,
@@ -250,6 +251,7 @@ def create_app(
         imports,
         users,
         ai_sdk_routes,
+        ag_ui,
         keys,
         openai_routes,
         responses_routes,

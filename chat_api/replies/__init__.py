@@ -1,7 +1,7 @@
 """A reply's life, one module per part; protocol adapters use only the names below.
 
 - start.py      accept_message / regenerate_reply / edit_message → Accepted; start_reply with
-                your own BeginReply, built from store_message / answer_again
+                your own BeginReply, built from store_message / answer_again / answer_tool_results
 - follow.py     follow_reply (batches of events from any id, live or stored), sse_stream
 - stop.py       stop_reply, wait_reply_done, reply_streaming
 - approve.py    decide (approve or reject a waiting tool call; the last decision resumes)
@@ -23,6 +23,7 @@ from chat_api.replies.start import (
     Started,
     accept_message,
     answer_again,
+    answer_tool_results,
     edit_message,
     regenerate_reply,
     start_reply,
@@ -39,6 +40,7 @@ __all__ = [
     "Started",
     "accept_message",
     "answer_again",
+    "answer_tool_results",
     "decide",
     "edit_message",
     "follow_reply",

@@ -9,7 +9,7 @@ Idempotency-Key reattaches to the reply it started.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,9 +19,11 @@ from chat_api.replies.idempotency import check_replay
 from chat_api.replies.queue import in_line, until
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
-from memory.errors import ConversationBusy
-from memory.events import EventName, StopReason, TurnStartedData
+from memory.errors import ConversationBusy, InvalidInput
+from memory.events import EventName, StopReason, TurnStartedData, TurnStatus
 from memory.record.branches import (
+    branch_history,
+    conversation_branch,
     edit_point,
     fork_branch,
     regenerate_point,
@@ -29,7 +31,7 @@ from memory.record.branches import (
 )
 from memory.record.conversations import Owner, get_conversation
 from memory.record.outbox import record_finished_turn
-from memory.record.turns import begin_answer, begin_reply, find_by_idempotency_key, get_turn
+from memory.record.turns import add_turn, begin_answer, begin_reply, find_by_idempotency_key, get_turn
 from memory.storage.models import Conversation, Turn
 
 if TYPE_CHECKING:
@@ -121,6 +123,53 @@ async def answer_again(
         owner_tag=services.process_id,
     )
     return user_turn, user_turn.content or ""
+
+
+async def answer_tool_results(
+    services: Services,
+    session: AsyncSession,
+    conversation: Conversation,
+    reply_id: uuid.UUID,
+    results: Sequence[tuple[str, str]],
+) -> Started:
+    """The client's results of its tool calls, stored as tool turns, and a reply that goes on from them.
+
+    `results` are (tool call id, content). A result for a call this conversation's active
+    branch never made is InvalidInput (nothing is stored); one already stored is not stored twice.
+    """
+    turns = await branch_history(session, await conversation_branch(session, conversation))
+    calls = {
+        str(call.get("id")): call
+        for turn in turns
+        if turn.role == "assistant"
+        for call in turn.tool_calls or []
+    }
+    answered = {turn.tool_call_id for turn in turns if turn.role == "tool"}
+    for call_id, content in results:
+        call = calls.get(call_id)
+        if call is None:
+            raise InvalidInput(
+                "a tool result answers no tool call of this conversation",
+                field="messages",
+                tool_call_id=call_id,
+            )
+        if call_id in answered:
+            continue  # sent again with a later request: stored once
+        answered.add(call_id)
+        await add_turn(
+            session,
+            conversation,
+            role="tool",
+            status=TurnStatus.COMPLETED,
+            content=content,
+            tool_call_id=call_id,
+            name=str(call.get("name") or ""),
+            last_event_id=0,
+        )
+    user_turn = next((turn for turn in reversed(turns) if turn.role == "user"), None)
+    if user_turn is None:
+        raise InvalidInput("the conversation has no user message to answer", field="messages")
+    return await answer_again(services, session, conversation, reply_id, user_turn)
 
 
 async def regenerate_reply(

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+from chat_api.protocols.approvals import approval_id, parse_approval_id
 from memory.events import (
     ApprovalRequiredData,
     Event,
@@ -62,29 +63,10 @@ STOPPED_ARGUMENTS = "the reply was stopped before this call's arguments were com
 CANCELLED = "the reply was stopped while this tool ran"
 NOT_AN_OBJECT = "the arguments are not a JSON object"
 
-APPROVAL_PREFIX = "approval"
-
 
 def encode(chunk: Chunk) -> bytes:
     """One chunk as an SSE frame: `data: {json}` and a blank line (JSON never holds a newline)."""
     return b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
-
-
-def approval_id(turn_id: str | uuid.UUID, call_id: str) -> str:
-    """The approvalId of a waiting call: enough to find the turn and the call again."""
-    return f"{APPROVAL_PREFIX}:{turn_id}:{call_id}"
-
-
-def parse_approval_id(value: str) -> tuple[uuid.UUID, str] | None:
-    """(turn id, call id) of an approvalId made by `approval_id`, or None if it is not one."""
-    prefix, _, rest = value.partition(":")
-    turn, _, call_id = rest.partition(":")
-    if prefix != APPROVAL_PREFIX or not call_id:
-        return None
-    try:
-        return uuid.UUID(turn), call_id
-    except ValueError:
-        return None
 
 
 def _json_or_text(raw: str) -> Any:

@@ -44,15 +44,21 @@ from chat_api.protocols.openai.chat import ChatRequest, ClientMessage
 from chat_api.providers.base import ModelOptions
 
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
-from chat_api.replies import Accepted, BeginReply, Started, answer_again, start_reply, store_message
+from chat_api.replies import (
+    Accepted,
+    BeginReply,
+    Started,
+    answer_again,
+    answer_tool_results,
+    start_reply,
+    store_message,
+)
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
-from memory.events import TurnStatus
 from memory.record.branches import branch_history, conversation_branch, fork_branch
 from memory.record.conversations import Owner, create_conversation, get_conversation
 from memory.record.history_match import Unit, matched_prefix, sent_units, stored_units
 from memory.record.imports import import_turns
-from memory.record.turns import add_turn
 from memory.storage.models import Conversation
 
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
@@ -313,38 +319,9 @@ def _begin_prompt(
 
 def begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
     """Store the client's tool results after the calls of the active branch they answer, and answer them."""
+    results = [(str(result.tool_call_id), result.text) for result in chat.tool_results]
 
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
-        turns = await branch_history(session, await conversation_branch(session, conversation))
-        calls = {
-            str(call.get("id")): call
-            for turn in turns
-            if turn.role == "assistant"
-            for call in turn.tool_calls or []
-        }
-        answered = {turn.tool_call_id for turn in turns if turn.role == "tool"}
-        for result in chat.tool_results:
-            call = calls.get(str(result.tool_call_id))
-            if call is None:
-                raise InvalidInput(
-                    "a tool result answers no tool call of this conversation",
-                    field="messages",
-                    tool_call_id=result.tool_call_id,
-                )
-            if result.tool_call_id in answered:
-                continue  # sent again with a later request: stored once
-            await add_turn(
-                session,
-                conversation,
-                role="tool",
-                status=TurnStatus.COMPLETED,
-                content=result.text,
-                tool_call_id=result.tool_call_id,
-                name=str(call.get("name") or ""),
-            )
-        user_turn = next((turn for turn in reversed(turns) if turn.role == "user"), None)
-        if user_turn is None:
-            raise InvalidInput("the conversation has no user message to answer", field="messages")
-        return await answer_again(services, session, conversation, reply_id, user_turn)
+        return await answer_tool_results(services, session, conversation, reply_id, results)
 
     return begin

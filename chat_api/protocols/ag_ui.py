@@ -1,0 +1,501 @@
+"""AG-UI (the Agent-User Interaction protocol, 1.0), translated from a chatmem reply's events.
+
+Pure translation, no database and no HTTP. One reply is one AG-UI run: `RunTranslator`
+folds the reply's event log (live or stored, from any position) into AG-UI events built
+with the official SDK's types (`ag-ui-protocol`), and keeps the AG-UI messages it has sent;
+`thread_messages` builds the same messages from stored turns (the MESSAGES_SNAPSHOT of
+connect and of a resumed run). The two agree: a client that applied the stream holds the
+messages a snapshot sends back, under the same ids.
+
+| chatmem event | AG-UI events |
+| --- | --- |
+| `memory.retrieved` | `CUSTOM` `chatmem.memory` (query, rewritten query, items) |
+| `message.delta` | `TEXT_MESSAGE_START` once per model step (id: the step's turn), `..._CONTENT` |
+| `tool_call.delta` | text closed; `TOOL_CALL_START` (parent: the step's turn), `TOOL_CALL_ARGS` |
+| the step's arguments are complete | `TOOL_CALL_END` |
+| `tool.result` | `TOOL_CALL_RESULT` (messageId = the tool turn's id) |
+| `tool_call.approval_required`, | `RUN_FINISHED` outcome `interrupt`, |
+| `turn.awaiting_approval` | one interrupt per waiting call |
+| `step.started` | the previous step's text and calls closed |
+| `turn.completed` | `RUN_FINISHED` success (unanswered client calls: `pendingToolCallIds`) |
+| `turn.interrupted` by the user | open parts closed, every unanswered call answered, |
+| | `RUN_FINISHED` cancelled |
+| `turn.interrupted` by an error, | open parts closed, every unanswered call answered, |
+| `turn.failed`, `error` | `RUN_ERROR` |
+
+A call cut off by a stop mid-arguments closes like any other (`TOOL_CALL_END`): its
+partial arguments are what the client was sent and what is stored. The `cancelled`
+outcome and `pendingToolCallIds` exist from protocol 1.0 on; a client that does not
+declare 1.0 (the 0.0.x clients parse outcomes strictly and fail on an unknown one) gets a
+plain `RUN_FINISHED` for them, which it reads as success.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ag_ui.core import (
+    PROTOCOL_VERSION,
+    AssistantMessage,
+    BaseEvent,
+    CustomEvent,
+    FunctionCall,
+    Interrupt,
+    Message,
+    MessagesSnapshotEvent,
+    RunErrorEvent,
+    RunFinishedCancelledOutcome,
+    RunFinishedEvent,
+    RunFinishedInterruptOutcome,
+    RunFinishedSuccessOutcome,
+    RunStartedEvent,
+    TextMessageContentEvent,
+    TextMessageEndEvent,
+    TextMessageStartEvent,
+    ToolCall,
+    ToolCallArgsEvent,
+    ToolCallEndEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+    ToolMessage,
+    UserMessage,
+)
+from ag_ui.encoder import EventEncoder
+
+from chat_api.protocols.approvals import approval_id
+from memory.reply_state import Event
+
+MEDIA_TYPE = EventEncoder().get_content_type()
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MEMORY_EVENT = "chatmem.memory"
+# The result a call gets when its reply ended before it had one (AG-UI leaves no call unanswered).
+STOPPED = "the reply was stopped before this tool call finished"
+FAILED = "the reply failed before this tool call finished"
+USER_STOP_STATUS = "interrupted_by_user"
+# What a person answers a tool-call interrupt with (the AG-UI interrupts page's approval shape).
+APPROVAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "approved": {"type": "boolean"},
+        "reason": {"type": "string"},
+        "editedArgs": {"type": "object", "description": "Full replacement of the tool's arguments."},
+    },
+    "required": ["approved"],
+}
+
+_encoder = EventEncoder()
+
+
+def encode(events: Iterable[BaseEvent]) -> bytes:
+    """Events as SSE frames (`data: {json}` and a blank line), with the SDK's encoder."""
+    return "".join(_encoder.encode(event) for event in events).encode()
+
+
+def speaks_1_0(protocol_version: str | None) -> bool:
+    """True when the client declared protocol 1.0 or later (it reads `cancelled` and `pendingToolCallIds`)."""
+    if not protocol_version:
+        return False
+    major, _, _ = protocol_version.partition(".")
+    return major.isdigit() and int(major) >= 1
+
+
+def stopped_result_id(call_id: str) -> str:
+    """The message id of the result a call gets when its reply ended without one (stream and snapshot)."""
+    return f"{call_id}-stopped"
+
+
+def now_ms() -> int:
+    """Milliseconds since the epoch: every event's timestamp."""
+    return int(time.time() * 1000)
+
+
+@dataclass
+class _Call:
+    id: str
+    name: str
+    parent: str
+    raw: str = ""
+    ended: bool = False  # TOOL_CALL_END sent
+    answered: bool = False  # TOOL_CALL_RESULT sent (or the client answers it)
+
+
+@dataclass
+class RunTranslator:
+    """Translates one reply's events, in order, into the AG-UI events of one run.
+
+    `messages` holds the AG-UI messages of the reply as the events so far built them (what a
+    client applying the stream holds), in the order a client keeps them.
+    """
+
+    thread_id: str
+    run_id: str
+    modern: bool = True  # the client speaks protocol 1.0 (see `speaks_1_0`)
+    messages: list[Message] = field(default_factory=list)
+    memory: dict[str, Any] | None = None
+    _text: str | None = None
+    _calls: dict[str, _Call] = field(default_factory=dict)
+    _interrupts: list[Interrupt] = field(default_factory=list)
+    _parked: bool = False
+    _ended: bool = False
+
+    @property
+    def ended(self) -> bool:
+        """True once `RUN_FINISHED` or `RUN_ERROR` was produced: nothing may follow it."""
+        return self._ended
+
+    @property
+    def parked(self) -> bool:
+        """True when the events so far end with the reply waiting for a person."""
+        return self._parked
+
+    def run_started(self) -> RunStartedEvent:
+        """The event every run begins with."""
+        return RunStartedEvent(
+            thread_id=self.thread_id,
+            run_id=self.run_id,
+            protocol_version=PROTOCOL_VERSION,
+            timestamp=now_ms(),
+        )
+
+    def know_calls(self, calls: Iterable[tuple[str, str, str]]) -> None:
+        """Calls (id, name, parent message id) sent by an earlier run: their results may follow."""
+        for call_id, name, parent in calls:
+            self._calls.setdefault(call_id, _Call(call_id, name, parent, ended=True))
+
+    def translate(self, event: Event) -> list[BaseEvent]:
+        """The AG-UI events for one chatmem event (none for what the protocol has no place for)."""
+        if self._ended:
+            return []
+        _, name, data = event
+        if self._parked and name != "turn.awaiting_approval":
+            self._parked = False  # the reply went on after its approvals: one timeline
+            self._interrupts = []
+        out: list[BaseEvent] = []
+        if name == "memory.retrieved":
+            self.memory = dict(data)
+            out.append(CustomEvent(name=MEMORY_EVENT, value=self.memory, timestamp=now_ms()))
+        elif name == "message.delta":
+            out += self._text_delta(str(data.get("turn_id")), str(data.get("text") or ""))
+        elif name == "tool_call.delta":
+            out += self._tool_delta(data)
+        elif name == "tool_call.approval_required":
+            out += [*self._close_text(), *self._end_calls()]
+            self._interrupts.append(_interrupt(data))
+        elif name == "turn.awaiting_approval":
+            out += [*self._close_text(), *self._end_calls()]
+            self._parked = bool(self._interrupts)
+        elif name in ("tool.started", "tool_call.approved", "tool_call.rejected"):
+            out += self._end_calls()
+        elif name == "tool.result":
+            out += [*self._end_calls(), *self._result(data)]
+        elif name == "step.started":
+            out += [*self._close_text(), *self._end_calls()]
+        elif name == "turn.completed":
+            out += [*self._close_text(), *self._end_calls(), self._finished_success()]
+        elif name == "turn.interrupted":
+            if data.get("status") == USER_STOP_STATUS:
+                out += [*self._close_open(STOPPED), self._finished_cancelled()]
+            else:
+                out += [*self._close_open(FAILED), self._run_error(data.get("error"), "interrupted")]
+        elif name == "turn.failed":
+            out += [*self._close_open(FAILED), self._run_error(data.get("error"), "failed")]
+        elif name == "error":
+            out += [*self._close_open(FAILED), self._run_error(data, "error")]
+        return out
+
+    def end(self) -> list[BaseEvent]:
+        """What closes a run whose events ran out: a reply waiting for a person ends with its interrupts."""
+        if self._ended:
+            return []
+        if self._parked:
+            self._ended = True
+            outcome = RunFinishedInterruptOutcome(interrupts=self._interrupts)
+            return [self._finished(outcome)]
+        return []
+
+    def open_parts(self) -> list[BaseEvent]:
+        """Re-open what is streaming now, for a run that joins the reply midway (connect).
+
+        The half-streamed text continues under its id (the snapshot holds its beginning); a
+        half-streamed call is not in the snapshot and is sent again whole, start and arguments so far.
+        """
+        out: list[BaseEvent] = []
+        if self._text is not None:
+            out.append(TextMessageStartEvent(message_id=self._text, role="assistant", timestamp=now_ms()))
+        for call in self._calls.values():
+            if call.ended:
+                continue
+            out.append(self._call_start(call))
+            if call.raw:
+                out.append(ToolCallArgsEvent(tool_call_id=call.id, delta=call.raw, timestamp=now_ms()))
+        return out
+
+    def settled_messages(self) -> list[Message]:
+        """`messages` without the calls still streaming (`open_parts` sends those again)."""
+        streaming = {c.id for c in self._calls.values() if not c.ended}
+        if not streaming:
+            return list(self.messages)
+        out: list[Message] = []
+        for message in self.messages:
+            if isinstance(message, AssistantMessage) and message.tool_calls:
+                calls = [c for c in message.tool_calls if c.id not in streaming]
+                if not calls and message.content is None:
+                    continue
+                message = message.model_copy(update={"tool_calls": calls or None})
+            out.append(message)
+        return out
+
+    # --- text ------------------------------------------------------------------------
+
+    def _assistant(self, message_id: str) -> AssistantMessage:
+        for message in self.messages:
+            if isinstance(message, AssistantMessage) and message.id == message_id:
+                return message
+        created = AssistantMessage(id=message_id)
+        self.messages.append(created)
+        return created
+
+    def _text_delta(self, turn_id: str, delta: str) -> list[BaseEvent]:
+        if not delta:
+            return []
+        out: list[BaseEvent] = []
+        if self._text != turn_id:
+            out += self._close_text()
+            self._text = turn_id
+            out.append(TextMessageStartEvent(message_id=turn_id, role="assistant", timestamp=now_ms()))
+        message = self._assistant(turn_id)
+        message.content = (message.content or "") + delta
+        out.append(TextMessageContentEvent(message_id=turn_id, delta=delta, timestamp=now_ms()))
+        return out
+
+    def _close_text(self) -> list[BaseEvent]:
+        if self._text is None:
+            return []
+        message_id, self._text = self._text, None
+        return [TextMessageEndEvent(message_id=message_id, timestamp=now_ms())]
+
+    # --- tool calls ------------------------------------------------------------------
+
+    def _call_start(self, call: _Call) -> ToolCallStartEvent:
+        return ToolCallStartEvent(
+            tool_call_id=call.id, tool_call_name=call.name, parent_message_id=call.parent, timestamp=now_ms()
+        )
+
+    def _tool_delta(self, data: dict[str, Any]) -> list[BaseEvent]:
+        out = self._close_text()
+        call_id = str(data["id"])
+        call = self._calls.get(call_id)
+        if call is None:
+            call = _Call(call_id, str(data.get("name") or "tool"), str(data.get("turn_id")))
+            self._calls[call_id] = call
+            message = self._assistant(call.parent)
+            message.tool_calls = [
+                *(message.tool_calls or []),
+                ToolCall(id=call_id, function=FunctionCall(name=call.name, arguments="")),
+            ]
+            out.append(self._call_start(call))
+        delta = str(data.get("arguments") or "")
+        if delta and not call.ended:
+            call.raw += delta
+            for stored in self._assistant(call.parent).tool_calls or []:
+                if stored.id == call_id:
+                    stored.function.arguments = call.raw
+            out.append(ToolCallArgsEvent(tool_call_id=call_id, delta=delta, timestamp=now_ms()))
+        return out
+
+    def _end_calls(self) -> list[BaseEvent]:
+        """The arguments stopped arriving: every open call is closed."""
+        out: list[BaseEvent] = []
+        for call in self._calls.values():
+            if not call.ended:
+                call.ended = True
+                out.append(ToolCallEndEvent(tool_call_id=call.id, timestamp=now_ms()))
+        return out
+
+    def _result(self, data: dict[str, Any]) -> list[BaseEvent]:
+        call_id = str(data["call_id"])
+        call = self._calls.get(call_id)
+        if call is not None:
+            call.answered = True
+        return [self._tool_message(str(data.get("turn_id")), call_id, str(data.get("result") or ""))]
+
+    def _tool_message(self, message_id: str, call_id: str, content: str) -> ToolCallResultEvent:
+        message = ToolMessage(id=message_id, tool_call_id=call_id, content=content)
+        owner = next(
+            (
+                i
+                for i, m in enumerate(self.messages)
+                if isinstance(m, AssistantMessage) and any(c.id == call_id for c in m.tool_calls or [])
+            ),
+            None,
+        )
+        if owner is None:
+            self.messages.append(message)
+        else:
+            at = owner + 1
+            while at < len(self.messages) and isinstance(self.messages[at], ToolMessage):
+                at += 1
+            self.messages.insert(at, message)
+        return ToolCallResultEvent(
+            message_id=message_id, tool_call_id=call_id, content=content, role="tool", timestamp=now_ms()
+        )
+
+    def _close_open(self, why: str) -> list[BaseEvent]:
+        """Close what an ending cut off, and answer every call left without a result."""
+        out = [*self._close_text(), *self._end_calls()]
+        for call in self._calls.values():
+            if not call.answered:
+                call.answered = True
+                out.append(self._tool_message(stopped_result_id(call.id), call.id, _error_json(why)))
+        return out
+
+    # --- endings ---------------------------------------------------------------------
+
+    def _finished(self, outcome: Any) -> RunFinishedEvent:
+        self._ended = True
+        return RunFinishedEvent(
+            thread_id=self.thread_id, run_id=self.run_id, outcome=outcome, timestamp=now_ms()
+        )
+
+    def _finished_success(self) -> RunFinishedEvent:
+        pending = [c.id for c in self._calls.values() if not c.answered]
+        if not self.modern:
+            return self._finished(None)
+        return self._finished(RunFinishedSuccessOutcome(pending_tool_call_ids=pending or None))
+
+    def _finished_cancelled(self) -> RunFinishedEvent:
+        return self._finished(RunFinishedCancelledOutcome() if self.modern else None)
+
+    def _run_error(self, error: Any, default_code: str) -> RunErrorEvent:
+        self._ended = True
+        code = default_code
+        message = "the reply failed"
+        if isinstance(error, dict):
+            code = str(error.get("code") or default_code)
+            message = str(error.get("message") or message)
+        return RunErrorEvent(message=message, code=code, timestamp=now_ms())
+
+
+def _interrupt(data: dict[str, Any]) -> Interrupt:
+    name = str(data.get("name") or "tool")
+    arguments = str(data.get("arguments") or "{}")
+    expires = data.get("expires_at")
+    return Interrupt(
+        id=approval_id(str(data["turn_id"]), str(data["call_id"])),
+        reason="tool_call",
+        message=f"Run {name} with {arguments}?",
+        tool_call_id=str(data["call_id"]),
+        response_schema=APPROVAL_SCHEMA,
+        expires_at=str(expires) if expires else None,
+    )
+
+
+def _error_json(text: str) -> str:
+    return json.dumps({"error": text})
+
+
+# --- stored history → AG-UI messages ----------------------------------------------------
+
+
+class StoredTurn(Protocol):
+    """What a stored turn offers the translation (memory.models.Turn has it)."""
+
+    id: uuid.UUID
+    role: str
+    status: str
+    content: str
+    tool_calls: list[dict[str, Any]]
+    tool_call_id: str | None
+    reply_id: uuid.UUID | None
+    meta: dict[str, Any] | None
+
+
+# Where the client's own id of a user message is kept, so snapshots return the id it has.
+CLIENT_MESSAGE_ID = "ag_ui_message_id"
+# The AG-UI run that drives a reply now (kept on its user turn): what connect's RUN_STARTED says.
+RUN_ID = "ag_ui_run_id"
+
+# A reply that ended before a call had its result: the stream answered the call for it.
+_ENDED_WITHOUT_RESULT = {
+    "interrupted_by_user": STOPPED,
+    "interrupted_by_error": FAILED,
+    "failed": FAILED,
+}
+
+
+def user_message_id(turn: StoredTurn) -> str:
+    """The AG-UI id of a stored user turn: the client's id if it sent one, else the turn id."""
+    client_id = (turn.meta or {}).get(CLIENT_MESSAGE_ID)
+    return str(client_id) if isinstance(client_id, str) and client_id else str(turn.id)
+
+
+def thread_messages(turns: Sequence[StoredTurn]) -> list[Message]:
+    """Stored turns (oldest first) as the AG-UI messages the stream sent for them, under the same ids."""
+    messages: list[Message] = []
+    answered = {t.tool_call_id for t in turns if t.role == "tool" and t.tool_call_id}
+    for turn in turns:
+        if turn.role == "user":
+            messages.append(UserMessage(id=user_message_id(turn), content=turn.content or ""))
+        elif turn.role == "tool" and turn.tool_call_id:
+            messages.append(
+                ToolMessage(id=str(turn.id), tool_call_id=turn.tool_call_id, content=turn.content)
+            )
+        elif turn.role == "assistant":
+            messages += _assistant_messages(turn, answered)
+    return messages
+
+
+def _assistant_messages(turn: StoredTurn, answered: set[str]) -> list[Message]:
+    calls = [
+        ToolCall(
+            id=str(call.get("id")),
+            function=FunctionCall(
+                name=str(call.get("name") or "tool"), arguments=str(call.get("arguments") or "")
+            ),
+        )
+        for call in turn.tool_calls or []
+    ]
+    if not turn.content and not calls:
+        return []
+    out: list[Message] = [
+        AssistantMessage(id=str(turn.id), content=turn.content or None, tool_calls=calls or None)
+    ]
+    why = _ENDED_WITHOUT_RESULT.get(turn.status)
+    if why is not None:
+        for call in calls:
+            if call.id not in answered:
+                out.append(
+                    ToolMessage(id=stopped_result_id(call.id), tool_call_id=call.id, content=_error_json(why))
+                )
+    return out
+
+
+def snapshot(messages: Sequence[Message]) -> MessagesSnapshotEvent:
+    """A MESSAGES_SNAPSHOT of these messages."""
+    return MessagesSnapshotEvent(messages=list(messages), timestamp=now_ms())
+
+
+def waiting_interrupts(turn: StoredTurn) -> list[Interrupt]:
+    """The interrupts of a parked turn: one per call that waits for a person."""
+    out = []
+    for call in turn.tool_calls or []:
+        if call.get("state") != "awaiting_approval":
+            continue
+        approval = call.get("approval") or {}
+        out.append(
+            _interrupt(
+                {
+                    "turn_id": str(turn.id),
+                    "call_id": call.get("id"),
+                    "name": call.get("name"),
+                    "arguments": call.get("arguments"),
+                    "expires_at": approval.get("expires_at"),
+                }
+            )
+        )
+    return out

@@ -1,0 +1,236 @@
+"""What an AG-UI `RunAgentInput` asks of chatmem, read and bounded before anything is stored.
+
+The stored history is the truth: of `messages` only the last one is read (a user message,
+or the results of client tool calls), with the id of the message before it (where the
+client's history ends, which tells a continuation from an edit). `resume` answers the
+interrupts of a parked reply. `tools` are the client's tools, offered to the model as
+OpenAI function tools; `context` and `state` are accepted and not used (chatmem builds its
+own prompt and keeps no agent state). `forwardedProps` carries chatmem's options.
+
+Every refusal here is an `InvalidInput` (422 with chatmem's error body), raised before any
+stream starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ag_ui.core import Message, RunAgentInput, ToolMessage, UserMessage
+
+from chat_api.protocols.ag_ui import speaks_1_0
+from chat_api.protocols.approvals import parse_approval_id
+from chat_api.text_checks import check_text
+from memory.ai_sdk_chats import CHAT_ID
+from memory.errors import InvalidInput
+from memory.json_bounds import check_json
+
+MAX_ID_CHARS = 200
+MAX_TOOLS = 128
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Free-form JSON the client sends beside its messages (tool schemas, state, forwardedProps).
+MAX_FREE_JSON_BYTES = 200_000
+
+OnBusy = Literal["reject", "interrupt", "enqueue"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One resume entry: the decision on one waiting tool call."""
+
+    interrupt_id: str
+    turn_id: Any  # uuid.UUID
+    call_id: str
+    approved: bool
+    reason: str | None
+    arguments: str | None  # edited arguments (a JSON object), approvals only
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A client tool's result: the call it answers and its content."""
+
+    tool_call_id: str
+    content: str
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A validated run input, reduced to what chatmem acts on."""
+
+    thread_id: str
+    run_id: str
+    modern: bool  # declared protocol 1.0 or later
+    user_message: tuple[str, str] | None  # (client's id, text) when the last message is the user's
+    previous_id: str | None  # the id of the message before it, if any
+    tool_results: tuple[ToolResult, ...]
+    answers: tuple[Answer, ...]
+    tools: tuple[dict[str, Any], ...]  # OpenAI function tools
+    on_disconnect: Literal["continue", "stop"]
+    on_busy: OnBusy | None
+    memory_scope: Literal["user", "conversation", "none"] | None
+
+
+def check_ids(thread_id: str, run_id: str) -> None:
+    """InvalidInput unless the thread id is a chat id and the run id a short printable string."""
+    if not CHAT_ID.fullmatch(thread_id):
+        raise InvalidInput(
+            "threadId must be 1-128 characters of A-Z, a-z, 0-9, _ and -",
+            field="threadId",
+            value=thread_id[:200],
+        )
+    if not run_id or len(run_id) > MAX_ID_CHARS or not run_id.isprintable():
+        raise InvalidInput(f"runId must be 1-{MAX_ID_CHARS} printable characters", field="runId")
+
+
+def read_run(body: RunAgentInput, *, max_message_chars: int) -> RunRequest:
+    """What this input asks (see the module doc); InvalidInput says what is wrong."""
+    check_ids(body.thread_id, body.run_id)
+    for field, value in (("state", body.state), ("forwardedProps", body.forwarded_props)):
+        if value is not None:
+            check_json(value, field=field, max_bytes=MAX_FREE_JSON_BYTES)
+    options = body.forwarded_props if isinstance(body.forwarded_props, dict) else {}
+    tools = _tools(body)
+    answers = tuple(_answer(i, entry) for i, entry in enumerate(body.resume or []))
+    user_message: tuple[str, str] | None = None
+    previous_id: str | None = None
+    results: tuple[ToolResult, ...] = ()
+    if not answers:
+        if not body.messages:
+            raise InvalidInput("messages is empty: there is nothing to answer", field="messages")
+        last = body.messages[-1]
+        _check_message_id(last, len(body.messages) - 1)
+        if isinstance(last, UserMessage):
+            text = _text(last, len(body.messages) - 1)
+            check_text(text, field=f"messages[{len(body.messages) - 1}].content", max_chars=max_message_chars)
+            user_message = (last.id, text)
+            if len(body.messages) > 1:
+                previous_id = body.messages[-2].id
+        elif isinstance(last, ToolMessage):
+            results = _tool_results(body.messages, max_message_chars)
+        else:
+            raise InvalidInput(
+                f"the last message must be the user's or a tool result (got role {last.role!r})",
+                field=f"messages[{len(body.messages) - 1}].role",
+            )
+    return RunRequest(
+        thread_id=body.thread_id,
+        run_id=body.run_id,
+        modern=speaks_1_0(body.protocol_version),
+        user_message=user_message,
+        previous_id=previous_id,
+        tool_results=results,
+        answers=answers,
+        tools=tools,
+        on_disconnect=_option(options, "on_disconnect", ("continue", "stop")) or "continue",
+        on_busy=_option(options, "on_busy", ("reject", "interrupt", "enqueue")),
+        memory_scope=_option(options, "memory_scope", ("user", "conversation", "none")),
+    )
+
+
+def _option(options: dict[str, Any], name: str, allowed: tuple[str, ...]) -> Any:
+    value = options.get(name)
+    if value is None:
+        return None
+    if value not in allowed:
+        raise InvalidInput(
+            f"forwardedProps.{name} must be one of {', '.join(allowed)}", field=f"forwardedProps.{name}"
+        )
+    return value
+
+
+def _check_message_id(message: Message, index: int) -> None:
+    if not message.id or len(message.id) > MAX_ID_CHARS or not message.id.isprintable():
+        raise InvalidInput(
+            f"messages[{index}].id must be 1-{MAX_ID_CHARS} printable characters",
+            field=f"messages[{index}].id",
+        )
+
+
+def _text(message: UserMessage | ToolMessage, index: int) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        if getattr(part, "type", None) != "text":
+            raise InvalidInput(
+                f"messages[{index}]: only text content is supported (got {getattr(part, 'type', '?')!r})",
+                field=f"messages[{index}].content",
+            )
+        texts.append(str(part.text))  # type: ignore[union-attr]
+    return "".join(texts)
+
+
+def _tool_results(messages: list[Message], max_chars: int) -> tuple[ToolResult, ...]:
+    """The trailing tool messages: the results of the client's calls."""
+    start = len(messages)
+    while start > 0 and isinstance(messages[start - 1], ToolMessage):
+        start -= 1
+    results = []
+    for index in range(start, len(messages)):
+        message = messages[index]
+        assert isinstance(message, ToolMessage)
+        _check_message_id(message, index)
+        text = _text(message, index)
+        check_text(text, field=f"messages[{index}].content", allow_empty=True, max_chars=max_chars)
+        check_text(message.tool_call_id, field=f"messages[{index}].toolCallId", max_chars=MAX_ID_CHARS)
+        results.append(ToolResult(message.tool_call_id, text))
+    return tuple(results)
+
+
+def _tools(body: RunAgentInput) -> tuple[dict[str, Any], ...]:
+    tools = body.tools or []
+    if len(tools) > MAX_TOOLS:
+        raise InvalidInput(f"at most {MAX_TOOLS} tools", field="tools")
+    out = []
+    for index, tool in enumerate(tools):
+        if not TOOL_NAME.fullmatch(tool.name):
+            raise InvalidInput(
+                "a tool name is 1-64 characters of A-Z, a-z, 0-9, _ and -", field=f"tools[{index}].name"
+            )
+        check_text(tool.description, field=f"tools[{index}].description", allow_empty=True, max_chars=10_000)
+        parameters = tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise InvalidInput(
+                "tool parameters must be a JSON schema object", field=f"tools[{index}].parameters"
+            )
+        check_json(parameters, field=f"tools[{index}].parameters", max_bytes=MAX_FREE_JSON_BYTES)
+        function = {"name": tool.name, "description": tool.description, "parameters": parameters}
+        out.append({"type": "function", "function": function})
+    return tuple(out)
+
+
+def _answer(index: int, entry: Any) -> Answer:
+    field = f"resume[{index}]"
+    parsed = parse_approval_id(entry.interrupt_id)
+    if parsed is None:
+        raise InvalidInput(
+            "unknown interrupt id", field=f"{field}.interruptId", interrupt_id=entry.interrupt_id[:200]
+        )
+    turn_id, call_id = parsed
+    if entry.status == "cancelled":
+        return Answer(entry.interrupt_id, turn_id, call_id, False, "the user cancelled this tool call", None)
+    payload = entry.payload
+    if not isinstance(payload, dict) or not isinstance(payload.get("approved"), bool):
+        raise InvalidInput(
+            "a resolved tool-call interrupt needs payload {approved: true|false}", field=f"{field}.payload"
+        )
+    reason = payload.get("reason")
+    if reason is not None:
+        if not isinstance(reason, str):
+            raise InvalidInput("payload.reason must be a string", field=f"{field}.payload.reason")
+        check_text(reason, field=f"{field}.payload.reason", allow_empty=True, max_chars=2000)
+    arguments = None
+    edited = payload.get("editedArgs")
+    if edited is not None:
+        if not payload["approved"] or not isinstance(edited, dict):
+            raise InvalidInput(
+                "payload.editedArgs is an object, and only with approved: true",
+                field=f"{field}.payload.editedArgs",
+            )
+        check_json(edited, field=f"{field}.payload.editedArgs", max_bytes=MAX_FREE_JSON_BYTES)
+        arguments = json.dumps(edited, ensure_ascii=False)
+    return Answer(entry.interrupt_id, turn_id, call_id, payload["approved"], reason, arguments)
