@@ -429,7 +429,7 @@ _ENDED_WITHOUT_RESULT = {
 
 
 def user_message_id(turn: StoredTurn) -> str:
-    """The AG-UI id of a stored user turn: the client's id if it sent one, else the turn id."""
+    """The AG-UI id of a user turn or client tool result: the client's id if it sent one, else the turn id."""
     client_id = (turn.meta or {}).get(CLIENT_MESSAGE_ID)
     return str(client_id) if isinstance(client_id, str) and client_id else str(turn.id)
 
@@ -443,7 +443,7 @@ def thread_messages(turns: Sequence[StoredTurn]) -> list[Message]:
             messages.append(UserMessage(id=user_message_id(turn), content=turn.content or ""))
         elif turn.role == "tool" and turn.tool_call_id:
             messages.append(
-                ToolMessage(id=str(turn.id), tool_call_id=turn.tool_call_id, content=turn.content)
+                ToolMessage(id=user_message_id(turn), tool_call_id=turn.tool_call_id, content=turn.content)
             )
         elif turn.role == "assistant":
             messages += _assistant_messages(turn, answered)

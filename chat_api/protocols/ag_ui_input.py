@@ -50,8 +50,9 @@ class Answer:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """A client tool's result: the call it answers and its content."""
+    """A client tool's result: the client's message id, the call it answers and its content."""
 
+    message_id: str
     tool_call_id: str
     content: str
 
@@ -177,7 +178,7 @@ def _tool_results(messages: list[Message], max_chars: int) -> tuple[ToolResult, 
         text = _text(message, index)
         check_text(text, field=f"messages[{index}].content", allow_empty=True, max_chars=max_chars)
         check_text(message.tool_call_id, field=f"messages[{index}].toolCallId", max_chars=MAX_ID_CHARS)
-        results.append(ToolResult(message.tool_call_id, text))
+        results.append(ToolResult(message.id, message.tool_call_id, text))
     return tuple(results)
 
 

@@ -9,9 +9,9 @@ Idempotency-Key reattaches to the reply it started.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -131,10 +131,12 @@ async def answer_tool_results(
     conversation: Conversation,
     reply_id: uuid.UUID,
     results: Sequence[tuple[str, str]],
+    meta: Mapping[str, dict[str, Any]] | None = None,
 ) -> Started:
     """The client's results of its tool calls, stored as tool turns, and a reply that goes on from them.
 
-    `results` are (tool call id, content). A result for a call this conversation's active
+    `results` are (tool call id, content); `meta` is kept on a result's turn, by call id (the
+    client's own id of the message, say). A result for a call this conversation's active
     branch never made is InvalidInput (nothing is stored); one already stored is not stored twice.
     """
     turns = await branch_history(session, await conversation_branch(session, conversation))
@@ -165,6 +167,7 @@ async def answer_tool_results(
             tool_call_id=call_id,
             name=str(call.get("name") or ""),
             last_event_id=0,
+            meta=(meta or {}).get(call_id),
         )
     user_turn = next((turn for turn in reversed(turns) if turn.role == "user"), None)
     if user_turn is None:

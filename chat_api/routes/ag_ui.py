@@ -99,9 +99,10 @@ async def run(body: RunAgentInput, owner: OwnerDep, services: ServicesDep, limit
         if conversation is None:
             raise NotFound("thread not found", thread_id=request.thread_id)
         results = [(r.tool_call_id, r.content) for r in request.tool_results]
+        ids = {r.tool_call_id: {CLIENT_MESSAGE_ID: r.message_id} for r in request.tool_results}
 
         async def begin_results(session: AsyncSession, locked: Conversation, reply_id: uuid.UUID) -> Started:
-            started = await answer_tool_results(services, session, locked, reply_id, results)
+            started = await answer_tool_results(services, session, locked, reply_id, results, ids)
             await remember_message_id(session, started[0].id, RUN_ID, request.run_id)
             return started
 

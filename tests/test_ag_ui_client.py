@@ -1,0 +1,114 @@
+"""AG-UI's own client and its conformance validator against live `chatmem serve` processes.
+
+`tests/js/ag_ui.test.mjs` drives `/v1/ag-ui` with the pinned `@ag-ui/client` (HttpAgent:
+runAgent, abortRun, connect; its strict event verifier is always on), against two
+replicas on one database, and saves every response body it reads. Each saved stream is
+then checked by the official validator, `ag-ui-validate` (its command line, as a user
+would run it), and one live run is validated by pointing the validator at the endpoint
+itself, which adds its transport rules (content type, incremental flushing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory.db import Database
+from tests.conftest import token_for
+from tests.procs import server_process
+
+JS_DIR = Path(__file__).parent / "js"
+SUITE = "ag_ui.test.mjs"
+NODE = shutil.which("node")
+VALIDATOR = Path(sys.executable).parent / "ag-ui-validate"
+SUITE_TIMEOUT_SECONDS = 300
+SERVER = {
+    "tool_modules": '["tests.approval_tools"]',
+    "tools_requiring_approval": '["transfer_funds"]',
+    "demo_tokens_per_second": 40,
+    "rate_limit_per_minute": 0,
+    "max_streams_per_user": 0,
+}
+# A stop that cuts a call mid-arguments closes it (TOOL_CALL_END) with the partial
+# arguments the client was sent, as AG-UI's cancelled outcome asks; the validator does not
+# know that outcome yet and reports the arguments as not JSON. That is the only finding allowed.
+CUT_ARGUMENTS = "stop-cut-arguments"
+
+
+def _validate(path: Path) -> dict[str, Any]:
+    """The validator's JSON report on a saved stream (exit 1 means error findings, reported too)."""
+    proc = subprocess.run([str(VALIDATOR), str(path), "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode in (0, 1), proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+def _findings(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(d["rule"], d["severity"]) for d in report["diagnostics"] if d["severity"] != "info"]
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+async def test_the_ag_ui_client_and_validator_accept_chatmem(
+    pg_url: str, db: Database, tmp_path: Path
+) -> None:
+    assert (JS_DIR / "node_modules" / "@ag-ui" / "client").is_dir(), "run `npm ci` in tests/js (make js-deps)"
+    captures = tmp_path / "captures"
+    async with server_process(pg_url, **SERVER) as server, server_process(pg_url, **SERVER) as replica:
+        env = {
+            **os.environ,
+            "CHATMEM_URL": server.base_url,
+            "CHATMEM_REPLICA_URL": replica.base_url,
+            "CHATMEM_TOKEN": token_for("t1", "u1"),
+            "CHATMEM_OTHER_USER_TOKEN": token_for("t1", "u2"),
+            "CHATMEM_CAPTURES": str(captures),
+        }
+        assert NODE is not None
+        proc = await asyncio.create_subprocess_exec(
+            NODE,
+            "--test",
+            "--test-reporter=spec",
+            SUITE,
+            cwd=JS_DIR,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(proc.communicate(), timeout=SUITE_TIMEOUT_SECONDS)
+        except TimeoutError:
+            proc.kill()
+            output, _ = await proc.communicate()
+            pytest.fail(f"the AG-UI suite took over {SUITE_TIMEOUT_SECONDS}s:\n{output.decode()[-20000:]}")
+        print(output.decode())  # node's report, shown with -s or -rA
+        assert proc.returncode == 0, output.decode()[-20000:]
+
+        live = await asyncio.create_subprocess_exec(
+            str(VALIDATOR),
+            f"{server.base_url}/v1/ag-ui",
+            "--header",
+            f"Authorization: Bearer {token_for('t1', 'u3')}",
+            "--json",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        live_out, live_err = await asyncio.wait_for(live.communicate(), timeout=60)
+    report = json.loads(live_out)
+    assert report["summary"]["errors"] == 0, live_out.decode()
+    assert report["summary"]["warnings"] == 0, live_out.decode()
+    assert live.returncode == 0, live_err.decode()
+
+    files = sorted(captures.glob("*.sse"))
+    assert len(files) >= 20, [f.name for f in files]
+    for path in files:
+        findings = _findings(_validate(path))
+        if CUT_ARGUMENTS in path.name:
+            assert {rule for rule, _ in findings} <= {"AGUI204"}, (path.name, findings)
+        else:
+            assert findings == [], (path.name, findings)
