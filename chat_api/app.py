@@ -19,6 +19,7 @@ from chat_api.admission import Admission, BodyLimit, LargeBody, unguarded_routes
 from chat_api.auth import TokenVerifier
 from chat_api.errors import install_error_handlers
 from chat_api.observability import install_observability
+from chat_api.protocols.ag_ui import routes as ag_ui_routes
 from chat_api.protocols.ai_sdk import routes as ai_sdk_routes
 from chat_api.protocols.mcp.server import install_mcp
 from chat_api.protocols.openai import responses_compaction as compaction_routes
@@ -35,7 +36,6 @@ from chat_api.replies.run import ReplyRunner
 from chat_api.replies.signals import Signals
 from chat_api.response_headers import ResponseHeaders
 from chat_api.routes import (
-    ag_ui,
     branches,
     conversations,
     health,
@@ -251,7 +251,7 @@ def create_app(
         imports,
         users,
         ai_sdk_routes,
-        ag_ui,
+        ag_ui_routes,
         keys,
         openai_routes,
         responses_routes,

@@ -22,7 +22,7 @@ import pytest
 from ag_ui_validate import Report
 from ag_ui_validate.transport import TransportOptions, validate_body
 
-from chat_api.protocols.ag_ui import MEDIA_TYPE
+from chat_api.protocols.ag_ui.run import MEDIA_TYPE
 from memory.db import Database
 from tests.conftest import token_for
 from tests.procs import server_process

@@ -1,7 +1,7 @@
 """AG-UI's endpoints: what `@ag-ui/client`'s HttpAgent, CopilotKit and assistant-ui's AG-UI runtime call.
 
 - `POST /v1/ag-ui`: a `RunAgentInput`; answers the run as AG-UI events over SSE
-  (`chat_api/protocols/ag_ui.py` translates the reply's events).
+  (`run.py` beside this module translates the reply's events).
 - `POST /v1/ag-ui/{threadId}/stop`: stop the thread's running run, on any replica.
 - `POST /v1/ag-ui/{threadId}/connect`: join the thread's running run after a reload or a
   dropped connection (a snapshot of the thread, then the run's events live).
@@ -25,7 +25,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.protocols.ag_ui import (
+from chat_api.protocols.ag_ui.input import RunRequest, check_ids, read_run
+from chat_api.protocols.ag_ui.run import (
     CLIENT_MESSAGE_ID,
     HEADERS,
     MEDIA_TYPE,
@@ -40,7 +41,6 @@ from chat_api.protocols.ag_ui import (
     user_message_id,
     waiting_interrupts,
 )
-from chat_api.protocols.ag_ui_input import RunRequest, check_ids, read_run
 from chat_api.ratelimit import RateLimits, RateLimitsDep, held_while_streaming
 from chat_api.services import Services
 from memory.ai_sdk_chats import CHAT_ID, chat_conversation, find_chat, remember_message_id
