@@ -37,8 +37,8 @@ test: $(VENV)/.installed-test browser-deps js-deps
 browser-deps:
 	@bash scripts/install-browser.sh || echo "warning: headless Chromium could not be installed; browser tests will be skipped"
 
-# The protocols' own JavaScript clients (`ai`, `openai`), pinned by tests/js/package-lock.json.
-js-deps: tests/js/node_modules/.package-lock.json examples/ai-sdk-react/node_modules/.package-lock.json
+# The protocols' own JavaScript clients (`ai`, `openai`, `@ag-ui/client`), pinned by tests/js/package-lock.json.
+js-deps: tests/js/node_modules/.package-lock.json examples/ai-sdk-react/node_modules/.package-lock.json examples/ag-ui-assistant-ui/node_modules/.package-lock.json
 
 tests/js/node_modules/.package-lock.json: tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --no-audit --no-fund --loglevel=error
@@ -46,6 +46,10 @@ tests/js/node_modules/.package-lock.json: tests/js/package.json tests/js/package
 # The AI SDK example (React, @ai-sdk/react, esbuild), pinned by its own lockfile; its browser test serves it.
 examples/ai-sdk-react/node_modules/.package-lock.json: examples/ai-sdk-react/package.json examples/ai-sdk-react/package-lock.json
 	cd examples/ai-sdk-react && npm ci --no-audit --no-fund --loglevel=error
+
+# The AG-UI example (assistant-ui's AG-UI runtime, esbuild), pinned by its own lockfile; its browser test serves it.
+examples/ag-ui-assistant-ui/node_modules/.package-lock.json: examples/ag-ui-assistant-ui/package.json examples/ag-ui-assistant-ui/package-lock.json
+	cd examples/ag-ui-assistant-ui && npm ci --no-audit --no-fund --loglevel=error
 
 check: test typecheck
 
@@ -60,4 +64,4 @@ docs: $(VENV)/.installed
 	$(BIN)/python -m chat_api.cli.settings_doc --write README.md
 
 clean:
-	rm -rf $(VENV) tests/js/node_modules examples/ai-sdk-react/node_modules .pytest_cache .ruff_cache .mypy_cache test-artifacts bench/results
+	rm -rf $(VENV) tests/js/node_modules examples/ai-sdk-react/node_modules examples/ag-ui-assistant-ui/node_modules .pytest_cache .ruff_cache .mypy_cache test-artifacts bench/results

@@ -1,0 +1,168 @@
+"""examples/ag-ui-assistant-ui (assistant-ui's AG-UI runtime) in headless Chromium against `chatmem up`.
+
+The example is bundled and served by its own pinned esbuild on another origin (so
+CORS_ORIGINS is part of what is tested); the page talks to chatmem only through
+`@ag-ui/client`'s HttpAgent, driven by `@assistant-ui/react-ag-ui`, and the stop endpoint:
+send, stop, approve and deny an interrupt. That runtime brings its own pre-1.0
+`@ag-ui/client`, so this is also the door's test with a client that does not speak 1.0.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.browser_support import ChatmemUp, browser_missing
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.browser
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ag-ui-assistant-ui"
+ESBUILD = EXAMPLE / "node_modules" / ".bin" / "esbuild"
+NODE = shutil.which("node")
+
+_missing = browser_missing()
+if _missing:
+    pytest.skip(_missing, allow_module_level=True)
+if NODE is None:
+    pytest.skip("node is not installed", allow_module_level=True)
+
+from playwright.sync_api import Browser, Page  # noqa: E402
+from playwright.sync_api import expect as expect_ui  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def example_url() -> Iterator[str]:
+    """The example, bundled and served by esbuild (what `npm run serve` does, on a free port)."""
+    assert ESBUILD.exists(), "run `npm ci` in examples/ag-ui-assistant-ui (make js-deps)"
+    port = free_port()
+    command = [str(ESBUILD), "src/main.jsx", "--bundle", "--jsx=automatic", "--outfile=public/app.js"]
+    command += ["--servedir=public", f"--serve=127.0.0.1:{port}", "--log-level=warning"]
+    # esbuild's server stops when its stdin closes: a pipe held open keeps it serving.
+    proc = subprocess.Popen(command, cwd=EXAMPLE, stdin=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/app.js", timeout=10).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the example's esbuild server did not start")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(example_url: str) -> Iterator[ChatmemUp]:
+    with ChatmemUp(
+        CORS_ORIGINS=f'["{example_url}"]',
+        TOOL_MODULES='["tests.approval_tools"]',
+        TOOLS_REQUIRING_APPROVAL='["transfer_funds"]',
+        DEMO_TOKENS_PER_SECOND=40,
+    ) as up:
+        yield up
+
+
+def _text(page: Page) -> str:
+    return str(
+        page.evaluate(
+            "() => { const m = [...document.querySelectorAll('.message.assistant')].at(-1);"
+            " return m ? [...m.querySelectorAll('.text')].map(e => e.textContent).join('') : ''; }"
+        )
+    )
+
+
+def _send(page: Page, text: str) -> None:
+    page.fill("#composer", text)
+    page.press("#composer", "Enter")
+
+
+def _settled(page: Page) -> None:
+    page.wait_for_selector("main[data-status=ready], main[data-status=waiting]", timeout=30_000)
+
+
+def _stored_reply(server: ChatmemUp, thread_id: str) -> dict[str, Any]:
+    # chatmem's own record of the thread (the AI SDK view of a conversation says each reply's status).
+    with server.client() as api:
+        response = api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")
+        response.raise_for_status()
+        return dict(response.json()[-1])
+
+
+def _stored_text(reply: dict[str, Any]) -> str:
+    return "".join(p["text"] for p in reply["parts"] if p["type"] == "text")
+
+
+def test_send_stop_approve_and_deny(browser: Browser, server: ChatmemUp, example_url: str) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    requests: list[str] = []
+    errors: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        page.goto(f"{example_url}/?api={server.base_url}&token={server.token}")
+        page.wait_for_selector("main[data-status=ready]", timeout=20_000)
+        thread_id = str(page.evaluate("location.hash")).removeprefix("#thread=")
+
+        # Send: the reply streams in, with the memories recalled for it.
+        _send(page, "hello from assistant-ui")
+        page.wait_for_function("() => document.querySelector('main').dataset.status === 'streaming'")
+        _settled(page)
+        assert "hello from assistant-ui" in _text(page)
+        expect_ui(page.locator(".memories")).to_contain_text("memor")
+        stored = _stored_reply(server, thread_id)
+        assert stored["metadata"]["status"] == "completed"
+        assert _text(page) == _stored_text(stored)
+
+        # Stop: the run ends, and what the page shows is what was stored.
+        _send(page, "/long a long story")
+        page.wait_for_function(
+            "() => document.querySelectorAll('.message.assistant').length === 2"
+            " && [...document.querySelectorAll('.message.assistant')].at(-1).textContent.length > 60"
+        )
+        page.click("#stop")
+        _settled(page)
+        stopped = _stored_reply(server, thread_id)
+        assert stopped["metadata"]["status"] == "interrupted_by_user"
+        assert _text(page) == _stored_text(stopped)
+
+        # Approve: the run ends with an interrupt; approved, the call runs and the reply goes on.
+        _send(page, '/tool transfer_funds {"amount": 3, "to": "carol"}')
+        waiting = page.locator(".interrupts")
+        expect_ui(waiting).to_contain_text("transfer_funds", timeout=20_000)
+        waiting.locator(".approve").click()
+        answered = page.locator(".message.assistant .tool[data-state=answered] .output").last
+        expect_ui(answered).to_contain_text("carol", timeout=20_000)
+        page.wait_for_function("() => document.querySelector('main').dataset.status === 'ready'")
+        assert "The tool answered" in _text(page)
+        assert _stored_reply(server, thread_id)["metadata"]["status"] == "completed"
+
+        # Deny: the call never runs; the model is told, and says so.
+        _send(page, '/tool transfer_funds {"amount": 9, "to": "mallory"}')
+        expect_ui(waiting).to_contain_text("mallory", timeout=20_000)
+        waiting.locator(".deny").click()
+        denied = page.locator(".message.assistant .tool[data-state=answered] .output").last
+        expect_ui(denied).to_contain_text("did not approve", timeout=20_000)
+        page.wait_for_function("() => document.querySelector('main').dataset.status === 'ready'")
+        reply = _stored_reply(server, thread_id)
+        assert reply["metadata"]["status"] == "completed"
+        assert [p["state"] for p in reply["parts"] if p["type"] == "tool-transfer_funds"] == ["output-denied"]
+    finally:
+        context.close()
+    outside = [u for u in requests if not u.startswith((example_url, server.base_url, "data:"))]
+    assert outside == [], f"requests to other hosts: {outside}"
+    assert errors == [], f"page errors: {errors}"
