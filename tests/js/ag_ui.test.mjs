@@ -387,6 +387,61 @@ test('a client tool ends the run with the call pending; the next run carries its
   assert.deepEqual(plain(await snapshotOf(agent.threadId)), plain(agent.messages));
 });
 
+test('the same last message again is answered again, and a cut history is an edit: both on new branches', { timeout: 60_000 }, async () => {
+  const agent = newAgent('branches');
+  const first = user('first question');
+  agent.addMessage(first);
+  await run(agent);
+  const second = user('second question');
+  agent.addMessage(second);
+  await run(agent);
+  const answered = agent.messages.at(-1).id;
+
+  // Reload: the client drops the answer and sends the same message again.
+  agent.setMessages(agent.messages.slice(0, -1));
+  const again = await run(agent);
+  assert.equal(again.outcome, 'success');
+  assert.notEqual(agent.messages.at(-1).id, answered);
+  assert.equal(agent.messages.length, 4);
+  assert.deepEqual(plain(await snapshotOf(agent.threadId)), plain(agent.messages));
+
+  // Edit: the client keeps the first exchange and sends a new second message.
+  agent.setMessages([...agent.messages.slice(0, 2), user('second question, edited')]);
+  const edited = await run(agent);
+  assert.equal(edited.outcome, 'success');
+  assert.match(agent.messages.at(-1).content, /edited/);
+  const snapshot = await snapshotOf(agent.threadId);
+  assert.deepEqual(plain(snapshot), plain(agent.messages));
+  assert.equal(snapshot.length, 4, 'the old second exchange is on another branch');
+  assert.equal((await stored(agent.threadId)).length, 4);
+});
+
+test('an approval with edited arguments runs the tool with them', BOUND, async () => {
+  const agent = newAgent('approve-edited');
+  agent.addMessage(user('/tool transfer_funds {"amount": 3, "to": "carol"}'));
+  const [interrupt] = (await run(agent)).interrupts;
+  await run(agent, {
+    resume: [
+      { interruptId: interrupt.id, status: 'resolved', payload: { approved: true, editedArgs: { amount: 1, to: 'dave' } } },
+    ],
+  });
+  const result = agent.messages.find((m) => m.role === 'tool');
+  assert.deepEqual(JSON.parse(result.content), { transferred: 1, to: 'dave' });
+});
+
+test('a model failure after some text closes what was open and ends the run with RUN_ERROR', BOUND, async () => {
+  const agent = newAgent('failure');
+  agent.addMessage(user('/fail-mid please'));
+  const { seen, subscriber } = recorder();
+  await agent.runAgent({}, subscriber).catch(() => undefined);
+  assert.equal(seen.events.at(-1), 'RUN_ERROR');
+  assert.ok(seen.events.includes('TEXT_MESSAGE_END'));
+  assert.ok(seen.error.code);
+  const [, reply] = await stored(agent.threadId);
+  assert.equal(reply.metadata.status, 'interrupted_by_error');
+  assert.equal(storedText(reply), seen.text);
+});
+
 test('bad input is refused before any stream, in chatmem\'s error body, and nothing is stored', BOUND, async () => {
   const threadId = randomUUID();
   const input = (extra) => ({ threadId, runId: randomUUID(), messages: [user('hi')], ...extra });

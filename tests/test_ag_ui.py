@@ -1,0 +1,123 @@
+"""The AG-UI door's server-side rules that its JS client cannot show: version dialects, hang-ups, ownership.
+
+The client suite (`tests/js/ag_ui.test.mjs`, run by test_ag_ui_client.py) covers the protocol
+end to end; here an in-process server is read with the project's SSE reader, and every
+event is parsed with the AG-UI SDK's own event model.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ag_ui.core import Event
+from pydantic import TypeAdapter
+
+from tests.conftest import LiveServer
+from tests.sse import iter_sse
+from tests.support import new_conversation, wait_until
+
+EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
+SLOW = {"demo_tokens_per_second": 40}
+
+
+def run_input(thread_id: str, text: str, **extra: Any) -> dict[str, Any]:
+    message = {"id": str(uuid.uuid4()), "role": "user", "content": text}
+    return {"threadId": thread_id, "runId": str(uuid.uuid4()), "messages": [message], **extra}
+
+
+async def stopped_run(server: LiveServer, **extra: Any) -> list[dict[str, Any]]:
+    """A long run stopped after some text: every event, as the SDK's model reads it."""
+    thread_id = str(uuid.uuid4())
+    events: list[dict[str, Any]] = []
+    async with server.client() as api:
+        body = run_input(thread_id, "/long a story", **extra)
+        async with api.stream("POST", "/v1/ag-ui", json=body) as response:
+            assert response.status_code == 200
+            async for item in iter_sse(response):
+                events.append(EVENTS.validate_python(item.data).model_dump(by_alias=True, exclude_none=True))
+                if sum(e["type"] == "TEXT_MESSAGE_CONTENT" for e in events) == 5:
+                    stop = await api.post(f"/v1/ag-ui/{thread_id}/stop")
+                    assert stop.json() == {"success": True}
+    return events
+
+
+async def test_a_stopped_run_ends_cancelled_for_1_0_clients_and_plainly_for_older_ones(
+    start_server: Any,
+) -> None:
+    server: LiveServer = await start_server(**SLOW)
+    modern = await stopped_run(server, protocolVersion="1.0")
+    assert modern[-1]["type"] == "RUN_FINISHED"
+    assert modern[-1]["outcome"] == {"type": "cancelled"}
+    assert modern[-2]["type"] == "TEXT_MESSAGE_END"
+    older = await stopped_run(server)  # 0.0.x clients declare no version and reject unknown outcomes
+    assert older[-1]["type"] == "RUN_FINISHED"
+    assert "outcome" not in older[-1]
+    assert [e["type"] for e in older][:2] == ["RUN_STARTED", "CUSTOM"]
+
+
+async def test_on_disconnect_stop_makes_a_hang_up_a_stop(start_server: Any) -> None:
+    server: LiveServer = await start_server(**SLOW)
+    thread_id = str(uuid.uuid4())
+    body = run_input(thread_id, "/long a story", forwardedProps={"on_disconnect": "stop"})
+    async with server.client() as api:
+        async with api.stream("POST", "/v1/ag-ui", json=body) as response:
+            async for item in iter_sse(response):
+                if item.data["type"] == "TEXT_MESSAGE_CONTENT":
+                    break  # the client goes away
+
+        async def stopped() -> bool:
+            reply = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()[-1]
+            return bool(reply["metadata"]["status"] == "interrupted_by_user")
+
+        await wait_until(stopped, timeout=10)
+        reply = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()[-1]
+        assert reply["metadata"]["interrupt_reason"] == "client_disconnected"
+
+
+async def test_another_users_conversation_id_as_thread_id_is_404_and_changes_nothing(
+    server: LiveServer,
+) -> None:
+    async with server.client(user="u1") as owner, server.client(user="u2") as other:
+        conversation_id = await new_conversation(owner, title="owner's")
+        for path in (
+            "/v1/ag-ui",
+            f"/v1/ag-ui/{conversation_id}/connect",
+            f"/v1/ag-ui/{conversation_id}/stop",
+        ):
+            body = run_input(conversation_id, "let me in")
+            response = await other.post(path, json=body)
+            assert response.status_code == 404, (path, response.text)
+            assert response.json()["error"]["code"] == "not_found"
+        assert (await other.get("/v1/conversations")).json()["items"] == []
+        assert (await owner.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"] == []
+
+
+async def test_a_thread_is_the_owners_conversation_when_named_by_its_id(server: LiveServer) -> None:
+    async with server.client() as api:
+        conversation_id = await new_conversation(api)
+        async with api.stream("POST", "/v1/ag-ui", json=run_input(conversation_id, "hello")) as response:
+            events = [item.data async for item in iter_sse(response)]
+        assert events[-1]["type"] == "RUN_FINISHED"
+        turns = (await api.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"]
+        assert [t["role"] for t in turns] == ["user", "assistant"]
+
+
+async def test_a_retried_run_reattaches_to_the_reply_it_started(server: LiveServer) -> None:
+    body = run_input(str(uuid.uuid4()), "hello once")
+    async with server.client() as api:
+        first = (await api.post("/v1/ag-ui", json=body)).text
+        again = (await api.post("/v1/ag-ui", json=body)).text
+        stored = (await api.get(f"/v1/ai-sdk/chat/{body['threadId']}/messages")).json()
+    assert len(stored) == 2
+    assert first.count("TEXT_MESSAGE_START") == again.count("TEXT_MESSAGE_START") == 1
+
+
+async def test_the_stream_is_sse_and_a_refusal_is_json(server: LiveServer) -> None:
+    async with server.client() as api:
+        ok = await api.post("/v1/ag-ui", json=run_input(str(uuid.uuid4()), "hi"))
+        refused = await api.post("/v1/ag-ui", json={"threadId": "x", "messages": []})
+    assert ok.headers["content-type"].startswith("text/event-stream")
+    assert refused.status_code == 422
+    assert refused.headers["content-type"].startswith("application/json")
+    assert isinstance(refused.json()["error"]["code"], str)
