@@ -365,6 +365,28 @@ test('denied, the call is answered with the refusal and never runs', BOUND, asyn
   assert.equal(twice.body.error.code, 'tool_call_not_awaiting_approval');
 });
 
+test('cancelling every interrupt beside a new message answers the message; the tool never runs', BOUND, async () => {
+  const agent = newAgent('steer-away');
+  agent.addMessage(user('/tool transfer_funds {"amount": 7, "to": "eve"}'));
+  const [interrupt] = (await run(agent)).interrupts;
+  agent.addMessage(user('forget it, just say hi'));
+  const cancelled = [{ interruptId: interrupt.id, status: 'cancelled' }];
+  const steered = await run(agent, { resume: cancelled });
+  assert.equal(steered.outcome, 'success');
+  assert.match(agent.messages.at(-1).content, /just say hi/);
+  const thread = await stored(agent.threadId);
+  assert.equal(thread[1].metadata.status, 'interrupted_by_user');
+  assert.equal(thread[1].parts.find((p) => p.type === 'tool-transfer_funds').state, 'output-error');
+  assert.equal(thread[3].metadata.status, 'completed');
+  assert.deepEqual(plain(await snapshotOf(agent.threadId)), plain(agent.messages));
+  // The same cancellation again is safe: nothing to decide, the thread as it is.
+  const replay = await call('POST', '/v1/ag-ui', {
+    body: { threadId: agent.threadId, runId: randomUUID(), messages: [], resume: cancelled },
+  });
+  assert.equal(replay.status, 200);
+  assert.equal((await stored(agent.threadId)).length, 4);
+});
+
 test('a client tool ends the run with the call pending; the next run carries its result', BOUND, async () => {
   const agent = newAgent('client-tool');
   const tools = [

@@ -3,7 +3,8 @@
 The stored history is the truth: of `messages` only the last one is read (a user message,
 or the results of client tool calls), with the id of the message before it (where the
 client's history ends, which tells a continuation from an edit). `resume` answers the
-interrupts of a parked reply. `tools` are the client's tools, offered to the model as
+interrupts of a parked reply; cancelling them all beside a new user message sends that
+message instead (assistant-ui's "steer away"). `tools` are the client's tools, offered to the model as
 OpenAI function tools; `context` and `state` are accepted and not used (chatmem builds its
 own prompt and keeps no agent state). `forwardedProps` carries chatmem's options.
 
@@ -43,6 +44,7 @@ class Answer:
     interrupt_id: str
     turn_id: Any  # uuid.UUID
     call_id: str
+    cancelled: bool  # status "cancelled": the person abandoned the question (a refusal)
     approved: bool
     reason: str | None
     arguments: str | None  # edited arguments (a JSON object), approvals only
@@ -98,9 +100,10 @@ def read_run(body: RunAgentInput, *, max_message_chars: int) -> RunRequest:
     user_message: tuple[str, str] | None = None
     previous_id: str | None = None
     results: tuple[ToolResult, ...] = ()
-    if not answers:
-        if not body.messages:
-            raise InvalidInput("messages is empty: there is nothing to answer", field="messages")
+    if not answers and not body.messages:
+        raise InvalidInput("messages is empty: there is nothing to answer", field="messages")
+    if body.messages and (not answers or isinstance(body.messages[-1], UserMessage)):
+        # With `resume`, a last user message is the one sent instead of answering (steer away).
         last = body.messages[-1]
         _check_message_id(last, len(body.messages) - 1)
         if isinstance(last, UserMessage):
@@ -213,7 +216,9 @@ def _answer(index: int, entry: Any) -> Answer:
         )
     turn_id, call_id = parsed
     if entry.status == "cancelled":
-        return Answer(entry.interrupt_id, turn_id, call_id, False, "the user cancelled this tool call", None)
+        return Answer(
+            entry.interrupt_id, turn_id, call_id, True, False, "the user cancelled this tool call", None
+        )
     payload = entry.payload
     if not isinstance(payload, dict) or not isinstance(payload.get("approved"), bool):
         raise InvalidInput(
@@ -234,4 +239,4 @@ def _answer(index: int, entry: Any) -> Answer:
             )
         check_json(edited, field=f"{field}.payload.editedArgs", max_bytes=MAX_FREE_JSON_BYTES)
         arguments = json.dumps(edited, ensure_ascii=False)
-    return Answer(entry.interrupt_id, turn_id, call_id, payload["approved"], reason, arguments)
+    return Answer(entry.interrupt_id, turn_id, call_id, False, payload["approved"], reason, arguments)

@@ -16,16 +16,25 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Annotated, Any
 
-from ag_ui.core import BaseEvent, Message, RunAgentInput, RunFinishedEvent, RunFinishedInterruptOutcome
+from ag_ui.core import (
+    BaseEvent,
+    Message,
+    RunAgentInput,
+    RunFinishedEvent,
+    RunFinishedInterruptOutcome,
+    ToolCallResultEvent,
+    UserMessage,
+)
 from fastapi import APIRouter, Body, Path, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.protocols.ag_ui.input import RunRequest, check_ids, read_run
+from chat_api.protocols.ag_ui.input import Answer, RunRequest, check_ids, read_run
 from chat_api.protocols.ag_ui.run import (
     CLIENT_MESSAGE_ID,
     HEADERS,
@@ -37,6 +46,8 @@ from chat_api.protocols.ag_ui.run import (
     now_ms,
     snapshot,
     speaks_1_0,
+    stopped_result,
+    stopped_result_id,
     thread_messages,
     user_message_id,
     waiting_interrupts,
@@ -85,11 +96,26 @@ STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
 async def run(body: RunAgentInput, owner: OwnerDep, services: ServicesDep, limits: RateLimitsDep) -> Response:
     """Run the agent on the thread: answer its new message, client tool results, or interrupts."""
     request = read_run(body, max_message_chars=services.settings.max_message_chars)
-    if request.answers:
+    steer_away = bool(request.answers) and request.user_message is not None
+    before: list[BaseEvent] = []
+    if request.answers and not steer_away:
         return await _resume(request, owner, services, limits)
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, request.thread_id)
-        if conversation is not None and conversation.active_reply_id is not None:
+        if steer_away:
+            # Every open interrupt cancelled and a new message instead: the waiting reply is
+            # stopped (its calls never run) and the message is answered, as on_busy=interrupt does.
+            if conversation is None:
+                raise NotFound("thread not found", thread_id=request.thread_id)
+            open_answers = await _checked_answers(session, owner, conversation, request)
+            if any(not a.cancelled for a, _ in open_answers):
+                raise InvalidInput(
+                    "a new message beside resume entries needs every interrupt cancelled",
+                    field="resume",
+                )
+            request = replace(request, answers=(), on_busy="interrupt")
+            before = _steered_away(request, await _active_history(session, conversation), open_answers)
+        elif conversation is not None and conversation.active_reply_id is not None:
             parked = await _parked_turn(session, conversation)
             if parked is not None:
                 # The tool never runs without its answer: the waiting calls are asked again.
@@ -113,7 +139,7 @@ async def run(body: RunAgentInput, owner: OwnerDep, services: ServicesDep, limit
     async def begin(session: AsyncSession, locked: Conversation, reply_id: uuid.UUID) -> Started:
         return await _begin_message(services, session, locked, reply_id, request)
 
-    return await _reply_stream(services, owner, limits, request, conversation, begin, text)
+    return await _reply_stream(services, owner, limits, request, conversation, begin, text, before)
 
 
 async def _begin_message(
@@ -184,7 +210,9 @@ async def _reply_stream(
     conversation: Conversation | None,
     begin: Any,
     content: str | None,
+    before: Sequence[BaseEvent] = (),
 ) -> Response:
+    """Start the reply with `begin` and stream it; `before` goes out right after RUN_STARTED."""
     # Taken before anything is stored, so a 429 leaves nothing behind.
     slot = limits.streams.acquire(owner)
     try:
@@ -210,7 +238,8 @@ async def _reply_stream(
         raise
     translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)
     stop = request.on_disconnect == "stop"
-    events = _run_stream(services, accepted.reply_id, 0, translator, [translator.run_started()], stop=stop)
+    prefix = [translator.run_started(), *before]
+    events = _run_stream(services, accepted.reply_id, 0, translator, prefix, stop=stop)
     return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
@@ -272,50 +301,99 @@ def _interrupt_again(
     return Response(body, media_type=MEDIA_TYPE, headers=HEADERS)
 
 
+async def _checked_answers(
+    session: AsyncSession, owner: Owner, conversation: Conversation, request: RunRequest
+) -> list[tuple[Answer, Turn]]:
+    """The answers that decide an open interrupt, each with its turn; every one checked, none recorded.
+
+    An unknown interrupt is InvalidInput; one already decided or stopped is NotAwaitingApproval,
+    except a `cancelled` answer, which stays true of it (a replayed resume is safe). A resume
+    must answer every open interrupt of the run.
+    """
+    checked: list[tuple[Answer, Turn]] = []
+    turns: dict[uuid.UUID, Turn] = {}
+    for answer in request.answers:
+        turn = turns.get(answer.turn_id)
+        if turn is None:
+            try:
+                turn = await get_turn(session, owner, answer.turn_id)
+            except NotFound as exc:
+                raise _unknown(answer) from exc
+            if turn.conversation_id != conversation.id:
+                raise _unknown(answer)
+            turns[turn.id] = turn
+        call = next((c for c in turn.tool_calls or [] if c.get("id") == answer.call_id), None)
+        if call is None:
+            raise _unknown(answer)
+        if (
+            turn.status == TurnStatus.AWAITING_APPROVAL
+            and call.get("state") == ToolCallState.AWAITING_APPROVAL
+        ):
+            checked.append((answer, turn))
+        elif not answer.cancelled:
+            raise NotAwaitingApproval(
+                "this interrupt is not open (its call was decided, or its run ended)",
+                interrupt_id=answer.interrupt_id,
+                turn_status=turn.status,
+                call_state=call.get("state"),
+            )
+    answered = {(a.turn_id, a.call_id) for a in request.answers}
+    for turn in {t.id: t for _, t in checked}.values():
+        left = [i.id for i in waiting_interrupts(turn) if (turn.id, i.tool_call_id) not in answered]
+        if left:
+            raise InvalidInput(
+                "a resume must answer every open interrupt of the run", field="resume", unanswered=left
+            )
+    return checked
+
+
+def _steered_away(
+    request: RunRequest, turns: list[Turn], cancelled: list[tuple[Answer, Turn]]
+) -> list[BaseEvent]:
+    """What the client is told of the reply it steered away from: each cancelled call's result.
+
+    The stop that ends that reply answers its calls (as every stop does); the snapshot lets
+    the client (and any validator) know the calls those results answer, and holds the new
+    message under the client's id, which the reply about to start answers.
+    """
+    assert request.user_message is not None
+    message_id, text = request.user_message
+    history = [*thread_messages(turns), UserMessage(id=message_id, content=text)]
+    results = [
+        ToolCallResultEvent(
+            message_id=stopped_result_id(answer.call_id),
+            tool_call_id=answer.call_id,
+            content=stopped_result(),
+            role="tool",
+            timestamp=now_ms(),
+        )
+        for answer, _ in cancelled
+    ]
+    return [snapshot(history), *results]
+
+
+def _unknown(answer: Answer) -> InvalidInput:
+    return InvalidInput("unknown interrupt id", field="resume", interrupt_id=answer.interrupt_id)
+
+
 async def _resume(request: RunRequest, owner: Owner, services: Services, limits: RateLimits) -> Response:
     """Record the answers to the thread's interrupts; the last one resumes the reply, streamed from there."""
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, request.thread_id)
         if conversation is None:
             raise NotFound("thread not found", thread_id=request.thread_id)
-        # Every answer is checked before any is recorded: a refused request decides nothing.
-        parked: dict[uuid.UUID, Turn] = {}
-        for answer in request.answers:
-            turn = parked.get(answer.turn_id)
-            if turn is None:
-                try:
-                    turn = await get_turn(session, owner, answer.turn_id)
-                except NotFound as exc:
-                    raise InvalidInput(
-                        "unknown interrupt id", field="resume", interrupt_id=answer.interrupt_id
-                    ) from exc
-                if turn.conversation_id != conversation.id:
-                    raise InvalidInput(
-                        "unknown interrupt id", field="resume", interrupt_id=answer.interrupt_id
-                    )
-                parked[turn.id] = turn
-            call = next((c for c in turn.tool_calls or [] if c.get("id") == answer.call_id), None)
-            if call is None:
-                raise InvalidInput("unknown interrupt id", field="resume", interrupt_id=answer.interrupt_id)
-            if (
-                turn.status != TurnStatus.AWAITING_APPROVAL
-                or call.get("state") != ToolCallState.AWAITING_APPROVAL
-            ):
-                raise NotAwaitingApproval(
-                    "this interrupt is not open (its call was decided, or its run ended)",
-                    interrupt_id=answer.interrupt_id,
-                    turn_status=turn.status,
-                    call_state=call.get("state"),
-                )
-        answered = {(a.turn_id, a.call_id) for a in request.answers}
-        for turn in parked.values():
-            left = [i.id for i in waiting_interrupts(turn) if (turn.id, i.tool_call_id) not in answered]
-            if left:
-                raise InvalidInput(
-                    "a resume must answer every open interrupt of the run", field="resume", unanswered=left
-                )
+        checked = await _checked_answers(session, owner, conversation, request)
         # Read before any decision: the snapshot is the parked reply as the client last saw it.
-        history = thread_messages(await _active_history(session, conversation))
+        turns = await _active_history(session, conversation)
+    history = thread_messages(turns)
+    if not checked:
+        # Only cancellations of interrupts already closed: nothing to decide, the thread as it is.
+        translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)
+        finished = RunFinishedEvent(thread_id=request.thread_id, run_id=request.run_id, timestamp=now_ms())
+        return Response(
+            encode([translator.run_started(), snapshot(history), finished]), media_type=MEDIA_TYPE
+        )
+    parked = {turn.id: turn for _, turn in checked}
     slot = limits.streams.acquire(owner)
     try:
         async with services.db.transaction() as session:
@@ -323,7 +401,7 @@ async def _resume(request: RunRequest, owner: Owner, services: Services, limits:
             if user_turn is not None:  # where connect finds the run that drives the reply now
                 await remember_message_id(session, user_turn.id, RUN_ID, request.run_id)
         decided = None
-        for answer in request.answers:
+        for answer, _ in checked:
             decision = Decision(
                 approved=answer.approved, by="user", reason=answer.reason, arguments=answer.arguments
             )

@@ -68,6 +68,7 @@ from ag_ui.core import (
 from ag_ui.encoder import EventEncoder
 
 from chat_api.protocols.approvals import approval_id
+from memory.models import ToolCallState, TurnStatus
 from memory.reply_state import Event
 
 MEDIA_TYPE = EventEncoder().get_content_type()
@@ -76,7 +77,6 @@ MEMORY_EVENT = "chatmem.memory"
 # The result a call gets when its reply ended before it had one (AG-UI leaves no call unanswered).
 STOPPED = "the reply was stopped before this tool call finished"
 FAILED = "the reply failed before this tool call finished"
-USER_STOP_STATUS = "interrupted_by_user"
 # What a person answers a tool-call interrupt with (the AG-UI interrupts page's approval shape).
 APPROVAL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -107,6 +107,11 @@ def speaks_1_0(protocol_version: str | None) -> bool:
 def stopped_result_id(call_id: str) -> str:
     """The message id of the result a call gets when its reply ended without one (stream and snapshot)."""
     return f"{call_id}-stopped"
+
+
+def stopped_result() -> str:
+    """The content of the result a call gets when a stop ended its reply before it had one."""
+    return _error_json(STOPPED)
 
 
 def now_ms() -> int:
@@ -198,7 +203,7 @@ class RunTranslator:
         elif name == "turn.completed":
             out += [*self._close_text(), *self._end_calls(), self._finished_success()]
         elif name == "turn.interrupted":
-            if data.get("status") == USER_STOP_STATUS:
+            if data.get("status") == TurnStatus.INTERRUPTED_BY_USER:
                 out += [*self._close_open(STOPPED), self._finished_cancelled()]
             else:
                 out += [*self._close_open(FAILED), self._run_error(data.get("error"), "interrupted")]
@@ -422,9 +427,9 @@ RUN_ID = "ag_ui_run_id"
 
 # A reply that ended before a call had its result: the stream answered the call for it.
 _ENDED_WITHOUT_RESULT = {
-    "interrupted_by_user": STOPPED,
-    "interrupted_by_error": FAILED,
-    "failed": FAILED,
+    TurnStatus.INTERRUPTED_BY_USER: STOPPED,
+    TurnStatus.INTERRUPTED_BY_ERROR: FAILED,
+    TurnStatus.FAILED: FAILED,
 }
 
 
@@ -484,7 +489,7 @@ def waiting_interrupts(turn: StoredTurn) -> list[Interrupt]:
     """The interrupts of a parked turn: one per call that waits for a person."""
     out = []
     for call in turn.tool_calls or []:
-        if call.get("state") != "awaiting_approval":
+        if call.get("state") != ToolCallState.AWAITING_APPROVAL:
             continue
         approval = call.get("approval") or {}
         out.append(
