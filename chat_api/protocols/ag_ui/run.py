@@ -3,8 +3,8 @@
 Pure translation, no database and no HTTP. One reply is one AG-UI run: `RunTranslator`
 folds the reply's event log (live or stored, from any position) into AG-UI events built
 with the official SDK's types (`ag-ui-protocol`), and keeps the AG-UI messages it has sent;
-`thread_messages` builds the same messages from stored turns (the MESSAGES_SNAPSHOT of
-connect and of a resumed run). The two agree: a client that applied the stream holds the
+`thread.thread_messages` builds the same messages from stored turns (the MESSAGES_SNAPSHOT
+of connect and of a resumed run). The two agree: a client that applied the stream holds the
 messages a snapshot sends back, under the same ids.
 
 | chatmem event | AG-UI events |
@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ag_ui.core import (
     PROTOCOL_VERSION,
@@ -47,7 +46,6 @@ from ag_ui.core import (
     FunctionCall,
     Interrupt,
     Message,
-    MessagesSnapshotEvent,
     RunErrorEvent,
     RunFinishedCancelledOutcome,
     RunFinishedEvent,
@@ -63,12 +61,11 @@ from ag_ui.core import (
     ToolCallResultEvent,
     ToolCallStartEvent,
     ToolMessage,
-    UserMessage,
 )
 from ag_ui.encoder import EventEncoder
 
 from chat_api.protocols.approvals import approval_id
-from memory.models import ToolCallState, TurnStatus
+from memory.models import TurnStatus
 from memory.reply_state import Event
 
 MEDIA_TYPE = EventEncoder().get_content_type()
@@ -111,7 +108,7 @@ def stopped_result_id(call_id: str) -> str:
 
 def stopped_result() -> str:
     """The content of the result a call gets when a stop ended its reply before it had one."""
-    return _error_json(STOPPED)
+    return error_json(STOPPED)
 
 
 def now_ms() -> int:
@@ -190,7 +187,7 @@ class RunTranslator:
             out += self._tool_delta(data)
         elif name == "tool_call.approval_required":
             out += [*self._close_text(), *self._end_calls()]
-            self._interrupts.append(_interrupt(data))
+            self._interrupts.append(interrupt_of(data))
         elif name == "turn.awaiting_approval":
             out += [*self._close_text(), *self._end_calls()]
             self._parked = bool(self._interrupts)
@@ -356,7 +353,7 @@ class RunTranslator:
         for call in self._calls.values():
             if not call.answered:
                 call.answered = True
-                out.append(self._tool_message(stopped_result_id(call.id), call.id, _error_json(why)))
+                out.append(self._tool_message(stopped_result_id(call.id), call.id, error_json(why)))
         return out
 
     # --- endings ---------------------------------------------------------------------
@@ -386,7 +383,8 @@ class RunTranslator:
         return RunErrorEvent(message=message, code=code, timestamp=now_ms())
 
 
-def _interrupt(data: dict[str, Any]) -> Interrupt:
+def interrupt_of(data: dict[str, Any]) -> Interrupt:
+    """The interrupt of a call that waits for a person (data: an approval_required event's)."""
     name = str(data.get("name") or "tool")
     arguments = str(data.get("arguments") or "{}")
     expires = data.get("expires_at")
@@ -400,107 +398,6 @@ def _interrupt(data: dict[str, Any]) -> Interrupt:
     )
 
 
-def _error_json(text: str) -> str:
+def error_json(text: str) -> str:
+    """The content of a result chatmem gives a call that has none of its own."""
     return json.dumps({"error": text})
-
-
-# --- stored history → AG-UI messages ----------------------------------------------------
-
-
-class StoredTurn(Protocol):
-    """What a stored turn offers the translation (memory.models.Turn has it)."""
-
-    id: uuid.UUID
-    role: str
-    status: str
-    content: str
-    tool_calls: list[dict[str, Any]]
-    tool_call_id: str | None
-    reply_id: uuid.UUID | None
-    meta: dict[str, Any] | None
-
-
-# Where the client's own id of a user message is kept, so snapshots return the id it has.
-CLIENT_MESSAGE_ID = "ag_ui_message_id"
-# The AG-UI run that drives a reply now (kept on its user turn): what connect's RUN_STARTED says.
-RUN_ID = "ag_ui_run_id"
-
-# A reply that ended before a call had its result: the stream answered the call for it.
-_ENDED_WITHOUT_RESULT = {
-    TurnStatus.INTERRUPTED_BY_USER: STOPPED,
-    TurnStatus.INTERRUPTED_BY_ERROR: FAILED,
-    TurnStatus.FAILED: FAILED,
-}
-
-
-def user_message_id(turn: StoredTurn) -> str:
-    """The AG-UI id of a user turn or client tool result: the client's id if it sent one, else the turn id."""
-    client_id = (turn.meta or {}).get(CLIENT_MESSAGE_ID)
-    return str(client_id) if isinstance(client_id, str) and client_id else str(turn.id)
-
-
-def thread_messages(turns: Sequence[StoredTurn]) -> list[Message]:
-    """Stored turns (oldest first) as the AG-UI messages the stream sent for them, under the same ids."""
-    messages: list[Message] = []
-    answered = {t.tool_call_id for t in turns if t.role == "tool" and t.tool_call_id}
-    for turn in turns:
-        if turn.role == "user":
-            messages.append(UserMessage(id=user_message_id(turn), content=turn.content or ""))
-        elif turn.role == "tool" and turn.tool_call_id:
-            messages.append(
-                ToolMessage(id=user_message_id(turn), tool_call_id=turn.tool_call_id, content=turn.content)
-            )
-        elif turn.role == "assistant":
-            messages += _assistant_messages(turn, answered)
-    return messages
-
-
-def _assistant_messages(turn: StoredTurn, answered: set[str]) -> list[Message]:
-    calls = [
-        ToolCall(
-            id=str(call.get("id")),
-            function=FunctionCall(
-                name=str(call.get("name") or "tool"), arguments=str(call.get("arguments") or "")
-            ),
-        )
-        for call in turn.tool_calls or []
-    ]
-    if not turn.content and not calls:
-        return []
-    out: list[Message] = [
-        AssistantMessage(id=str(turn.id), content=turn.content or None, tool_calls=calls or None)
-    ]
-    why = _ENDED_WITHOUT_RESULT.get(turn.status)
-    if why is not None:
-        for call in calls:
-            if call.id not in answered:
-                out.append(
-                    ToolMessage(id=stopped_result_id(call.id), tool_call_id=call.id, content=_error_json(why))
-                )
-    return out
-
-
-def snapshot(messages: Sequence[Message]) -> MessagesSnapshotEvent:
-    """A MESSAGES_SNAPSHOT of these messages."""
-    return MessagesSnapshotEvent(messages=list(messages), timestamp=now_ms())
-
-
-def waiting_interrupts(turn: StoredTurn) -> list[Interrupt]:
-    """The interrupts of a parked turn: one per call that waits for a person."""
-    out = []
-    for call in turn.tool_calls or []:
-        if call.get("state") != ToolCallState.AWAITING_APPROVAL:
-            continue
-        approval = call.get("approval") or {}
-        out.append(
-            _interrupt(
-                {
-                    "turn_id": str(turn.id),
-                    "call_id": call.get("id"),
-                    "name": call.get("name"),
-                    "arguments": call.get("arguments"),
-                    "expires_at": approval.get("expires_at"),
-                }
-            )
-        )
-    return out

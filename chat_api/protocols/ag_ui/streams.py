@@ -1,0 +1,138 @@
+"""Starting a reply for a run and streaming it, or joining one already running (connect), as AG-UI frames."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from ag_ui.core import (
+    BaseEvent,
+    Message,
+)
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+
+from chat_api.protocols.ag_ui.input import RunRequest
+from chat_api.protocols.ag_ui.run import (
+    HEADERS,
+    MEDIA_TYPE,
+    MEMORY_EVENT,
+    RunTranslator,
+    encode,
+)
+from chat_api.protocols.ag_ui.thread import (
+    snapshot,
+)
+from chat_api.ratelimit import RateLimits, held_while_streaming
+from chat_api.services import Services
+from memory.ai_sdk_chats import chat_conversation
+from memory.conversations import Owner
+from memory.models import Conversation
+from memory.reply_state import Event
+
+# isort: split
+# The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.
+from chat_api.replies import (
+    Accepted,
+    follow_reply,
+    start_reply,
+)
+
+
+def idempotency_key(request: RunRequest) -> str:
+    # A retried input (the same runId) reattaches to the reply it started.
+    return f"ag-ui:{request.run_id}"
+
+
+async def start_and_stream(
+    services: Services,
+    owner: Owner,
+    limits: RateLimits,
+    request: RunRequest,
+    conversation: Conversation | None,
+    begin: Any,
+    content: str | None,
+    before: Sequence[BaseEvent] = (),
+) -> Response:
+    """Start the reply with `begin` and stream it; `before` goes out right after RUN_STARTED."""
+    # Taken before anything is stored, so a 429 leaves nothing behind.
+    slot = limits.streams.acquire(owner)
+    try:
+        if conversation is None:
+            async with services.db.transaction() as session:
+                conversation = await chat_conversation(session, owner, request.thread_id)
+        accepted: Accepted = await start_reply(
+            services,
+            owner,
+            conversation.id,
+            begin,
+            on_busy=request.on_busy or services.settings.on_busy_default,
+            idempotency_key=idempotency_key(request) if content is not None else None,
+            memory_scope=request.memory_scope or services.settings.memory_scope,
+            content=content,
+        )
+        reply = services.registry.get(accepted.reply_id)
+        if reply is not None and not accepted.reattached:
+            # Set before anything awaits: the reply's task has been created but has not run yet.
+            reply.client_tools = request.tools
+    except BaseException:
+        slot.release()
+        raise
+    translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)
+    stop = request.on_disconnect == "stop"
+    prefix = [translator.run_started(), *before]
+    events = run_stream(services, accepted.reply_id, 0, translator, prefix, stop=stop)
+    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+
+
+async def run_stream(
+    services: Services,
+    reply_id: uuid.UUID,
+    after: int,
+    translator: RunTranslator,
+    prefix: list[BaseEvent],
+    *,
+    stop: bool,
+    batches: AsyncIterator[list[Any]] | None = None,
+) -> AsyncIterator[bytes]:
+    """The reply's events after `after` as AG-UI SSE frames, one write per batch, until the run ends."""
+    try:
+        if prefix:
+            yield encode(prefix)
+        async for batch in batches or follow_reply(services, reply_id, after):
+            out = [event for item in batch for event in translator.translate(item)]
+            if out:
+                yield encode(out)
+            if translator.ended:
+                break
+        if not translator.ended:
+            yield encode(translator.end())
+    finally:
+        if stop and not translator.ended:
+            reply = services.registry.get(reply_id)
+            if reply is not None:
+                reply.request_stop("client_disconnected")
+
+
+async def joined_stream(
+    services: Services, reply_id: uuid.UUID, translator: RunTranslator, history: list[Message]
+) -> AsyncIterator[bytes]:
+    """Connect's stream: the reply's log so far folded into a snapshot, then the rest live."""
+    batches = follow_reply(services, reply_id, 0)
+    try:
+        first: list[Event] = await anext(batches, [])
+        folded = [event for item in first for event in translator.translate(item)]
+        prefix: list[BaseEvent] = [
+            translator.run_started(),
+            snapshot([*history, *translator.settled_messages()]),
+        ]
+        if translator.ended:
+            yield encode([*prefix, folded[-1]])  # it ended meanwhile: its outcome, nothing else
+            return
+        prefix += [e for e in folded if getattr(e, "name", None) == MEMORY_EVENT][-1:]
+        prefix += translator.open_parts()
+        async for frame in run_stream(services, reply_id, 0, translator, prefix, stop=False, batches=batches):
+            yield frame
+    finally:
+        await batches.aclose()  # type: ignore[attr-defined]
