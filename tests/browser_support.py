@@ -135,6 +135,34 @@ class ChatmemUp:
 
 
 @contextmanager
+def served_example(example: Path) -> Iterator[str]:
+    """An example page bundled and served by its own pinned esbuild (its `npm run serve`), on a free port."""
+    esbuild = example / "node_modules" / ".bin" / "esbuild"
+    assert esbuild.exists(), f"run `npm ci` in {example.relative_to(ROOT)} (make js-deps)"
+    port = free_port()
+    command = [str(esbuild), "src/main.jsx", "--bundle", "--jsx=automatic", "--outfile=public/app.js"]
+    command += ["--servedir=public", f"--serve=127.0.0.1:{port}", "--log-level=warning"]
+    # esbuild's server stops when its stdin closes: a pipe held open keeps it serving.
+    proc = subprocess.Popen(command, cwd=example, stdin=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/app.js", timeout=10).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the example's esbuild server did not start")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+@contextmanager
 def launch_chromium() -> Iterator[Browser]:
     """Debian's Chromium, headless, through Playwright."""
     from playwright.sync_api import sync_playwright

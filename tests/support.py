@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+import shutil
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -42,3 +44,41 @@ async def wait_until(
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout:g}s waiting for {what}") from None
     return value
+
+
+async def run_node_tests(
+    directory: Path,
+    suite: str | Sequence[str],
+    env: dict[str, str],
+    *,
+    timeout: float,
+    reporter: str = "spec",
+) -> str:
+    """Run a `node --test` suite, or several (a protocol's own JS client against a live server); its report.
+
+    Fails the test with node's output when a test failed or the suite took longer than `timeout`.
+    """
+    node = shutil.which("node")
+    assert node is not None, "node is not installed"
+    proc = await asyncio.create_subprocess_exec(
+        node,
+        "--test",
+        f"--test-reporter={reporter}",
+        *([suite] if isinstance(suite, str) else suite),
+        cwd=directory,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    except TimeoutError:
+        proc.kill()
+        output, _ = await proc.communicate()
+        raise AssertionError(
+            f"{suite} took over {timeout}s:\n{output.decode(errors='replace')[-20000:]}"
+        ) from None
+    report = output.decode(errors="replace")
+    print(report)  # node's report, shown with -s or -rA
+    assert proc.returncode == 0, report[-20000:]
+    return report

@@ -26,6 +26,7 @@ from chat_api.protocols.ag_ui.run import MEDIA_TYPE
 from memory.db import Database
 from tests.conftest import token_for
 from tests.procs import server_process
+from tests.support import run_node_tests
 
 JS_DIR = Path(__file__).parent / "js"
 SUITE = "ag_ui.test.mjs"
@@ -80,25 +81,7 @@ async def test_the_ag_ui_client_and_validator_accept_chatmem(
             "CHATMEM_OTHER_USER_TOKEN": token_for("t1", "u2"),
             "CHATMEM_CAPTURES": str(captures),
         }
-        assert NODE is not None
-        proc = await asyncio.create_subprocess_exec(
-            NODE,
-            "--test",
-            "--test-reporter=spec",
-            SUITE,
-            cwd=JS_DIR,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            output, _ = await asyncio.wait_for(proc.communicate(), timeout=SUITE_TIMEOUT_SECONDS)
-        except TimeoutError:
-            proc.kill()
-            output, _ = await proc.communicate()
-            pytest.fail(f"the AG-UI suite took over {SUITE_TIMEOUT_SECONDS}s:\n{output.decode()[-20000:]}")
-        print(output.decode())  # node's report, shown with -s or -rA
-        assert proc.returncode == 0, output.decode()[-20000:]
+        await run_node_tests(JS_DIR, SUITE, env, timeout=SUITE_TIMEOUT_SECONDS)
 
         live = await asyncio.create_subprocess_exec(
             str(VALIDATOR),

@@ -9,7 +9,6 @@ with node's test runner, failing with node's output.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from memory.storage.db import Database
 from tests.conftest import token_for
 from tests.procs import server_process
+from tests.support import run_node_tests
 
 JS_DIR = Path(__file__).parent / "js"
 SUITE = "ai_sdk.test.mjs"
@@ -45,22 +45,4 @@ async def test_the_ai_sdk_client_speaks_to_chatmem(pg_url: str, db: Database) ->
             "CHATMEM_OTHER_USER_TOKEN": token_for("t1", "u2"),
             "CHATMEM_OTHER_TENANT_TOKEN": token_for("t2", "u1"),
         }
-        assert NODE is not None
-        proc = await asyncio.create_subprocess_exec(
-            NODE,
-            "--test",
-            "--test-reporter=spec",
-            SUITE,
-            cwd=JS_DIR,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            output, _ = await asyncio.wait_for(proc.communicate(), timeout=SUITE_TIMEOUT_SECONDS)
-        except TimeoutError:
-            proc.kill()
-            output, _ = await proc.communicate()
-            pytest.fail(f"the AI SDK suite took over {SUITE_TIMEOUT_SECONDS}s:\n{output.decode()[-20000:]}")
-    print(output.decode())  # node's report, shown with -s or -rA
-    assert proc.returncode == 0, output.decode()[-20000:]
+        await run_node_tests(JS_DIR, SUITE, env, timeout=SUITE_TIMEOUT_SECONDS)

@@ -8,22 +8,17 @@ SDK's transport and the stop endpoint: send, stop, reload-resume, approve.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.browser_support import ChatmemUp, browser_missing
-from tests.conftest import free_port
+from tests.browser_support import ChatmemUp, browser_missing, served_example
 
 pytestmark = pytest.mark.browser
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ai-sdk-react"
-ESBUILD = EXAMPLE / "node_modules" / ".bin" / "esbuild"
 NODE = shutil.which("node")
 
 _missing = browser_missing()
@@ -41,28 +36,8 @@ ASK = '/tool transfer_funds {"amount": 3, "to": "carol"}'
 @pytest.fixture(scope="module")
 def example_url() -> Iterator[str]:
     """The example, bundled and served by esbuild (what `npm run serve` does, on a free port)."""
-    assert ESBUILD.exists(), "run `npm ci` in examples/ai-sdk-react (make js-deps)"
-    port = free_port()
-    command = [str(ESBUILD), "src/main.jsx", "--bundle", "--jsx=automatic", "--outfile=public/app.js"]
-    command += ["--servedir=public", f"--serve=127.0.0.1:{port}", "--log-level=warning"]
-    # esbuild's server stops when its stdin closes: a pipe held open keeps it serving.
-    proc = subprocess.Popen(command, cwd=EXAMPLE, stdin=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/app.js", timeout=10).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the example's esbuild server did not start")
-            time.sleep(0.2)
+    with served_example(EXAMPLE) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ installs them with `npm ci`).
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from tests.openai_support import make_key, new_user
 from tests.procs import server_process
+from tests.support import run_node_tests
 
 JS = Path(__file__).parent / "js"
 NODE = shutil.which("node")
@@ -30,23 +30,7 @@ async def test_openai_npm_package_streams_and_aborts(pg_url: str) -> None:
     assert NODE is not None
     async with server_process(pg_url, demo_tokens_per_second=40) as live:
         key = await make_key(live, new_user())
-        proc = await asyncio.create_subprocess_exec(
-            NODE,
-            "--test",
-            "--test-reporter=tap",
-            "openai_chat.test.mjs",
-            "openai_responses.test.mjs",
-            cwd=JS,
-            env={"PATH": str(Path(NODE).parent), "CHATMEM_URL": live.base_url, "CHATMEM_KEY": key},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            output, _ = await asyncio.wait_for(proc.communicate(), timeout=180)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    report = output.decode(errors="replace")
-    assert proc.returncode == 0, report
+        env = {"PATH": str(Path(NODE).parent), "CHATMEM_URL": live.base_url, "CHATMEM_KEY": key}
+        suites = ["openai_chat.test.mjs", "openai_responses.test.mjs"]
+        report = await run_node_tests(JS, suites, env, timeout=180, reporter="tap")
     assert "# fail 0" in report and "# pass 9" in report, report

@@ -8,9 +8,7 @@ result gets the result the stream gave it.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
-from typing import Any, Protocol
 
 from ag_ui.core import (
     AssistantMessage,
@@ -24,21 +22,7 @@ from ag_ui.core import (
 )
 
 from chat_api.protocols.ag_ui.run import FAILED, STOPPED, error_json, interrupt_of, now_ms, stopped_result_id
-from memory.models import ToolCallState, TurnStatus
-
-
-class StoredTurn(Protocol):
-    """What a stored turn offers the translation (memory.models.Turn has it)."""
-
-    id: uuid.UUID
-    role: str
-    status: str
-    content: str
-    tool_calls: list[dict[str, Any]]
-    tool_call_id: str | None
-    reply_id: uuid.UUID | None
-    meta: dict[str, Any] | None
-
+from memory.models import ToolCallState, Turn, TurnStatus
 
 # Where the client's own id of a user message is kept, so snapshots return the id it has.
 CLIENT_MESSAGE_ID = "ag_ui_message_id"
@@ -53,13 +37,13 @@ _ENDED_WITHOUT_RESULT = {
 }
 
 
-def user_message_id(turn: StoredTurn) -> str:
+def user_message_id(turn: Turn) -> str:
     """The AG-UI id of a user turn or client tool result: the client's id if it sent one, else the turn id."""
     client_id = (turn.meta or {}).get(CLIENT_MESSAGE_ID)
     return str(client_id) if isinstance(client_id, str) and client_id else str(turn.id)
 
 
-def thread_messages(turns: Sequence[StoredTurn]) -> list[Message]:
+def thread_messages(turns: Sequence[Turn]) -> list[Message]:
     """Stored turns (oldest first) as the AG-UI messages the stream sent for them, under the same ids."""
     messages: list[Message] = []
     answered = {t.tool_call_id for t in turns if t.role == "tool" and t.tool_call_id}
@@ -75,7 +59,7 @@ def thread_messages(turns: Sequence[StoredTurn]) -> list[Message]:
     return messages
 
 
-def _assistant_messages(turn: StoredTurn, answered: set[str]) -> list[Message]:
+def _assistant_messages(turn: Turn, answered: set[str]) -> list[Message]:
     calls = [
         ToolCall(
             id=str(call.get("id")),
@@ -105,7 +89,7 @@ def snapshot(messages: Sequence[Message]) -> MessagesSnapshotEvent:
     return MessagesSnapshotEvent(messages=list(messages), timestamp=now_ms())
 
 
-def waiting_interrupts(turn: StoredTurn) -> list[Interrupt]:
+def waiting_interrupts(turn: Turn) -> list[Interrupt]:
     """The interrupts of a parked turn: one per call that waits for a person."""
     out = []
     for call in turn.tool_calls or []:
