@@ -121,3 +121,13 @@ async def test_the_stream_is_sse_and_a_refusal_is_json(server: LiveServer) -> No
     assert refused.status_code == 422
     assert refused.headers["content-type"].startswith("application/json")
     assert isinstance(refused.json()["error"]["code"], str)
+
+
+async def test_a_client_that_sends_only_its_new_message_continues_the_thread(server: LiveServer) -> None:
+    thread_id = str(uuid.uuid4())
+    async with server.client() as api:
+        for text in ("my name is Ada", "what is my name?"):
+            async with api.stream("POST", "/v1/ag-ui", json=run_input(thread_id, text)) as response:
+                assert [item.data async for item in iter_sse(response)][-1]["type"] == "RUN_FINISHED"
+        stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
+    assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant"]

@@ -172,13 +172,12 @@ async def _begin_message(
 def _fork_point(turns: Sequence[Turn], previous_id: str | None) -> int | None:
     """Where the client's history ends, if before chatmem's: the seq a new branch keeps up to.
 
-    None: the client's history ends where chatmem's does (or names nothing chatmem knows:
-    the stored history wins), so the new message continues the active branch.
+    None: the client's history ends where chatmem's does, or names nothing chatmem knows (a
+    client that sends only the new message, say): the stored history wins, and the new
+    message continues the active branch.
     """
-    if not turns:
+    if not turns or previous_id is None:
         return None
-    if previous_id is None:
-        return 0  # the client's history is only the new message: an edit of the first one
     ends = {}  # AG-UI message id -> the seq its message ends at (a reply ends with its last turn)
     reply_end: dict[uuid.UUID, int] = {}
     for turn in turns:
