@@ -36,6 +36,7 @@ from chat_api.protocols.ag_ui.thread import (
     thread_messages,
     waiting_interrupts,
 )
+from chat_api.quotas import check_running_replies
 from chat_api.ratelimit import RateLimits, held_while_streaming
 from chat_api.services import Services
 from memory.ai_sdk_chats import find_chat, remember_message_id
@@ -178,6 +179,7 @@ async def resume(request: RunRequest, owner: Owner, services: Services, limits: 
             encode([translator.run_started(), snapshot(history), finished]), media_type=MEDIA_TYPE
         )
     parked = {turn.id: turn for _, turn in checked}
+    check_running_replies(services.registry, owner, services.settings.max_running_replies_per_user)
     slot = limits.streams.acquire(owner)
     try:
         async with services.db.transaction() as session:

@@ -24,6 +24,7 @@ from chat_api.protocols.ag_ui.run import (
 from chat_api.protocols.ag_ui.thread import (
     snapshot,
 )
+from chat_api.quotas import check_running_replies
 from chat_api.ratelimit import RateLimits, held_while_streaming
 from chat_api.services import Services
 from memory.ai_sdk_chats import chat_conversation
@@ -57,6 +58,7 @@ async def start_and_stream(
 ) -> Response:
     """Start the reply with `begin` and stream it; `before` goes out right after RUN_STARTED."""
     # Taken before anything is stored, so a 429 leaves nothing behind.
+    check_running_replies(services.registry, owner, services.settings.max_running_replies_per_user)
     slot = limits.streams.acquire(owner)
     try:
         if conversation is None:
