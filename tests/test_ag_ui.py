@@ -7,6 +7,7 @@ event is parsed with the AG-UI SDK's own event model.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -75,22 +76,22 @@ async def test_on_disconnect_stop_makes_a_hang_up_a_stop(start_server: Any) -> N
         assert reply["metadata"]["interrupt_reason"] == "client_disconnected"
 
 
-async def test_another_users_conversation_id_as_thread_id_is_404_and_changes_nothing(
-    server: LiveServer,
-) -> None:
+async def test_another_users_conversation_id_as_thread_id_is_like_an_unused_id(server: LiveServer) -> None:
+    """A thread of the caller's own: the owner's is neither changed, nor shown, nor confirmed to exist."""
     async with server.client(user="u1") as owner, server.client(user="u2") as other:
         conversation_id = await new_conversation(owner, title="owner's")
-        for path in (
-            "/v1/ag-ui",
-            f"/v1/ag-ui/{conversation_id}/connect",
-            f"/v1/ag-ui/{conversation_id}/stop",
-        ):
-            body = run_input(conversation_id, "let me in")
-            response = await other.post(path, json=body)
-            assert response.status_code == 404, (path, response.text)
-            assert response.json()["error"]["code"] == "not_found"
-        assert (await other.get("/v1/conversations")).json()["items"] == []
+        unused = str(uuid.uuid4())
+        for thread_id in (unused, conversation_id):
+            connect = await other.post(f"/v1/ag-ui/{thread_id}/connect", json={})
+            assert (connect.status_code, connect.json()["error"]["code"]) == (404, "not_found")
+            stop = await other.post(f"/v1/ag-ui/{thread_id}/stop")
+            assert stop.json() == {"success": True}
+            async with other.stream("POST", "/v1/ag-ui", json=run_input(thread_id, "let me in")) as response:
+                events = [item.data async for item in iter_sse(response)]
+            assert events[-1]["type"] == "RUN_FINISHED"
+            assert "owner's" not in json.dumps(events)
         assert (await owner.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"] == []
+        assert len((await other.get("/v1/conversations")).json()["items"]) == 2  # two threads of its own
 
 
 async def test_a_thread_is_the_owners_conversation_when_named_by_its_id(server: LiveServer) -> None:

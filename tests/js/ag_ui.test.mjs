@@ -504,16 +504,17 @@ test("another user's thread is neither changed nor revealed", BOUND, async () =>
   agent.addMessage(user('a secret of the owner'));
   await run(agent);
   const before = await stored(agent.threadId);
-  // The owner's thread id, from another user: their own (empty) thread, or a 404 — never the owner's.
+  // The owner's thread id, from another user, names a thread of that user's own.
   const other = new ChatmemAgent({ name: 'other-user', threadId: agent.threadId, token: OTHER_USER });
   other.addMessage(user('let me in'));
-  const seen = await run(other).catch((error) => ({ error }));
-  if (!seen.error) {
-    assert.ok(!JSON.stringify(other.messages).includes('secret'), 'nothing of the owner is shown');
-  }
+  const seen = await run(other);
+  assert.equal(seen.outcome, 'success');
+  assert.equal(other.messages.length, 2);
+  assert.ok(!JSON.stringify(other.messages).includes('secret'), 'nothing of the owner is shown');
   const connect = await call('POST', `/v1/ag-ui/${agent.threadId}/connect`, { token: OTHER_USER, body: {} });
+  assert.equal(connect.status, 200);
   assert.ok(!JSON.stringify(connect.body).includes('secret'));
   const stop = await call('POST', `/v1/ag-ui/${agent.threadId}/stop`, { token: OTHER_USER });
-  assert.ok([200, 404].includes(stop.status));
+  assert.deepEqual(stop.body, { success: true });
   assert.deepEqual(await stored(agent.threadId), before, "the owner's thread is unchanged");
 });

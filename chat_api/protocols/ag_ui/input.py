@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 from ag_ui.core import Message, RunAgentInput, ToolMessage, UserMessage
 
+from chat_api.admission import check_text
 from chat_api.protocols.ag_ui.run import speaks_1_0
 from chat_api.protocols.approvals import parse_approval_id
-from chat_api.text_checks import check_text
 from memory.ai_sdk_chats import CHAT_ID
 from memory.errors import InvalidInput
 from memory.json_bounds import check_json

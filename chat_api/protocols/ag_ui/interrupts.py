@@ -20,6 +20,7 @@ from fastapi import Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.admission import Admission
 from chat_api.protocols.ag_ui.input import Answer, RunRequest
 from chat_api.protocols.ag_ui.run import (
     HEADERS,
@@ -36,8 +37,6 @@ from chat_api.protocols.ag_ui.thread import (
     thread_messages,
     waiting_interrupts,
 )
-from chat_api.quotas import check_running_replies
-from chat_api.ratelimit import RateLimits, held_while_streaming
 from chat_api.services import Services
 from memory.ai_sdk_chats import find_chat, remember_message_id
 from memory.approvals import Decision
@@ -161,7 +160,7 @@ def _unknown(answer: Answer) -> InvalidInput:
     return InvalidInput("unknown interrupt id", field="resume", interrupt_id=answer.interrupt_id)
 
 
-async def resume(request: RunRequest, owner: Owner, services: Services, limits: RateLimits) -> Response:
+async def resume(request: RunRequest, owner: Owner, services: Services, admission: Admission) -> Response:
     """Record the answers to the thread's interrupts; the last one resumes the reply, streamed from there."""
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, request.thread_id)
@@ -179,9 +178,8 @@ async def resume(request: RunRequest, owner: Owner, services: Services, limits: 
             encode([translator.run_started(), snapshot(history), finished]), media_type=MEDIA_TYPE
         )
     parked = {turn.id: turn for _, turn in checked}
-    check_running_replies(services.registry, owner, services.settings.max_running_replies_per_user)
-    slot = limits.streams.acquire(owner)
-    try:
+    # Admitted before any decision is stored: the last one resumes the reply.
+    with admission.admit_reply(owner, stream=True) as admitted:
         async with services.db.transaction() as session:
             user_turn = await user_turn_before(session, next(iter(parked.values())))
             if user_turn is not None:  # where connect finds the run that drives the reply now
@@ -191,12 +189,11 @@ async def resume(request: RunRequest, owner: Owner, services: Services, limits: 
             decision = Decision(
                 approved=answer.approved, by="user", reason=answer.reason, arguments=answer.arguments
             )
-            outcome = await decide(services, owner, answer.turn_id, answer.call_id, decision)
+            outcome = await decide(
+                services, owner, answer.turn_id, answer.call_id, decision, admitted=admitted
+            )
             decided = decided or outcome
         assert decided is not None
-    except BaseException:
-        slot.release()
-        raise
     translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)
     translator.know_calls(
         (str(c.get("id")), str(c.get("name") or "tool"), str(turn.id))
@@ -205,4 +202,4 @@ async def resume(request: RunRequest, owner: Owner, services: Services, limits: 
     )
     prefix = [translator.run_started(), snapshot(history)]
     events = run_stream(services, decided.reply_id, decided.after, translator, prefix, stop=False)
-    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+    return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)

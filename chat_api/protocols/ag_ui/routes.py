@@ -24,11 +24,12 @@ from ag_ui.core import (
     RunAgentInput,
     RunFinishedEvent,
 )
-from fastapi import APIRouter, Body, Path, Response
+from fastapi import Body, Path, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.admission import AdmissionDep, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.protocols.ag_ui.input import RunRequest, check_ids, read_run
 from chat_api.protocols.ag_ui.interrupts import (
@@ -55,7 +56,6 @@ from chat_api.protocols.ag_ui.thread import (
     thread_messages,
     user_message_id,
 )
-from chat_api.ratelimit import RateLimitsDep, held_while_streaming
 from chat_api.services import Services
 from memory.ai_sdk_chats import CHAT_ID, find_chat, remember_message_id
 from memory.branches import (
@@ -79,7 +79,7 @@ from chat_api.replies import (
     store_message,
 )
 
-router = APIRouter(prefix="/v1/ag-ui", tags=["ag-ui"])
+router = door_router(prefix="/v1/ag-ui", tags=["ag-ui"])
 
 ThreadId = Annotated[str, Path(min_length=1, max_length=128, pattern=CHAT_ID.pattern)]
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
@@ -88,13 +88,15 @@ STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("", response_model=None, responses=STREAM_RESPONSE)
-async def run(body: RunAgentInput, owner: OwnerDep, services: ServicesDep, limits: RateLimitsDep) -> Response:
+async def run(
+    body: RunAgentInput, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
+) -> Response:
     """Run the agent on the thread: answer its new message, client tool results, or interrupts."""
     request = read_run(body, max_message_chars=services.settings.max_message_chars)
     steer_away = bool(request.answers) and request.user_message is not None
     before: list[BaseEvent] = []
     if request.answers and not steer_away:
-        return await resume(request, owner, services, limits)
+        return await resume(request, owner, services, admission)
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, request.thread_id)
         if steer_away:
@@ -127,14 +129,14 @@ async def run(body: RunAgentInput, owner: OwnerDep, services: ServicesDep, limit
             await remember_message_id(session, started[0].id, RUN_ID, request.run_id)
             return started
 
-        return await start_and_stream(services, owner, limits, request, conversation, begin_results, None)
+        return await start_and_stream(services, owner, admission, request, conversation, begin_results, None)
     assert request.user_message is not None
     text = request.user_message[1]
 
     async def begin(session: AsyncSession, locked: Conversation, reply_id: uuid.UUID) -> Started:
         return await _begin_message(services, session, locked, reply_id, request)
 
-    return await start_and_stream(services, owner, limits, request, conversation, begin, text, before)
+    return await start_and_stream(services, owner, admission, request, conversation, begin, text, before)
 
 
 async def _begin_message(
@@ -198,7 +200,7 @@ async def connect(
     thread_id: ThreadId,
     owner: OwnerDep,
     services: ServicesDep,
-    limits: RateLimitsDep,
+    admission: AdmissionDep,
     body: Annotated[dict[str, Any] | None, Body()] = None,
 ) -> Response:
     """Join the thread's running run: its RUN_STARTED, a snapshot of the thread, then its events live.
@@ -228,11 +230,11 @@ async def connect(
     reply_run_id = _run_id_of(turns, reply_id) or str(reply_id)
     if parked is not None:
         return interrupt_again(thread_id, reply_run_id, modern, thread_messages(turns), parked)
-    slot = limits.streams.acquire(owner)
+    slot = admission.admit_stream(owner)
     translator = RunTranslator(thread_id, reply_run_id, modern=modern)
     before = [t for t in turns if t.reply_id != reply_id or t.role == "user"]
     events = joined_stream(services, reply_id, translator, thread_messages(before))
-    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+    return StreamingResponse(slot.hold(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
 def _run_id_of(turns: Sequence[Turn], reply_id: uuid.UUID) -> str | None:

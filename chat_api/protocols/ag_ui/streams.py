@@ -13,6 +13,7 @@ from ag_ui.core import (
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
+from chat_api.admission import Admission
 from chat_api.protocols.ag_ui.input import RunRequest
 from chat_api.protocols.ag_ui.run import (
     HEADERS,
@@ -24,8 +25,6 @@ from chat_api.protocols.ag_ui.run import (
 from chat_api.protocols.ag_ui.thread import (
     snapshot,
 )
-from chat_api.quotas import check_running_replies
-from chat_api.ratelimit import RateLimits, held_while_streaming
 from chat_api.services import Services
 from memory.ai_sdk_chats import chat_conversation
 from memory.conversations import Owner
@@ -49,7 +48,7 @@ def idempotency_key(request: RunRequest) -> str:
 async def start_and_stream(
     services: Services,
     owner: Owner,
-    limits: RateLimits,
+    admission: Admission,
     request: RunRequest,
     conversation: Conversation | None,
     begin: Any,
@@ -57,10 +56,8 @@ async def start_and_stream(
     before: Sequence[BaseEvent] = (),
 ) -> Response:
     """Start the reply with `begin` and stream it; `before` goes out right after RUN_STARTED."""
-    # Taken before anything is stored, so a 429 leaves nothing behind.
-    check_running_replies(services.registry, owner, services.settings.max_running_replies_per_user)
-    slot = limits.streams.acquire(owner)
-    try:
+    # Admitted before anything is stored, so a 429 leaves nothing behind.
+    with admission.admit_reply(owner, stream=True) as admitted:
         if conversation is None:
             async with services.db.transaction() as session:
                 conversation = await chat_conversation(session, owner, request.thread_id)
@@ -73,19 +70,17 @@ async def start_and_stream(
             idempotency_key=idempotency_key(request) if content is not None else None,
             memory_scope=request.memory_scope or services.settings.memory_scope,
             content=content,
+            admitted=admitted,
         )
         reply = services.registry.get(accepted.reply_id)
         if reply is not None and not accepted.reattached:
             # Set before anything awaits: the reply's task has been created but has not run yet.
             reply.client_tools = request.tools
-    except BaseException:
-        slot.release()
-        raise
     translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)
     stop = request.on_disconnect == "stop"
     prefix = [translator.run_started(), *before]
     events = run_stream(services, accepted.reply_id, 0, translator, prefix, stop=stop)
-    return StreamingResponse(held_while_streaming(slot, events), media_type=MEDIA_TYPE, headers=HEADERS)
+    return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
 async def run_stream(
