@@ -23,7 +23,7 @@ from ag_ui_validate import Report
 from ag_ui_validate.transport import TransportOptions, validate_body
 
 from chat_api.protocols.ag_ui.run import MEDIA_TYPE
-from memory.db import Database
+from memory.storage.db import Database
 from tests.conftest import token_for
 from tests.procs import server_process
 from tests.support import run_node_tests

@@ -24,9 +24,9 @@ from ag_ui.core import Message, RunAgentInput, ToolMessage, UserMessage
 from chat_api.admission import check_text
 from chat_api.protocols.ag_ui.run import speaks_1_0
 from chat_api.protocols.approvals import parse_approval_id
-from memory.ai_sdk_chats import CHAT_ID
 from memory.errors import InvalidInput
 from memory.json_bounds import check_json
+from memory.record.ai_sdk_chats import CHAT_ID
 
 MAX_ID_CHARS = 200
 MAX_TOOLS = 128

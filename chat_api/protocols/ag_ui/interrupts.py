@@ -38,18 +38,19 @@ from chat_api.protocols.ag_ui.thread import (
     waiting_interrupts,
 )
 from chat_api.services import Services
-from memory.ai_sdk_chats import find_chat, remember_message_id
-from memory.approvals import Decision
-from memory.branches import (
+from memory.errors import InvalidInput, NotAwaitingApproval, NotFound
+from memory.events import ToolCallState, TurnStatus
+from memory.record.ai_sdk_chats import find_chat, remember_message_id
+from memory.record.approvals import Decision
+from memory.record.branches import (
     branch_history,
     conversation_branch,
     user_turn_before,
 )
-from memory.conversations import Owner
-from memory.errors import InvalidInput, NotAwaitingApproval, NotFound
-from memory.models import Conversation, ToolCallState, Turn, TurnStatus
-from memory.reply_state import reply_state
-from memory.turns import get_turn
+from memory.record.conversations import Owner
+from memory.record.reply_state import reply_state
+from memory.record.turns import get_turn
+from memory.storage.models import Conversation, Turn
 
 # isort: split
 # The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.

@@ -6,7 +6,7 @@
 - `POST /v1/ag-ui/{threadId}/connect`: join the thread's running run after a reload or a
   dropped connection (a snapshot of the thread, then the run's events live).
 
-The thread id is a client chat id (`memory/ai_sdk_chats.py`): one of the caller's
+The thread id is a client chat id (`memory/record/ai_sdk_chats.py`): one of the caller's
 conversations, made on first use. The stored history is the truth: of `messages` only the
 last one (and the id before it) is read. Everything that can be refused is refused before
 the stream starts, in chatmem's error body; nothing is stored for a refused request.
@@ -57,17 +57,17 @@ from chat_api.protocols.ag_ui.thread import (
     user_message_id,
 )
 from chat_api.services import Services
-from memory.ai_sdk_chats import CHAT_ID, find_chat, remember_message_id
-from memory.branches import (
-    activate_branch,
+from memory.errors import InvalidInput, NotFound
+from memory.events import StopReason, TurnStatus
+from memory.record.ai_sdk_chats import CHAT_ID, find_chat, remember_message_id
+from memory.record.branches import (
     branch_history,
     conversation_branch,
-    create_branch,
+    fork_branch,
     load_branch,
 )
-from memory.errors import InvalidInput, NotFound
-from memory.models import Conversation, Turn, TurnStatus
-from memory.reply_state import reply_state
+from memory.record.reply_state import reply_state
+from memory.storage.models import Conversation, Turn
 
 # isort: split
 # The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.
@@ -155,14 +155,12 @@ async def _begin_message(
     if again is not None:
         # The client sent a message chatmem already has as its last one: answer it again (a reload).
         parent = await load_branch(session, again.branch_id)
-        branch = await create_branch(session, conversation, parent=parent, fork_seq=again.seq)
-        await activate_branch(session, conversation, branch)
+        await fork_branch(session, conversation, parent=parent, fork_seq=again.seq)
         started = await answer_again(services, session, conversation, reply_id, again)
     else:
         fork_seq = _fork_point(turns, request.previous_id)
         if fork_seq is not None:
-            branch = await create_branch(session, conversation, parent=active, fork_seq=fork_seq)
-            await activate_branch(session, conversation, branch)
+            await fork_branch(session, conversation, parent=active, fork_seq=fork_seq)
         started = await store_message(
             services, session, conversation, reply_id, text, idempotency_key(request)
         )
@@ -266,6 +264,6 @@ async def stop(thread_id: ThreadId, owner: OwnerDep, services: ServicesDep) -> S
         conversation = await find_chat(session, owner, thread_id)
     if conversation is None or conversation.active_reply_id is None:
         return StopResult(success=True)
-    if not await stop_reply(services, conversation.active_reply_id, reason="user"):
+    if not await stop_reply(services, conversation.active_reply_id, reason=StopReason.USER):
         return JSONResponse(StopResult(success=False).model_dump(), status_code=202)
     return StopResult(success=True)

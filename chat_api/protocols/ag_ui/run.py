@@ -36,7 +36,7 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ag_ui.core import (
     PROTOCOL_VERSION,
@@ -65,8 +65,16 @@ from ag_ui.core import (
 from ag_ui.encoder import EventEncoder
 
 from chat_api.protocols.approvals import approval_id
-from memory.models import TurnStatus
-from memory.reply_state import Event
+from memory.events import (
+    ApprovalRequiredData,
+    Event,
+    EventName,
+    MessageDeltaData,
+    ToolCallDeltaData,
+    ToolResultData,
+    TurnEndedData,
+    TurnStatus,
+)
 
 MEDIA_TYPE = EventEncoder().get_content_type()
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -174,39 +182,51 @@ class RunTranslator:
         if self._ended:
             return []
         _, name, data = event
-        if self._parked and name != "turn.awaiting_approval":
+        if self._parked and name != EventName.TURN_AWAITING_APPROVAL:
             self._parked = False  # the reply went on after its approvals: one timeline
             self._interrupts = []
         out: list[BaseEvent] = []
-        if name == "memory.retrieved":
+        if name == EventName.MEMORY_RETRIEVED:
             self.memory = dict(data)
             out.append(CustomEvent(name=MEMORY_EVENT, value=self.memory, timestamp=now_ms()))
-        elif name == "message.delta":
-            out += self._text_delta(str(data.get("turn_id")), str(data.get("text") or ""))
-        elif name == "tool_call.delta":
-            out += self._tool_delta(data)
-        elif name == "tool_call.approval_required":
+        elif name == EventName.MESSAGE_DELTA:
+            delta = cast(MessageDeltaData, data)
+            out += self._text_delta(str(delta["turn_id"]), str(delta.get("text") or ""))
+        elif name == EventName.TOOL_CALL_DELTA:
+            out += self._tool_delta(cast(ToolCallDeltaData, data))
+        elif name == EventName.TOOL_CALL_APPROVAL_REQUIRED:
             out += [*self._close_text(), *self._end_calls()]
-            self._interrupts.append(interrupt_of(data))
-        elif name == "turn.awaiting_approval":
+            required = cast(ApprovalRequiredData, data)
+            self._interrupts.append(
+                interrupt_of(
+                    str(required["turn_id"]),
+                    str(required["call_id"]),
+                    required.get("name"),
+                    required.get("arguments"),
+                    required.get("expires_at"),
+                )
+            )
+        elif name == EventName.TURN_AWAITING_APPROVAL:
             out += [*self._close_text(), *self._end_calls()]
             self._parked = bool(self._interrupts)
-        elif name in ("tool.started", "tool_call.approved", "tool_call.rejected"):
+        elif name in (EventName.TOOL_STARTED, EventName.TOOL_CALL_APPROVED, EventName.TOOL_CALL_REJECTED):
             out += self._end_calls()
-        elif name == "tool.result":
-            out += [*self._end_calls(), *self._result(data)]
-        elif name == "step.started":
+        elif name == EventName.TOOL_RESULT:
+            out += [*self._end_calls(), *self._result(cast(ToolResultData, data))]
+        elif name == EventName.STEP_STARTED:
             out += [*self._close_text(), *self._end_calls()]
-        elif name == "turn.completed":
+        elif name == EventName.TURN_COMPLETED:
             out += [*self._close_text(), *self._end_calls(), self._finished_success()]
-        elif name == "turn.interrupted":
-            if data.get("status") == TurnStatus.INTERRUPTED_BY_USER:
+        elif name == EventName.TURN_INTERRUPTED:
+            ended = cast(TurnEndedData, data)
+            if ended.get("status") == TurnStatus.INTERRUPTED_BY_USER:
                 out += [*self._close_open(STOPPED), self._finished_cancelled()]
             else:
-                out += [*self._close_open(FAILED), self._run_error(data.get("error"), "interrupted")]
-        elif name == "turn.failed":
-            out += [*self._close_open(FAILED), self._run_error(data.get("error"), "failed")]
-        elif name == "error":
+                out += [*self._close_open(FAILED), self._run_error(ended.get("error"), "interrupted")]
+        elif name == EventName.TURN_FAILED:
+            ended = cast(TurnEndedData, data)
+            out += [*self._close_open(FAILED), self._run_error(ended.get("error"), "failed")]
+        elif name == EventName.ERROR:
             out += [*self._close_open(FAILED), self._run_error(data, "error")]
         return out
 
@@ -288,7 +308,7 @@ class RunTranslator:
             tool_call_id=call.id, tool_call_name=call.name, parent_message_id=call.parent, timestamp=now_ms()
         )
 
-    def _tool_delta(self, data: dict[str, Any]) -> list[BaseEvent]:
+    def _tool_delta(self, data: ToolCallDeltaData) -> list[BaseEvent]:
         out = self._close_text()
         call_id = str(data["id"])
         call = self._calls.get(call_id)
@@ -319,7 +339,7 @@ class RunTranslator:
                 out.append(ToolCallEndEvent(tool_call_id=call.id, timestamp=now_ms()))
         return out
 
-    def _result(self, data: dict[str, Any]) -> list[BaseEvent]:
+    def _result(self, data: ToolResultData) -> list[BaseEvent]:
         call_id = str(data["call_id"])
         call = self._calls.get(call_id)
         if call is not None:
@@ -383,18 +403,17 @@ class RunTranslator:
         return RunErrorEvent(message=message, code=code, timestamp=now_ms())
 
 
-def interrupt_of(data: dict[str, Any]) -> Interrupt:
-    """The interrupt of a call that waits for a person (data: an approval_required event's)."""
-    name = str(data.get("name") or "tool")
-    arguments = str(data.get("arguments") or "{}")
-    expires = data.get("expires_at")
+def interrupt_of(turn_id: str, call_id: str, name: Any, arguments: Any, expires_at: Any) -> Interrupt:
+    """The interrupt of a call that waits for a person (from its approval_required event, or as stored)."""
+    name = str(name or "tool")
+    arguments = str(arguments or "{}")
     return Interrupt(
-        id=approval_id(str(data["turn_id"]), str(data["call_id"])),
+        id=approval_id(turn_id, call_id),
         reason="tool_call",
         message=f"Run {name} with {arguments}?",
-        tool_call_id=str(data["call_id"]),
+        tool_call_id=call_id,
         response_schema=APPROVAL_SCHEMA,
-        expires_at=str(expires) if expires else None,
+        expires_at=str(expires_at) if expires_at else None,
     )
 
 

@@ -26,10 +26,10 @@ from chat_api.protocols.ag_ui.thread import (
     snapshot,
 )
 from chat_api.services import Services
-from memory.ai_sdk_chats import chat_conversation
-from memory.conversations import Owner
-from memory.models import Conversation
-from memory.reply_state import Event
+from memory.events import Event, StopReason
+from memory.record.ai_sdk_chats import chat_conversation
+from memory.record.conversations import Owner
+from memory.storage.models import Conversation
 
 # isort: split
 # The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.
@@ -109,7 +109,7 @@ async def run_stream(
         if stop and not translator.ended:
             reply = services.registry.get(reply_id)
             if reply is not None:
-                reply.request_stop("client_disconnected")
+                reply.request_stop(StopReason.CLIENT_DISCONNECTED)
 
 
 async def joined_stream(

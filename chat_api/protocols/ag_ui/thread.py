@@ -22,7 +22,8 @@ from ag_ui.core import (
 )
 
 from chat_api.protocols.ag_ui.run import FAILED, STOPPED, error_json, interrupt_of, now_ms, stopped_result_id
-from memory.models import ToolCallState, Turn, TurnStatus
+from memory.events import ToolCallState, TurnStatus
+from memory.storage.models import Turn
 
 # Where the client's own id of a user message is kept, so snapshots return the id it has.
 CLIENT_MESSAGE_ID = "ag_ui_message_id"
@@ -30,7 +31,7 @@ CLIENT_MESSAGE_ID = "ag_ui_message_id"
 RUN_ID = "ag_ui_run_id"
 
 # A reply that ended before a call had its result: the stream answered the call for it.
-_ENDED_WITHOUT_RESULT = {
+_ENDED_WITHOUT_RESULT: dict[str, str] = {
     TurnStatus.INTERRUPTED_BY_USER: STOPPED,
     TurnStatus.INTERRUPTED_BY_ERROR: FAILED,
     TurnStatus.FAILED: FAILED,
@@ -98,13 +99,11 @@ def waiting_interrupts(turn: Turn) -> list[Interrupt]:
         approval = call.get("approval") or {}
         out.append(
             interrupt_of(
-                {
-                    "turn_id": str(turn.id),
-                    "call_id": call.get("id"),
-                    "name": call.get("name"),
-                    "arguments": call.get("arguments"),
-                    "expires_at": approval.get("expires_at"),
-                }
+                str(turn.id),
+                str(call.get("id")),
+                call.get("name"),
+                call.get("arguments"),
+                approval.get("expires_at"),
             )
         )
     return out
