@@ -1,8 +1,8 @@
 """A fuzz run over each adapter: valid requests with one value made odd answer a 4xx in the protocol's shape.
 
-Hypothesis takes a valid request of each door (OpenAI chat completions, the AI SDK chat,
-MCP tool calls, the import) and replaces one value anywhere in it, or adds one, with the
-kind of input that used to reach a handler and answer 500: NUL and lone surrogates in
+Hypothesis takes a valid request of each door (OpenAI chat completions, the AI SDK chat, an
+AG-UI run, MCP tool calls, the import) and replaces one value anywhere in it, or adds one,
+with the kind of input that used to reach a handler and answer 500: NUL and lone surrogates in
 strings (keys too), integers past what Python converts or Postgres stores, JSON nested
 past the parsers' depth, times UTC cannot hold, wrong types. No answer may be a 5xx, and
 each error is in its protocol's own shape. The schema-driven run (test_schemathesis.py)
@@ -174,6 +174,47 @@ async def test_ai_sdk_chat_never_answers_5xx(fuzz_server: LiveServer, body: str)
     assert r.status_code < 500, (body[:300], r.status_code, r.text[:500])
     if r.status_code >= 400:
         assert {"code", "message"} <= set(r.json()["error"]), r.text
+
+
+def ag_ui_input(thread: str, messages: list[Any], **extra: Any) -> dict[str, Any]:
+    base = {"threadId": thread, "runId": "r1", "tools": [], "context": [], "state": {}, "forwardedProps": {}}
+    return {**base, "messages": messages, **extra}
+
+
+AG_UI_BASES: list[Any] = [
+    ag_ui_input("thread-a", [{"id": "m1", "role": "user", "content": "hi"}]),
+    ag_ui_input(
+        "thread-b",
+        [{"id": "m1", "role": "user", "content": "hi"}],
+        tools=[{"name": "get_weather", "description": "w", "parameters": {"type": "object"}}],
+        forwardedProps={"on_disconnect": "stop", "memory_scope": "conversation"},
+        protocolVersion="1.0",
+    ),
+    ag_ui_input("thread-c", [{"id": "t1", "role": "tool", "toolCallId": "c1", "content": "{}"}]),
+    ag_ui_input(
+        "thread-d",
+        [],
+        resume=[
+            {
+                "interruptId": "approval:00000000-0000-0000-0000-000000000001:c1",
+                "status": "resolved",
+                "payload": {"approved": True, "editedArgs": {"amount": 1}},
+            }
+        ],
+    ),
+]
+
+
+@FUZZ
+@given(body=mutated(AG_UI_BASES))
+async def test_ag_ui_runs_never_answer_5xx(fuzz_server: LiveServer, body: str) -> None:
+    r = await post(fuzz_server, "/v1/ag-ui", body)
+    assert r.status_code < 500, (body[:300], r.status_code, r.text[:500])
+    if r.status_code >= 400:
+        assert {"code", "message"} <= set(r.json()["error"]), r.text
+    else:
+        frames = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
+        assert frames[0]["type"] == "RUN_STARTED" and frames[-1]["type"] == "RUN_FINISHED", r.text[-500:]
 
 
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}

@@ -131,6 +131,53 @@ async def test_ai_sdk_replies_whose_clients_hung_up_are_held_to_the_running_cap(
         assert running(server) == 2
 
 
+def ag_ui_run(n: int, text: str = "/long go") -> dict[str, Any]:
+    message = {"id": f"m{n}", "role": "user", "content": text}
+    return {
+        "threadId": f"thread-{n}",
+        "runId": f"run-{n}",
+        "messages": [message],
+        "tools": [],
+        "context": [],
+        "state": {},
+        "forwardedProps": {},
+    }
+
+
+async def test_ag_ui_runs_whose_clients_hung_up_are_held_to_the_running_cap(start_server: Any) -> None:
+    server: LiveServer = await start_server(max_running_replies_per_user=2, **SLOW)
+    async with server.client() as api:
+        for n in range(2):
+            async with api.stream("POST", "/v1/ag-ui", json=ag_ui_run(n)) as r:
+                assert r.status_code == 200
+                await anext(r.aiter_bytes())  # the stream started; hang up
+        await wait_until(lambda: running(server) == 2, what="the replies to run")
+        refused = await api.post("/v1/ag-ui", json=ag_ui_run(3))
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["code"] == "rate_limited"
+        # Nothing was made for the refused run, not even its thread.
+        assert (await api.post("/v1/ag-ui/thread-3/connect", json={})).status_code == 404
+        assert running(server) == 2
+
+
+async def test_ag_ui_connect_is_held_to_the_stream_cap(start_server: Any) -> None:
+    server: LiveServer = await start_server(max_streams_per_user=1, **SLOW)
+    async with server.client() as api:
+        async with api.stream("POST", "/v1/ag-ui", json=ag_ui_run(0)) as r:
+            assert r.status_code == 200
+            frames = r.aiter_bytes()
+            await anext(frames)  # the run streams (and its stream is held open: `frames` is kept)
+            refused = await api.post("/v1/ag-ui/thread-0/connect", json={"runId": "again"})
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "rate_limited"
+        # The run's stream gave its slot back when it closed: connect is admitted now.
+        await wait_until(lambda: server.services.admission.streams.open_count(Owner("t1", "u1")) == 0)
+        async with api.stream("POST", "/v1/ag-ui/thread-0/connect", json={"runId": "again"}) as joined:
+            assert joined.status_code == 200
+            assert b"RUN_STARTED" in await anext(joined.aiter_bytes())
+
+
 async def test_non_streamed_openai_requests_are_held_to_the_running_cap(start_server: Any) -> None:
     server: LiveServer = await start_server(max_running_replies_per_user=2, **SLOW)
     async with openai_client(server) as client:
