@@ -80,3 +80,15 @@ async def server_process(pg_url: str, **env: Any) -> AsyncIterator[ServerProcess
         yield proc
     finally:
         proc.terminate()
+
+
+@asynccontextmanager
+async def server_processes(pg_url: str, count: int, **env: Any) -> AsyncIterator[list[ServerProcess]]:
+    """`count` replicas on one database, started at once (each start is mostly waiting on imports)."""
+    procs = [ServerProcess(pg_url, **env) for _ in range(count)]
+    try:
+        await asyncio.gather(*(proc.start() for proc in procs))
+        yield procs
+    finally:
+        for proc in procs:
+            proc.terminate()

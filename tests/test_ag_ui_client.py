@@ -25,7 +25,7 @@ from ag_ui_validate.transport import TransportOptions, validate_body
 from chat_api.protocols.ag_ui.run import MEDIA_TYPE
 from memory.storage.db import Database
 from tests.conftest import token_for
-from tests.procs import server_process
+from tests.procs import server_processes
 from tests.support import run_node_tests
 
 JS_DIR = Path(__file__).parent / "js"
@@ -39,6 +39,7 @@ SERVER = {
     "demo_tokens_per_second": 40,
     "rate_limit_per_minute": 0,
     "max_streams_per_user": 0,
+    "max_running_replies_per_user": 0,  # the suite's tests run at once, as one user
 }
 # The findings allowed in a saved stream, by the name the suite gave it; none for the others.
 ALLOWED = {
@@ -72,7 +73,7 @@ async def test_the_ag_ui_client_and_validator_accept_chatmem(
 ) -> None:
     assert (JS_DIR / "node_modules" / "@ag-ui" / "client").is_dir(), "run `npm ci` in tests/js (make js-deps)"
     captures = tmp_path / "captures"
-    async with server_process(pg_url, **SERVER) as server, server_process(pg_url, **SERVER) as replica:
+    async with server_processes(pg_url, 2, **SERVER) as (server, replica):
         env = {
             **os.environ,
             "CHATMEM_URL": server.base_url,
