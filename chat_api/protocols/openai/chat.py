@@ -179,6 +179,11 @@ class ChatRequest:
     def tool_names(self) -> frozenset[str]:
         return frozenset(tool["function"]["name"] for tool in self.tools)
 
+    @property
+    def tool_answers(self) -> list[tuple[str, str]]:
+        """The client's tool results as (call id, content): what `answer_tool_results` stores."""
+        return [(str(result.tool_call_id), result.text) for result in self.tool_results]
+
 
 def _text(message: _Message, index: int) -> str:
     content = message.content

@@ -237,7 +237,7 @@ async def start_chat_reply(
         conversation_id = await _make(services, owner, chat, target) if target.new else target.conversation_id
         assert conversation_id is not None
         if chat.tool_results:
-            begin = begin_tool_answer(services, chat)
+            begin = _begin_tool_answer(services, chat)
         else:
             begin = _begin_prompt(services, admission, owner, chat, history)
         accepted = await start_reply(
@@ -317,9 +317,8 @@ def _begin_prompt(
     return begin
 
 
-def begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
-    """Store the client's tool results after the calls of the active branch they answer, and answer them."""
-    results = [(str(result.tool_call_id), result.text) for result in chat.tool_results]
+def _begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
+    results = chat.tool_answers
 
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
         return await answer_tool_results(services, session, conversation, reply_id, results)

@@ -35,7 +35,6 @@ from chat_api.admission import Admission, AdmissionDep, AdmittedReply, door_rout
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.protocols.openai.chat import ClientMessage, OpenAIError
 from chat_api.protocols.openai.conversations import (
-    begin_tool_answer,
     choose_conversation,
     hand_over,
     start_chat_reply,
@@ -75,6 +74,7 @@ from chat_api.replies import (
     Accepted,
     BeginReply,
     Started,
+    answer_tool_results,
     follow_reply,
     start_reply,
     stop_reply,
@@ -288,7 +288,7 @@ def _continue(
         if after is not None:
             await continue_after(session, conversation, await after(session))
         if chat.tool_results:
-            return await begin_tool_answer(services, chat)(session, conversation, reply_id)
+            return await answer_tool_results(services, session, conversation, reply_id, chat.tool_answers)
         await import_history(admission, session, owner, conversation, chat.history)
         return await store_message(services, session, conversation, reply_id, chat.prompt or "")
 
