@@ -258,6 +258,36 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=False)
 
 
+# --- the example pages (examples/*: a frontend library's own page on chatmem) -----------------
+
+
+def example_send(page: Page, text: str) -> None:
+    page.fill("#composer", text)
+    page.press("#composer", "Enter")
+
+
+def example_reply_text(page: Page) -> str:
+    """The last assistant message's text, exactly as an example page renders it."""
+    return str(
+        page.evaluate(
+            "() => { const m = [...document.querySelectorAll('.message.assistant')].at(-1);"
+            " return m ? [...m.querySelectorAll('.text')].map(e => e.textContent).join('') : ''; }"
+        )
+    )
+
+
+def stored_chat_reply(server: ChatmemUp, chat_id: str) -> dict[str, Any]:
+    """chatmem's own record of a chat's (or AG-UI thread's) last message, with its stored status."""
+    with server.client() as api:
+        response = api.get(f"/v1/ai-sdk/chat/{chat_id}/messages")
+        response.raise_for_status()
+        return dict(response.json()[-1])
+
+
+def stored_text(reply: dict[str, Any]) -> str:
+    return "".join(p["text"] for p in reply["parts"] if p["type"] == "text")
+
+
 # --- fixtures shared by the browser test modules (each defines its own `server`) -------------
 
 

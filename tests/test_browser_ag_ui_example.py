@@ -12,11 +12,18 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.browser_support import ChatmemUp, browser_missing, served_example
+from tests.browser_support import (
+    ChatmemUp,
+    browser_missing,
+    example_reply_text,
+    example_send,
+    served_example,
+    stored_chat_reply,
+    stored_text,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -51,34 +58,8 @@ def server(example_url: str) -> Iterator[ChatmemUp]:
         yield up
 
 
-def _text(page: Page) -> str:
-    return str(
-        page.evaluate(
-            "() => { const m = [...document.querySelectorAll('.message.assistant')].at(-1);"
-            " return m ? [...m.querySelectorAll('.text')].map(e => e.textContent).join('') : ''; }"
-        )
-    )
-
-
-def _send(page: Page, text: str) -> None:
-    page.fill("#composer", text)
-    page.press("#composer", "Enter")
-
-
 def _settled(page: Page) -> None:
     page.wait_for_selector("main[data-status=ready], main[data-status=waiting]", timeout=30_000)
-
-
-def _stored_reply(server: ChatmemUp, thread_id: str) -> dict[str, Any]:
-    # chatmem's own record of the thread (the AI SDK view of a conversation says each reply's status).
-    with server.client() as api:
-        response = api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")
-        response.raise_for_status()
-        return dict(response.json()[-1])
-
-
-def _stored_text(reply: dict[str, Any]) -> str:
-    return "".join(p["text"] for p in reply["parts"] if p["type"] == "text")
 
 
 def test_send_stop_approve_and_deny(browser: Browser, server: ChatmemUp, example_url: str) -> None:
@@ -94,46 +75,46 @@ def test_send_stop_approve_and_deny(browser: Browser, server: ChatmemUp, example
         thread_id = str(page.evaluate("location.hash")).removeprefix("#thread=")
 
         # Send: the reply streams in, with the memories recalled for it.
-        _send(page, "hello from assistant-ui")
+        example_send(page, "hello from assistant-ui")
         page.wait_for_function("() => document.querySelector('main').dataset.status === 'streaming'")
         _settled(page)
-        assert "hello from assistant-ui" in _text(page)
+        assert "hello from assistant-ui" in example_reply_text(page)
         expect_ui(page.locator(".memories")).to_contain_text("memor")
-        stored = _stored_reply(server, thread_id)
+        stored = stored_chat_reply(server, thread_id)
         assert stored["metadata"]["status"] == "completed"
-        assert _text(page) == _stored_text(stored)
+        assert example_reply_text(page) == stored_text(stored)
 
         # Stop: the run ends, and what the page shows is what was stored.
-        _send(page, "/long a long story")
+        example_send(page, "/long a long story")
         page.wait_for_function(
             "() => document.querySelectorAll('.message.assistant').length === 2"
             " && [...document.querySelectorAll('.message.assistant')].at(-1).textContent.length > 60"
         )
         page.click("#stop")
         _settled(page)
-        stopped = _stored_reply(server, thread_id)
+        stopped = stored_chat_reply(server, thread_id)
         assert stopped["metadata"]["status"] == "interrupted_by_user"
-        assert _text(page) == _stored_text(stopped)
+        assert example_reply_text(page) == stored_text(stopped)
 
         # Approve: the run ends with an interrupt; approved, the call runs and the reply goes on.
-        _send(page, '/tool transfer_funds {"amount": 3, "to": "carol"}')
+        example_send(page, '/tool transfer_funds {"amount": 3, "to": "carol"}')
         waiting = page.locator(".interrupts")
         expect_ui(waiting).to_contain_text("transfer_funds", timeout=20_000)
         waiting.locator(".approve").click()
         answered = page.locator(".message.assistant .tool[data-state=answered] .output").last
         expect_ui(answered).to_contain_text("carol", timeout=20_000)
         page.wait_for_function("() => document.querySelector('main').dataset.status === 'ready'")
-        assert "The tool answered" in _text(page)
-        assert _stored_reply(server, thread_id)["metadata"]["status"] == "completed"
+        assert "The tool answered" in example_reply_text(page)
+        assert stored_chat_reply(server, thread_id)["metadata"]["status"] == "completed"
 
         # Deny: the call never runs; the model is told, and says so.
-        _send(page, '/tool transfer_funds {"amount": 9, "to": "mallory"}')
+        example_send(page, '/tool transfer_funds {"amount": 9, "to": "mallory"}')
         expect_ui(waiting).to_contain_text("mallory", timeout=20_000)
         waiting.locator(".deny").click()
         denied = page.locator(".message.assistant .tool[data-state=answered] .output").last
         expect_ui(denied).to_contain_text("did not approve", timeout=20_000)
         page.wait_for_function("() => document.querySelector('main').dataset.status === 'ready'")
-        reply = _stored_reply(server, thread_id)
+        reply = stored_chat_reply(server, thread_id)
         assert reply["metadata"]["status"] == "completed"
         assert [p["state"] for p in reply["parts"] if p["type"] == "tool-transfer_funds"] == ["output-denied"]
     finally:

@@ -10,11 +10,18 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.browser_support import ChatmemUp, browser_missing, served_example
+from tests.browser_support import (
+    ChatmemUp,
+    browser_missing,
+    example_reply_text,
+    example_send,
+    served_example,
+    stored_chat_reply,
+    stored_text,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -51,33 +58,8 @@ def server(example_url: str) -> Iterator[ChatmemUp]:
         yield up
 
 
-def _text(page: Page) -> str:
-    return str(
-        page.evaluate(
-            "() => { const m = [...document.querySelectorAll('.message.assistant')].at(-1);"
-            " return m ? [...m.querySelectorAll('.text')].map(e => e.textContent).join('') : ''; }"
-        )
-    )
-
-
-def _send(page: Page, text: str) -> None:
-    page.fill("#composer", text)
-    page.press("#composer", "Enter")
-
-
 def _ready(page: Page) -> None:
     page.wait_for_selector("main[data-status=ready]", timeout=30_000)
-
-
-def _stored_reply(server: ChatmemUp, chat_id: str) -> dict[str, Any]:
-    with server.client() as api:
-        response = api.get(f"/v1/ai-sdk/chat/{chat_id}/messages")
-        response.raise_for_status()
-        return dict(response.json()[-1])
-
-
-def _stored_text(reply: dict[str, Any]) -> str:
-    return "".join(p["text"] for p in reply["parts"] if p["type"] == "text")
 
 
 def test_send_stop_reload_resume_and_approve(browser: Browser, server: ChatmemUp, example_url: str) -> None:
@@ -93,27 +75,27 @@ def test_send_stop_reload_resume_and_approve(browser: Browser, server: ChatmemUp
         chat_id = str(page.evaluate("location.hash")).removeprefix("#chat=")
 
         # Send: the reply streams in, with the memories of the reply.
-        _send(page, "hello from the example")
+        example_send(page, "hello from the example")
         page.wait_for_function("() => document.querySelector('main').dataset.status === 'streaming'")
         _ready(page)
-        assert "hello from the example" in _text(page)
+        assert "hello from the example" in example_reply_text(page)
         expect_ui(page.locator(".message.assistant .memories").last).to_contain_text("memor")
-        assert _stored_reply(server, chat_id)["metadata"]["status"] == "completed"
+        assert stored_chat_reply(server, chat_id)["metadata"]["status"] == "completed"
 
         # Stop: what the page shows is what was stored.
-        _send(page, "/long a long story")
+        example_send(page, "/long a long story")
         page.wait_for_function(
             "() => [...document.querySelectorAll('.message.assistant')].at(-1)?.textContent.length > 60"
             " && document.querySelectorAll('.message.assistant').length === 2"
         )
         page.click("#stop")
         _ready(page)
-        stopped = _stored_reply(server, chat_id)
+        stopped = stored_chat_reply(server, chat_id)
         assert stopped["metadata"]["status"] == "interrupted_by_user"
-        assert _text(page) == _stored_text(stopped)
+        assert example_reply_text(page) == stored_text(stopped)
 
         # Reload mid-reply: the page loads the history and resumes the stream to its end.
-        _send(page, "/long another story")
+        example_send(page, "/long another story")
         page.wait_for_function(
             "() => document.querySelectorAll('.message.assistant').length === 3"
             " && [...document.querySelectorAll('.message.assistant')].at(-1).textContent.length > 60"
@@ -121,13 +103,13 @@ def test_send_stop_reload_resume_and_approve(browser: Browser, server: ChatmemUp
         page.reload()
         page.wait_for_function("() => document.querySelector('main')?.dataset.status === 'streaming'")
         _ready(page)
-        resumed = _stored_reply(server, chat_id)
+        resumed = stored_chat_reply(server, chat_id)
         assert resumed["metadata"]["status"] == "completed"
-        assert _text(page) == _stored_text(resumed)
+        assert example_reply_text(page) == stored_text(resumed)
         assert page.locator(".message.assistant").count() == 3
 
         # Approve: the waiting call runs, and the same reply answers.
-        _send(page, ASK)
+        example_send(page, ASK)
         waiting = page.locator(".tool[data-state=approval-requested]")
         expect_ui(waiting).to_be_visible(timeout=20_000)
         waiting.locator(".approve").click()
@@ -135,8 +117,8 @@ def test_send_stop_reload_resume_and_approve(browser: Browser, server: ChatmemUp
         expect_ui(done).to_be_visible(timeout=20_000)
         expect_ui(done.locator(".output")).to_contain_text("carol")
         _ready(page)
-        assert "The tool answered" in _text(page)
-        assert _stored_reply(server, chat_id)["metadata"]["status"] == "completed"
+        assert "The tool answered" in example_reply_text(page)
+        assert stored_chat_reply(server, chat_id)["metadata"]["status"] == "completed"
     finally:
         context.close()
     outside = [u for u in requests if not u.startswith((example_url, server.base_url, "data:"))]
