@@ -122,6 +122,9 @@ class Server:
             **{k.upper(): str(v) for k, v in env.items()},
         }
         self.proc: subprocess.Popen[bytes] | None = None
+        # A busy shared machine can take minutes to start a server (the model loads, the
+        # encoder export is made once); BENCH_SERVER_START_SECONDS raises the limit.
+        self.start_timeout = float(os.environ.get("BENCH_SERVER_START_SECONDS", "180"))
 
     async def __aenter__(self) -> Server:
         self.proc = subprocess.Popen(
@@ -131,15 +134,40 @@ class Server:
             env=self.env,
             cwd=ROOT,
         )
+        try:
+            await self._wait_ready()
+        except BaseException:
+            # A server that never got ready must not outlive the benchmark (it would keep
+            # running against a database the benchmark is about to delete).
+            self._stop()
+            raise
+        return self
+
+    async def _wait_ready(self) -> None:
+        assert self.proc is not None
         async with httpx.AsyncClient(base_url=self.url) as client:
-            async with asyncio.timeout(60):
+            async with asyncio.timeout(self.start_timeout):
                 while True:
+                    if self.proc.poll() is not None:
+                        raise RuntimeError(
+                            f"the server exited with {self.proc.returncode} before it was ready"
+                        )
                     try:
                         if (await client.get("/readyz")).status_code == 200:
-                            return self
+                            return
                     except httpx.TransportError:
                         pass
                     await asyncio.sleep(0.1)
+
+    def _stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
 
     @property
     def pid(self) -> int:

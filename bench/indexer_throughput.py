@@ -26,9 +26,10 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from indexer.worker import IndexerWorker, load_embedder
+from indexer.worker import IndexerWorker
 from memory.config import get_settings
 from memory.events import TurnStatus
+from memory.recall.embeddings import load_embedder
 from memory.recall.keywords import memory_text
 from memory.record.conversations import Owner, create_conversation
 from memory.record.outbox import record_finished_turns

@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 
+from chat_api import metrics
 from chat_api.admission import Admission, BodyLimit, LargeBody, unguarded_routes
 from chat_api.auth import TokenVerifier
 from chat_api.errors import install_error_handlers
@@ -54,7 +55,7 @@ from chat_api.tools import ToolRegistry, configured_registry
 from memory.config import Settings
 from memory.prompt.templates import load_prompts
 from memory.recall.access import MemoryAccess
-from memory.recall.embeddings import Embedder
+from memory.recall.embeddings import Embedder, load_embedder
 from memory.recall.recaller import Recaller
 from memory.storage.db import Database
 from memory.storage.retention import RetentionJob, RetentionPolicy
@@ -63,15 +64,6 @@ log = logging.getLogger(__name__)
 
 # A background part of the process: given the services and a stop event, runs until stopped.
 Worker = Callable[[Services, asyncio.Event], Coroutine[Any, Any, None]]
-
-
-async def load_embedder(settings: Settings) -> Embedder:
-    """The configured sentence-transformers model, loaded off the event loop."""
-    from memory.recall.embeddings import SentenceTransformerEmbedder
-
-    model = SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
-    await asyncio.to_thread(model.load, threads=settings.embedding_threads)
-    return model
 
 
 def make_provider(settings: Settings) -> ChatProvider:
@@ -128,6 +120,7 @@ def create_app(
         # requests that drains the main pool cannot make live replies look dead.
         upkeep_db = Database(database_url, pool_size=2)
         model = embedder or await load_embedder(settings)
+        metrics.observe_encoder(model)
         chat_provider = provider or make_provider(settings)
         registry = ReplyRegistry()
         checkpointer = Checkpointer(

@@ -79,10 +79,21 @@ OUTBOX_BACKLOG = Gauge(
 OUTBOX_OLDEST_AGE = Gauge(
     "chatmem_outbox_oldest_age_seconds", "Age of the oldest outbox row not yet handed on (0 when empty)."
 )
+ENCODER = Gauge(
+    "chatmem_encoder_info",
+    "1 for the runtime this process encodes text with; `requested` differs from `runtime` after a fallback.",
+    ["requested", "runtime"],
+)
 DEAD_LETTERS_STORED = Gauge("chatmem_dead_letters", "Rows in the dead_letters table.")
 
 # Token kinds copied from the provider's usage; anything else a provider reports is ignored.
 USAGE_KINDS = ("prompt_tokens", "completion_tokens")
+
+
+def observe_encoder(embedder: object) -> None:
+    """Record which runtime encodes (an OpenVINO encoder that fell back to torch shows it here)."""
+    runtime = str(getattr(embedder, "runtime", type(embedder).__name__))
+    ENCODER.labels(requested=str(getattr(embedder, "requested_runtime", runtime)), runtime=runtime).set(1)
 
 
 def observe_first_token(seconds: float) -> None:

@@ -31,7 +31,7 @@ import asyncpg
 from sqlalchemy import exc as sa_exc
 
 from memory.config import Settings
-from memory.recall.embeddings import Embedder
+from memory.recall.embeddings import Embedder, load_embedder
 from memory.storage.db import Database
 
 from . import metrics
@@ -233,15 +233,6 @@ def _database(settings: Settings) -> Database:
     return Database(settings.database_url, pool_size=settings.db_pool_size)
 
 
-async def load_embedder(settings: Settings) -> Embedder:
-    """The sentence-transformers model of the settings, loaded off the event loop."""
-    from memory.recall.embeddings import SentenceTransformerEmbedder
-
-    embedder = SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
-    await asyncio.to_thread(embedder.load)
-    return embedder
-
-
 def serve_metrics(settings: Settings) -> None:
     """Serve this worker's Prometheus metrics on METRICS_PORT, if set (a daemon thread)."""
     if settings.metrics_port is None:
@@ -270,7 +261,7 @@ async def run_indexer_main(settings: Settings, *, embedder: Embedder | None = No
     db = _database(settings)
     stop = asyncio.Event()
     try:
-        model = embedder if embedder is not None else await load_embedder(settings)
+        model = embedder if embedder is not None else await load_embedder(settings, threads=0)
         with _stop_on_signals(stop):
             await IndexerWorker(db, settings, model).run(stop)
     finally:

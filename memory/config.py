@@ -223,6 +223,18 @@ class IndexerSettings(BaseSettings):
     embedding_model: str = Field(
         default_factory=default_embedding_model, description="sentence-transformers model."
     )
+    embedding_runtime: Literal["openvino", "torch"] = Field(
+        "openvino",
+        description=(
+            "How the embedding model runs: `openvino` (an export of the local weights made at first "
+            "start and cached under EMBEDDING_CACHE_DIR; about half torch's CPU, the same vectors) or "
+            "`torch`. If OpenVINO cannot load, the encoder falls back to torch and says so in logs, "
+            "/readyz and /metrics."
+        ),
+    )
+    embedding_cache_dir: Path | None = Field(
+        None, description="Where exported encoders are cached. Unset: `DATA_DIR/encoders`."
+    )
     embedding_batch_size: int = Field(64, ge=1, description="Texts per encode call.")
     embedding_threads: int = Field(
         1,

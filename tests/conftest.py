@@ -17,6 +17,11 @@ pytest_plugins = ["tests.kafka_mock", "tests.browser_support", "tests.real_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The OpenVINO export of the packaged model is made once and kept between test runs (every
+# test server gets a fresh DATA_DIR; each would otherwise export again). Checked by its
+# manifest at every load, so a stale copy is re-exported, never used.
+TEST_ENCODER_CACHE = Path(tempfile.gettempdir()) / f"chatmem-test-encoders-{os.getuid()}"
+os.environ.setdefault("EMBEDDING_CACHE_DIR", str(TEST_ENCODER_CACHE))
 
 
 @pytest.fixture(scope="session")

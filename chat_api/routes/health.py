@@ -23,4 +23,10 @@ async def readyz(services: ServicesDep) -> JSONResponse | dict[str, str]:
         await services.db.ping()
     except Exception as exc:
         return JSONResponse({"status": "unavailable", "database": str(exc)[:200]}, status_code=503)
-    return {"status": "ready", "database": "ok"}
+    embedder = services.embedder
+    encoder = str(getattr(embedder, "runtime", type(embedder).__name__))
+    fallback = getattr(embedder, "fallback_reason", None)
+    if fallback:
+        # Still ready (torch gives the same vectors), but an operator should see why it is slower.
+        encoder += f" (fallback from {getattr(embedder, 'requested_runtime', '?')}: {fallback[:200]})"
+    return {"status": "ready", "database": "ok", "encoder": encoder}
