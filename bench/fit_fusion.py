@@ -122,6 +122,7 @@ async def collect(database_url: str, questions: Sequence[Question], depth: int) 
                         user_id=question.sample_id,
                         query_text=text,
                         query_embedding=vector,
+                        index_id=1,  # the loaded rows' generation
                         depth=depth,
                     )
                 evidence = set(question.evidence)

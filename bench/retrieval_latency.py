@@ -46,9 +46,9 @@ CREATE UNLOGGED TABLE IF NOT EXISTS bench_staging (
 )
 """
 MOVE_STAGING = """
-INSERT INTO memory_items (tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq, role,
-                          text, search_terms, embedding, turn_created_at)
-SELECT 'bench', user_id, conversation_id, turn_id, 0, seq, 'user', body,
+INSERT INTO memory_items (index_id, tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq,
+                          role, text, search_terms, embedding, turn_created_at)
+SELECT 1, 'bench', user_id, conversation_id, turn_id, 0, seq, 'user', body,
        to_tsvector('simple', body), embedding, now()
 FROM bench_staging
 """
@@ -159,6 +159,7 @@ async def measure(url: str, queries: list[tuple[str, np.ndarray, str]]) -> list[
                     user_id=user,
                     query_text=query,
                     query_embedding=vector.tolist(),
+                    index_id=1,  # the loaded rows' generation
                     k=10,
                 )
             latencies.append(time.perf_counter() - started)

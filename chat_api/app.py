@@ -56,6 +56,7 @@ from memory.config import Settings
 from memory.prompt.templates import load_prompts
 from memory.recall.access import MemoryAccess
 from memory.recall.embeddings import Embedder, load_embedder
+from memory.recall.index import open_index
 from memory.recall.recaller import Recaller
 from memory.storage.db import Database
 from memory.storage.retention import RetentionJob, RetentionPolicy
@@ -119,8 +120,10 @@ def create_app(
         # Checkpoints are the heartbeat: they get their own connections, so a burst of
         # requests that drains the main pool cannot make live replies look dead.
         upkeep_db = Database(database_url, pool_size=2)
-        model = embedder or await load_embedder(settings)
-        metrics.observe_encoder(model)
+        encoder = embedder or await load_embedder(settings)
+        metrics.observe_encoder(encoder)
+        # Searches and writes use the encoder of the index generation they touch (never mixed).
+        model = await open_index(db, settings, encoder, threads=settings.embedding_threads)
         chat_provider = provider or make_provider(settings)
         registry = ReplyRegistry()
         checkpointer = Checkpointer(

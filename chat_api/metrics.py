@@ -79,6 +79,16 @@ OUTBOX_BACKLOG = Gauge(
 OUTBOX_OLDEST_AGE = Gauge(
     "chatmem_outbox_oldest_age_seconds", "Age of the oldest outbox row not yet handed on (0 when empty)."
 )
+MEMORY_INDEX_ACTIVE = Gauge(
+    "chatmem_memory_index_active",
+    "1 for the searched generation of the memory index.",
+    ["generation", "runtime"],
+)
+MEMORY_INDEX_BUILD_ROWS = Gauge(
+    "chatmem_memory_index_build_rows",
+    "A rebuild of the memory index (`chatmem memory reindex`): rows to copy (total) and copied (done).",
+    ["generation", "runtime", "kind"],
+)
 ENCODER = Gauge(
     "chatmem_encoder_info",
     "1 for the runtime this process encodes text with; `requested` differs from `runtime` after a fallback.",
@@ -144,6 +154,19 @@ def observe_request(route: str, status: int, seconds: float) -> None:
     """Record one answered HTTP request under its route template."""
     HTTP_REQUESTS.labels(route=route, status=str(status)).inc()
     HTTP_LATENCY.labels(route=route).observe(max(seconds, 0.0))
+
+
+def set_memory_indexes(generations: list[tuple[int, str, str | None, int, int]]) -> None:
+    """Publish the active and building generations: (id, state, runtime, rows done, rows total)."""
+    MEMORY_INDEX_ACTIVE.clear()
+    MEMORY_INDEX_BUILD_ROWS.clear()
+    for generation, state, runtime, done, total in generations:
+        labels = {"generation": str(generation), "runtime": runtime or ""}
+        if state == "active":
+            MEMORY_INDEX_ACTIVE.labels(**labels).set(1)
+        else:
+            MEMORY_INDEX_BUILD_ROWS.labels(**labels, kind="total").set(total)
+            MEMORY_INDEX_BUILD_ROWS.labels(**labels, kind="done").set(done)
 
 
 def set_outbox_state(backlog: int, oldest_age_seconds: float, dead_letters: int) -> None:

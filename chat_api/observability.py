@@ -208,6 +208,13 @@ class RequestLog:
 # --- /metrics ----------------------------------------------------------------------
 
 
+# The memory index's generations that are searched or being built (a rebuild's progress).
+MEMORY_INDEXES = text(
+    "SELECT id, state, spec->>'runtime' AS runtime, rows_done, rows_total FROM memory_indexes "
+    "WHERE state IN ('active', 'building')"
+)
+
+
 class OutboxGauges:
     """The outbox gauges, read from the database at most every OUTBOX_REFRESH_SECONDS.
 
@@ -232,6 +239,7 @@ class OutboxGauges:
             async with services.db.transaction() as session:
                 await session.execute(text(OUTBOX_QUERY_TIMEOUT))
                 row = (await session.execute(query)).one()
+                generations = (await session.execute(MEMORY_INDEXES)).all()
         except Exception as exc:
             # A scrape must not fail because the database is slow; the gauges keep their last values.
             logging.getLogger(__name__).warning("metrics: outbox state unavailable: %r", exc)
@@ -239,6 +247,9 @@ class OutboxGauges:
         finally:
             self._reading = False
         metrics.set_outbox_state(int(row.backlog), float(row.age), int(row.dead))
+        metrics.set_memory_indexes(
+            [(g.id, g.state, g.runtime, g.rows_done, g.rows_total) for g in generations]
+        )
 
 
 def install_observability(app: FastAPI, settings: Settings) -> None:

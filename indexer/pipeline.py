@@ -30,6 +30,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from indexer.chunking import chunk_text
 from memory.config import Settings
 from memory.recall.embeddings import Embedder
+from memory.recall.index import generation_of, write_guard
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.redaction import redact
 from memory.recall.remembering import is_low_information
@@ -84,13 +85,13 @@ PREVIOUS_MESSAGES = text(
 
 UPSERT_ITEM = text(
     """
-    INSERT INTO memory_items (tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq, role, name,
-                              text, search_terms, embedding, turn_created_at, external_id, metadata,
-                              on_active_branch)
-    VALUES (:tenant_id, :user_id, CAST(:conversation_id AS uuid), CAST(:turn_id AS uuid), :chunk_index,
-            :turn_seq, :role, :name, :text, to_tsvector('simple', :terms), CAST(:embedding AS vector),
-            :turn_created_at, :external_id, :metadata, :on_active_branch)
-    ON CONFLICT (turn_id, chunk_index) DO UPDATE SET
+    INSERT INTO memory_items (index_id, tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq,
+                              role, name, text, search_terms, embedding, turn_created_at, external_id,
+                              metadata, on_active_branch)
+    VALUES (:index_id, :tenant_id, :user_id, CAST(:conversation_id AS uuid), CAST(:turn_id AS uuid),
+            :chunk_index, :turn_seq, :role, :name, :text, to_tsvector('simple', :terms),
+            CAST(:embedding AS vector), :turn_created_at, :external_id, :metadata, :on_active_branch)
+    ON CONFLICT (index_id, turn_id, chunk_index) DO UPDATE SET
         text = EXCLUDED.text, name = EXCLUDED.name, search_terms = EXCLUDED.search_terms,
         embedding = EXCLUDED.embedding, turn_seq = EXCLUDED.turn_seq,
         turn_created_at = EXCLUDED.turn_created_at,
@@ -108,7 +109,8 @@ DELETE_STALE_CHUNKS = text(
     """
     DELETE FROM memory_items m
     USING unnest(CAST(:turn_ids AS uuid[]), CAST(:counts AS int[])) AS t(turn_id, n)
-    WHERE m.turn_id = t.turn_id AND m.chunk_index >= t.n AND m.edited_at IS NULL AND m.forgotten_at IS NULL
+    WHERE m.index_id = :index_id AND m.turn_id = t.turn_id AND m.chunk_index >= t.n
+      AND m.edited_at IS NULL AND m.forgotten_at IS NULL
     """
 )
 
@@ -293,13 +295,13 @@ class IndexPipeline:
             for c, vector in zip(chunks, vectors, strict=True)
         ]
 
-    async def _embed(self, texts: list[str]) -> list[list[float]]:
+    async def _embed(self, embedder: Embedder, texts: list[str]) -> list[list[float]]:
         # In slices: where the indexer shares its encoder with replies' queries (an Embedder
         # without a twin; the sentence-transformers one has its own copy, chat_api/cli/serve.py), a
         # query joins the next slice instead of waiting behind a whole batch of history.
         vectors: list[list[float]] = []
         for start in range(0, len(texts), EMBED_SLICE):
-            vectors.extend(await self._embedder.embed(texts[start : start + EMBED_SLICE]))
+            vectors.extend(await embedder.embed(texts[start : start + EMBED_SLICE]))
         return vectors
 
     async def index(self, payloads: Sequence[dict[str, Any]]) -> IndexResult:
@@ -330,10 +332,16 @@ class IndexPipeline:
                 )
                 previous = {row.turn_id: row for row in rows_before}
         chunks = await asyncio.to_thread(self._chunks, wanted, previous)
-        vectors = await self._embed([c.memory_text for c in chunks])
+        # The vectors and the rows they go into belong to one generation (memory/recall/index.py).
+        generation = await generation_of(self._embedder, self._db)
+        vectors = await self._embed(generation.embedder, [c.memory_text for c in chunks])
         rows = await asyncio.to_thread(self._rows, chunks, vectors)
+        for row in rows:
+            row["index_id"] = generation.id
 
         async with self._db.transaction(lock_timeout_ms=self._settings.background_lock_timeout_ms) as session:
+            # Raises IndexChanged if a reindex switched generations meanwhile: the batch is retried.
+            await write_guard(session, self._embedder, generation)
             locked = {
                 row.id: row for row in await session.execute(LOCK_CONVERSATIONS, {"ids": conversation_ids})
             }
@@ -364,7 +372,11 @@ class IndexPipeline:
             if counts:
                 await session.execute(
                     DELETE_STALE_CHUNKS,
-                    {"turn_ids": [str(t) for t in counts], "counts": list(counts.values())},
+                    {
+                        "turn_ids": [str(t) for t in counts],
+                        "counts": list(counts.values()),
+                        "index_id": generation.id,
+                    },
                 )
             if live:
                 await session.execute(

@@ -32,6 +32,7 @@ from sqlalchemy import exc as sa_exc
 
 from memory.config import Settings
 from memory.recall.embeddings import Embedder, load_embedder
+from memory.recall.index import IndexChanged, open_index
 from memory.storage.db import Database
 
 from . import metrics
@@ -73,6 +74,8 @@ def is_transient(exc: BaseException) -> bool:
         if isinstance(current, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
             return True
         if isinstance(current, _TRANSIENT_ASYNCPG) or is_kafka_error(current):
+            return True
+        if isinstance(current, IndexChanged):  # a reindex switched: encode again for the new generation
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -261,7 +264,8 @@ async def run_indexer_main(settings: Settings, *, embedder: Embedder | None = No
     db = _database(settings)
     stop = asyncio.Event()
     try:
-        model = embedder if embedder is not None else await load_embedder(settings, threads=0)
+        encoder = embedder if embedder is not None else await load_embedder(settings, threads=0)
+        model = await open_index(db, settings, encoder, threads=0)
         with _stop_on_signals(stop):
             await IndexerWorker(db, settings, model).run(stop)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from memory.recall.embeddings import HashEmbedder
+from memory.recall.index import spec_key, spec_of
 from memory.storage.db import Database, upgrade
 from memory.storage.embedded import EmbeddedPostgres
 
@@ -49,10 +52,23 @@ USER_TABLES = text(
 )
 
 
+SEED_GENERATION = text(
+    "INSERT INTO memory_indexes (id, spec, spec_key, state, activated_at) OVERRIDING SYSTEM VALUE "
+    "VALUES (1, CAST(:spec AS jsonb), :key, 'active', now())"
+)
+RESET_GENERATIONS = text("SELECT setval(pg_get_serial_sequence('memory_indexes', 'id'), 1)")
+
+
 async def truncate_all(db: Database) -> None:
     async with db.transaction() as session:
         names = ", ".join(sorted((await session.execute(USER_TABLES)).scalars()))
         await session.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+        # The memory index's first generation, as the migration makes it; empty, so the first
+        # encoder to start takes it over (memory/recall/index.py). Tests that write rows
+        # directly put them in generation 1.
+        spec = spec_of(HashEmbedder())
+        await session.execute(SEED_GENERATION, {"spec": json.dumps(spec), "key": spec_key(spec)})
+        await session.execute(RESET_GENERATIONS)
 
 
 @pytest.fixture
@@ -80,7 +96,6 @@ import uvicorn  # noqa: E402
 from chat_api.app import create_app  # noqa: E402
 from chat_api.auth import issue_token  # noqa: E402
 from memory.config import Settings, get_settings  # noqa: E402
-from memory.recall.embeddings import HashEmbedder  # noqa: E402
 
 TEST_SECRET = "test-secret-not-for-production-0123456789"
 

@@ -34,7 +34,9 @@ def torch_model() -> SentenceTransformerEmbedder:
 
 @pytest.fixture(scope="module")
 def openvino_model() -> SentenceTransformerEmbedder:
-    model = SentenceTransformerEmbedder(default_embedding_model(), runtime="openvino", cache_root=cache_root())
+    model = SentenceTransformerEmbedder(
+        default_embedding_model(), runtime="openvino", cache_root=cache_root()
+    )
     model.load(threads=1)
     return model
 
@@ -50,16 +52,19 @@ def test_openvino_is_the_default_and_gives_torchs_vectors(
         assert sum(x * y for x, y in zip(a, b, strict=True)) > 0.9999
     # The two runtimes are recorded as different makers of vectors (index provenance).
     assert openvino_model.spec["runtime"] == "openvino" and torch_model.spec["runtime"] == "torch"
-    assert torch_model.spec["weights_sha256"] == encoder_cache.PACKAGED_WEIGHTS_SHA256
-    assert openvino_model.spec["weights_sha256"] not in (None, encoder_cache.PACKAGED_WEIGHTS_SHA256)
+    assert torch_model.spec["source_sha256"] == encoder_cache.PACKAGED_WEIGHTS_SHA256
+    assert openvino_model.spec["source_sha256"] == encoder_cache.PACKAGED_WEIGHTS_SHA256
+    assert openvino_model.spec["graph_sha256"] not in (None, encoder_cache.PACKAGED_WEIGHTS_SHA256)
 
 
-def test_the_export_is_cached_and_a_damaged_one_is_not_used(openvino_model: SentenceTransformerEmbedder) -> None:
+def test_the_export_is_cached_and_a_damaged_one_is_not_used(
+    openvino_model: SentenceTransformerEmbedder,
+) -> None:
     model_path = Path(default_embedding_model())
     folder, graph_sha = encoder_cache.openvino_export(model_path, cache_root())
     manifest = json.loads((folder / encoder_cache.MANIFEST).read_text())
     assert manifest["source_sha256"] == encoder_cache.PACKAGED_WEIGHTS_SHA256
-    assert graph_sha == openvino_model.spec["weights_sha256"]
+    assert graph_sha == openvino_model.spec["graph_sha256"]
     assert not (folder / encoder_cache.WEIGHTS_FILE).exists()  # the graph carries its own weights
     # A second call finds the export (no new files, same manifest).
     assert encoder_cache.openvino_export(model_path, cache_root()) == (folder, graph_sha)

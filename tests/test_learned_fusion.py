@@ -49,6 +49,7 @@ async def remember_conversation(
             (vector,) = await EMBEDDER.embed([text])
             await session.execute(
                 insert(MemoryItem).values(
+                    index_id=1,
                     tenant_id="t1",
                     user_id=user_id,
                     conversation_id=conversation_id,
@@ -78,6 +79,7 @@ async def search(db: Database, query: str, fusion: Fusion = LEARNED, k: int = 5)
             user_id="u1",
             query_text=query,
             query_embedding=vector,
+            index_id=1,
             k=k,
             fusion=fusion,
         )
@@ -118,7 +120,13 @@ async def test_a_reply_right_after_a_matching_question_is_found(db: Database) ->
     (vector,) = await EMBEDDER.embed([question])
     async with db.transaction() as session:
         candidates = await search_candidates(
-            session, tenant_id="t1", user_id="u1", query_text=question, query_embedding=vector, depth=1
+            session,
+            tenant_id="t1",
+            user_id="u1",
+            query_text=question,
+            query_embedding=vector,
+            index_id=1,
+            depth=1,
         )
     reply = next(c for c in candidates if c.memory.turn_id == ids[1])
     # Its previous turn's scores come from the statement even though that turn is outside both top-1 lists.
@@ -191,7 +199,13 @@ async def test_a_captioned_image_is_a_signal_of_its_turn(db: Database) -> None:
     (vector,) = await EMBEDDER.embed([question])
     async with db.transaction() as session:
         candidates = await search_candidates(
-            session, tenant_id="t1", user_id="u1", query_text=question, query_embedding=vector, depth=5
+            session,
+            tenant_id="t1",
+            user_id="u1",
+            query_text=question,
+            query_embedding=vector,
+            index_id=1,
+            depth=5,
         )
     captioned = {c.memory.turn_id: c.signals.has_caption for c in candidates}
     assert captioned == {ids[0]: True, ids[1]: False}

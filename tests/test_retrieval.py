@@ -36,6 +36,7 @@ async def remember(
     async with db.transaction() as session:
         await session.execute(
             insert(MemoryItem).values(
+                index_id=1,
                 tenant_id=tenant_id,
                 user_id=user_id,
                 conversation_id=conversation_id or uuid.uuid4(),
@@ -54,7 +55,7 @@ async def remember(
 
 async def search(db: Database, query: str, **kwargs: object) -> list:
     (vector,) = await EMBEDDER.embed([query])
-    params: dict = {"tenant_id": "t1", "user_id": "u1", "k": 5} | kwargs
+    params: dict = {"tenant_id": "t1", "user_id": "u1", "k": 5, "index_id": 1} | kwargs
     async with db.transaction() as session:
         return await search_index(session, query_text=query, query_embedding=vector, **params)
 

@@ -36,9 +36,9 @@ SEED = [
        VALUES (:tenant, 'u1', :turn, 0, 'c1', 'current_time', '{}', :key, 'succeeded', false, 1)""",
     """INSERT INTO outbox (tenant_id, user_id, conversation_id, turn_id, payload)
        VALUES (:tenant, 'u1', :conversation, :turn, '{}')""",
-    """INSERT INTO memory_items (tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq, role,
-                                 text, search_terms, embedding, turn_created_at)
-       VALUES (:tenant, 'u1', :conversation, :turn, 0, 1, 'user', 'hello', to_tsvector('simple', 'hello'),
+    """INSERT INTO memory_items (index_id, tenant_id, user_id, conversation_id, turn_id, chunk_index,
+                                 turn_seq, role, text, search_terms, embedding, turn_created_at)
+       VALUES (1, :tenant, 'u1', :conversation, :turn, 0, 1, 'user', 'hello', to_tsvector('simple', 'hello'),
                CAST(:embedding AS vector), now())""",
 ]
 
@@ -216,7 +216,13 @@ async def test_memory_search_in_a_scope_finds_the_tenants_memory_and_restores_th
     with tenant_scope("A"):
         async with db.transaction() as session:
             hits = await search_index(
-                session, tenant_id="A", user_id="u1", query_text="hello", query_embedding=vector, k=5
+                session,
+                tenant_id="A",
+                user_id="u1",
+                query_text="hello",
+                query_embedding=vector,
+                index_id=1,
+                k=5,
             )
             role = (await session.execute(text("SELECT current_user"))).scalar_one()
             visible = (await session.execute(text("SELECT count(*) FROM memory_items"))).scalar_one()
@@ -231,5 +237,11 @@ async def test_memory_search_in_a_scope_refuses_another_tenant(db: Database, two
     with tenant_scope("A"), pytest.raises(NotFound):
         async with db.transaction() as session:
             await search_index(
-                session, tenant_id="B", user_id="u1", query_text="hello", query_embedding=[1.0] * 384, k=5
+                session,
+                tenant_id="B",
+                user_id="u1",
+                query_text="hello",
+                query_embedding=[1.0] * 384,
+                index_id=1,
+                k=5,
             )

@@ -1,5 +1,5 @@
-"""The `chatmem` command: up, serve, token, keys, db upgrade, import, mcp, users delete, local-model, relay,
-indexer."""
+"""The `chatmem` command: up, serve, token, keys, db upgrade, import, mcp, users delete, memory reindex,
+local-model, relay, indexer."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from chat_api.cli.installation import (
 from chat_api.cli.keys import add_keys_arguments, run_keys_command
 from chat_api.cli.local_model import add_local_model_arguments
 from chat_api.cli.mcp import add_mcp_arguments, run_mcp_command
+from chat_api.cli.memory_index import add_memory_arguments
 from chat_api.cli.serve import cmd_serve, cmd_up
 from memory.config import SettingsError, get_settings
 
@@ -142,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--user", required=True)
     delete.add_argument("--data-dir", type=Path, help="the `chatmem up` installation (without DATABASE_URL)")
     delete.set_defaults(func=cmd_users_delete)
+
+    add_memory_arguments(sub.add_parser("memory", help="the memory index: reindex with another encoder"))
 
     add_local_model_arguments(sub.add_parser("local-model", help="a real small model on llama-server"))
 

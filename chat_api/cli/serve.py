@@ -25,15 +25,18 @@ def embedded_workers(settings: Settings) -> list[Any]:
     """The relay or Postgres consumer and the indexer, run inside the API process."""
     from indexer.worker import IndexerWorker, OutboxRelay
     from memory.recall.embeddings import SentenceTransformerEmbedder
+    from memory.recall.index import MemoryIndex, open_index
 
     async def indexer(services: Any, stop: asyncio.Event) -> None:
-        embedder = services.embedder
-        if isinstance(embedder, SentenceTransformerEmbedder):
+        index: MemoryIndex = services.embedder
+        encoder = index.generation_encoder()
+        if isinstance(encoder, SentenceTransformerEmbedder):
             # A second copy of the weights (~90 MB): otherwise a reply's query waits for the
             # indexer's batch to finish encoding (search p95 5x its idle figure while importing).
-            embedder = embedder.twin()
-            await asyncio.to_thread(embedder.load)
-        await IndexerWorker(services.db, settings, embedder).run(stop)
+            encoder = encoder.twin()
+            await asyncio.to_thread(encoder.load)
+        twin = await open_index(services.db, settings, encoder, threads=0)
+        await IndexerWorker(services.db, settings, twin).run(stop)
 
     async def relay(services: Any, stop: asyncio.Event) -> None:
         await OutboxRelay(services.db, settings).run(stop)

@@ -23,7 +23,9 @@ async def readyz(services: ServicesDep) -> JSONResponse | dict[str, str]:
         await services.db.ping()
     except Exception as exc:
         return JSONResponse({"status": "unavailable", "database": str(exc)[:200]}, status_code=503)
-    embedder = services.embedder
+    # The encoder of the searched generation (a MemoryIndex wraps it; tests may pass a bare one).
+    index = services.embedder
+    embedder = index.generation_encoder() if hasattr(index, "generation_encoder") else index
     encoder = str(getattr(embedder, "runtime", type(embedder).__name__))
     fallback = getattr(embedder, "fallback_reason", None)
     if fallback:

@@ -21,6 +21,7 @@ from typing import NamedTuple
 from memory.config import Settings
 from memory.json_bounds import check_text
 from memory.recall.embeddings import Embedder
+from memory.recall.index import Generation, generation_of, write_guard
 from memory.recall.items import (
     MAX_ITEM_CHARS,
     Embedded,
@@ -56,11 +57,17 @@ class MemoryAccess:
         self.recaller = recaller
         self.redact_pii = settings.redact_pii
 
-    async def _embedded(self, text: str, *, name: str | None, created_at: datetime) -> Embedded:
+    async def _embedded(
+        self, text: str, *, name: str | None, created_at: datetime
+    ) -> tuple[Embedded, Generation]:
         body = redact(text) if self.redact_pii else text
         searched = memory_text(body, name=name, created_at=created_at)
-        [vector] = await self.embedder.embed([searched])
-        return Embedded(text=body, vector=list(vector), terms=memory_search_terms(searched))
+        generation = await generation_of(self.embedder, self.db)
+        [vector] = await generation.embedder.embed([searched])
+        embedded = Embedded(
+            text=body, vector=list(vector), terms=memory_search_terms(searched), index_id=generation.id
+        )
+        return embedded, generation
 
     async def search(
         self, owner: Owner, query: str, *, k: int, conversation_id: uuid.UUID | None = None
@@ -89,8 +96,9 @@ class MemoryAccess:
         """Store a fact the user states directly; recalled from the next reply on."""
         check_text(text, field="text", max_chars=MAX_ITEM_CHARS)
         now = datetime.now(UTC)
-        embedded = await self._embedded(text.strip(), name=None, created_at=now)
+        embedded, generation = await self._embedded(text.strip(), name=None, created_at=now)
         async with self.db.transaction() as session:
+            await write_guard(session, self.embedder, generation)
             return await remember_fact(
                 session, owner, embedded, created_at=now, conversation_id=conversation_id
             )
@@ -101,8 +109,9 @@ class MemoryAccess:
         async with self.db.session() as session:
             item = await get_item(session, owner, item_id)
         # Embedded with no connection held: the encoder may be busy with replies.
-        embedded = await self._embedded(text.strip(), name=item.name, created_at=item.created_at)
+        embedded, generation = await self._embedded(text.strip(), name=item.name, created_at=item.created_at)
         async with self.db.transaction() as session:
+            await write_guard(session, self.embedder, generation)
             return await correct_item(session, owner, item_id, embedded)
 
     async def forget(self, owner: Owner, item_id: int) -> None:

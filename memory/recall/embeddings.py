@@ -172,7 +172,8 @@ class SentenceTransformerEmbedder:
         self.runtime = runtime
         self.cache_root = cache_root
         self.fallback_reason: str | None = None
-        self.weights_sha256: str | None = None  # of the file the runtime reads (index provenance)
+        self.source_sha256: str | None = None  # of the model's weights file (index provenance)
+        self.graph_sha256: str | None = None  # of the exported graph's weights, for OpenVINO
         self.dim = EMBEDDING_DIM
         self._model: Any = None
         # A thread lock, not an asyncio one: encode_sync may also be called from threads.
@@ -197,12 +198,15 @@ class SentenceTransformerEmbedder:
     @property
     def spec(self) -> dict[str, Any]:
         """What makes this embedder's vectors (recorded with every vector it writes)."""
-        return {
-            "model": self.model_name_or_path,
-            "weights_sha256": self.weights_sha256,
+        spec: dict[str, Any] = {
+            "model": Path(self.model_name_or_path).name or self.model_name_or_path,
+            "source_sha256": self.source_sha256 or self.model_name_or_path,
             "runtime": self.runtime,
             "dim": self.dim,
         }
+        if self.graph_sha256:
+            spec["graph_sha256"] = self.graph_sha256
+        return spec
 
     def load(self, *, threads: int = 0) -> None:
         """Load the model (synchronous; call it at startup, e.g. via ``asyncio.to_thread``).
@@ -223,6 +227,10 @@ class SentenceTransformerEmbedder:
             # A local folder never needs the hub; without this the library may still try it.
             os.environ["HF_HUB_OFFLINE"] = "1"
             os.environ["TRANSFORMERS_OFFLINE"] = "1"
+        if local.is_dir() and (local / "model.safetensors").is_file():
+            from memory.recall.encoder_cache import weights_sha256
+
+            self.source_sha256 = weights_sha256(local)
         if self.runtime == "openvino":
             try:
                 model = self._load_openvino(local, threads)
@@ -235,10 +243,6 @@ class SentenceTransformerEmbedder:
                 return
         from sentence_transformers import SentenceTransformer
 
-        if local.is_dir() and (local / "model.safetensors").is_file():
-            from memory.recall.encoder_cache import weights_sha256
-
-            self.weights_sha256 = weights_sha256(local)
         self._use(SentenceTransformer(self.model_name_or_path, device="cpu"))
 
     def _load_openvino(self, local: Path, threads: int) -> Any:
@@ -256,7 +260,7 @@ class SentenceTransformerEmbedder:
             device="cpu",
             model_kwargs={"file_name": "openvino/openvino_model.xml", "ov_config": ov_config},
         )
-        self.weights_sha256 = graph_sha256
+        self.graph_sha256 = graph_sha256
         return model
 
     def _use(self, model: Any) -> None:
@@ -304,8 +308,12 @@ class HashEmbedder:
     retrieval tests can reason about what should be found without loading a model.
     """
 
-    def __init__(self, dim: int = EMBEDDING_DIM) -> None:
+    def __init__(self, dim: int = EMBEDDING_DIM, *, seed: int = 0) -> None:
         self.dim = dim
+        # Another seed hashes every feature elsewhere: a different encoder, as far as the index
+        # is concerned (tests of index generations use two).
+        self.seed = seed
+        self.spec = {"runtime": "hash", "seed": seed, "dim": dim}
 
     def _features(self, text: str) -> list[tuple[str, float]]:
         terms = search_terms(text).split()
@@ -319,7 +327,9 @@ class HashEmbedder:
         """The vector of one text."""
         vector = [0.0] * self.dim
         for feature, weight in self._features(text):
-            digest = hashlib.blake2b(feature.encode("utf-8"), digest_size=8).digest()
+            digest = hashlib.blake2b(
+                feature.encode("utf-8"), digest_size=8, salt=self.seed.to_bytes(8, "little")
+            ).digest()
             bucket = int.from_bytes(digest[:4], "little") % self.dim
             sign = 1.0 if digest[4] & 1 else -1.0
             vector[bucket] += sign * weight

@@ -62,8 +62,10 @@ SET_SEARCH_SETTINGS_AS_OWNER = text(
 RESTORE_TENANT_ROLE = text(f"SELECT set_config('role', '{TENANT_ROLE}', true)")
 
 # on_active_branch: turns a regenerate or an edit replaced are not memory (memory/record/branches.py).
-_OWNER_FILTER = """m.tenant_id = :tenant_id AND m.user_id = :user_id AND m.on_active_branch
-      AND m.deleted_at IS NULL AND m.turn_id <> ALL(:exclude_turn_ids){conversation_filter}"""
+# index_id: only rows of the generation whose encoder made the query vector (memory/recall/index.py).
+_OWNER_FILTER = """m.tenant_id = :tenant_id AND m.user_id = :user_id AND m.index_id = :index_id
+      AND m.on_active_branch AND m.deleted_at IS NULL
+      AND m.turn_id <> ALL(:exclude_turn_ids){conversation_filter}"""
 
 # The dense and keyword top lists.
 _RANKED_LISTS = """
@@ -203,6 +205,7 @@ async def search_candidates(
     user_id: str,
     query_text: str,
     query_embedding: Sequence[float],
+    index_id: int,
     depth: int,
     conversation_id: uuid.UUID | None = None,
     exclude_turn_ids: Collection[uuid.UUID] = (),
@@ -215,6 +218,7 @@ async def search_candidates(
     params: dict[str, Any] = {
         "tenant_id": tenant_id,
         "user_id": user_id,
+        "index_id": index_id,
         "exclude_turn_ids": list(exclude_turn_ids),
         "embedding": list(query_embedding),
         "query_terms": " ".join(query_terms(query_text)),
@@ -243,13 +247,17 @@ async def search_index(
     user_id: str,
     query_text: str,
     query_embedding: Sequence[float],
+    index_id: int,
     k: int,
     conversation_id: uuid.UUID | None = None,
     exclude_turn_ids: Collection[uuid.UUID] = (),
     min_score: float = 0.0,
     fusion: Fusion = DEFAULT_FUSION,
 ) -> list[FoundMemory]:
-    """The user's ``k`` most relevant indexed memories for a query, best first, one per turn and text."""
+    """The user's ``k`` most relevant indexed memories for a query, best first, one per turn and text.
+
+    ``index_id``: the generation whose encoder made ``query_embedding`` (memory/recall/index.py).
+    """
     if k <= 0:
         return []
     candidates = await search_candidates(
@@ -258,6 +266,7 @@ async def search_index(
         user_id=user_id,
         query_text=query_text,
         query_embedding=query_embedding,
+        index_id=index_id,
         depth=max(fusion.candidates, k),
         conversation_id=conversation_id,
         exclude_turn_ids=exclude_turn_ids,

@@ -36,7 +36,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.record.conversations import Owner, get_conversation
-from memory.storage.models import Conversation, MemoryItem, MemoryItemSource
+from memory.storage.models import Conversation, MemoryIndex, MemoryItem, MemoryItemSource
 
 # The longest text a stated fact or a correction may have (a turn's chunk is ~1,200).
 MAX_ITEM_CHARS = 2000
@@ -83,6 +83,7 @@ class Embedded:
     text: str
     vector: list[float]
     terms: str
+    index_id: int  # the generation whose encoder made ``vector`` (memory/recall/index.py)
 
 
 _COLUMNS = (
@@ -101,10 +102,15 @@ _COLUMNS = (
 )
 
 
+# Items are the rows of the searched generation; a generation being rebuilt holds copies.
+_ACTIVE_INDEX = select(MemoryIndex.id).where(MemoryIndex.state == "active").scalar_subquery()
+
+
 def _visible(owner: Owner) -> ColumnElement[bool]:
     return and_(
         MemoryItem.tenant_id == owner.tenant_id,
         MemoryItem.user_id == owner.user_id,
+        MemoryItem.index_id == _ACTIVE_INDEX,
         MemoryItem.deleted_at.is_(None),
         MemoryItem.on_active_branch.is_(True),
         or_(
@@ -232,6 +238,7 @@ async def remember_fact(
                 "this conversation is not remembered (memory mode none)", conversation_id=str(conversation_id)
             )
     item = MemoryItem(
+        index_id=embedded.index_id,
         tenant_id=owner.tenant_id,
         user_id=owner.user_id,
         conversation_id=conversation_id,
@@ -261,7 +268,7 @@ async def correct_item(session: AsyncSession, owner: Owner, item_id: int, embedd
     )
     result = await session.execute(
         update(MemoryItem)
-        .where(MemoryItem.id.in_(visible.scalar_subquery()))
+        .where(MemoryItem.id.in_(visible.scalar_subquery()), MemoryItem.index_id == embedded.index_id)
         .values(
             text=embedded.text,
             embedding=embedded.vector,

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.recall.embeddings import Embedder
 from memory.recall.found import FoundMemory, best_distinct
 from memory.recall.fusion import DEFAULT_FUSION, Fusion
+from memory.recall.index import generation_of
 from memory.recall.index_search import fuse, search_candidates
 from memory.recall.keywords import memory_text, photo_caption
 from memory.recall.unindexed import UNINDEXED_LIMIT, UnindexedTurn, find_unindexed, score_unindexed
@@ -89,7 +90,11 @@ async def recall_memories(
         )
     latency["unindexed"] = _ms_since(started)
     mark = time.perf_counter()
-    query_vector, turn_vectors = await embed_for_recall(embedder, query_text, unindexed, cache)
+    # The query is encoded by the encoder of the generation it is compared with (never mixed).
+    generation = await generation_of(embedder, db)
+    query_vector, turn_vectors = await embed_for_recall(
+        generation.embedder, query_text, unindexed, cache, generation_id=generation.id
+    )
     latency["embed"] = _ms_since(mark)
     mark = time.perf_counter()
     async with db.transaction() as session:
@@ -99,6 +104,7 @@ async def recall_memories(
             user_id=user_id,
             query_text=query_text,
             query_vector=query_vector,
+            index_id=generation.id,
             unindexed=unindexed,
             turn_vectors=turn_vectors,
             k=k,
@@ -122,11 +128,14 @@ async def embed_for_recall(
     query_text: str,
     unindexed: Sequence[UnindexedTurn],
     cache: VectorCache | None = None,
+    *,
+    generation_id: int = 0,
 ) -> tuple[list[float], list[list[float]]]:
     """One encode call for the query and the unindexed turns not kept in ``cache``.
 
     One call, because the embedder runs one at a time. Call it with no database
-    connection held: under load, replies queue here for the CPU.
+    connection held: under load, replies queue here for the CPU. ``cache`` keeps vectors
+    per generation (``generation_id``): after a reindex, a turn is encoded again.
     """
     embedded = [
         memory_text(
@@ -137,11 +146,12 @@ async def embed_for_recall(
         )
         for turn in unindexed
     ]
-    kept = cache.take(embedded) if cache is not None else [None] * len(embedded)
-    missing = [text for text, vector in zip(embedded, kept, strict=True) if vector is None]
-    query_vector, *encoded = await embedder.embed([query_text, *missing])
+    keys = [f"{generation_id}\x00{text}" for text in embedded]
+    kept = cache.take(keys) if cache is not None else [None] * len(embedded)
+    missing = [i for i, vector in enumerate(kept) if vector is None]
+    query_vector, *encoded = await embedder.embed([query_text, *(embedded[i] for i in missing)])
     if cache is not None:
-        cache.keep(missing, encoded)
+        cache.keep([keys[i] for i in missing], encoded)
     fresh = iter(encoded)
     turn_vectors = [vector if vector is not None else next(fresh) for vector in kept]
     return query_vector, turn_vectors
@@ -154,6 +164,7 @@ async def rank_memories(
     user_id: str,
     query_text: str,
     query_vector: Sequence[float],
+    index_id: int,
     unindexed: Sequence[UnindexedTurn],
     turn_vectors: Sequence[Sequence[float]],
     k: int,
@@ -169,6 +180,7 @@ async def rank_memories(
         user_id=user_id,
         query_text=query_text,
         query_embedding=query_vector,
+        index_id=index_id,
         depth=max(fusion.candidates, k + OVERFETCH),
         conversation_id=conversation_id,
         exclude_turn_ids=exclude_turn_ids,

@@ -15,9 +15,11 @@ from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     FetchedValue,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     SmallInteger,
@@ -293,9 +295,12 @@ class MemoryItem(Base):
     edited_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # The user forgot it: a tombstone (deleted_at set, text emptied) the indexer never revives.
     forgotten_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # The generation of the index this row belongs to: which encoder made its vector
+    # (memory_indexes; a query vector is only compared with rows of its own generation).
+    index_id: Mapped[int] = mapped_column(SmallInteger)
 
     __table_args__ = (
-        UniqueConstraint("turn_id", "chunk_index", name="uq_memory_turn_chunk"),
+        UniqueConstraint("index_id", "turn_id", "chunk_index", name="uq_memory_index_turn_chunk"),
         Index(
             "ix_memory_owner_listed",
             "tenant_id",
@@ -304,7 +309,7 @@ class MemoryItem(Base):
             "id",
             postgresql_where=sql_text("deleted_at IS NULL"),
         ),
-        Index("ix_memory_owner", "tenant_id", "user_id"),
+        Index("ix_memory_owner", "tenant_id", "user_id", "index_id"),
         Index("ix_memory_conversation", "conversation_id"),
         # sqlalchemy.text, not the `text` column above.
         Index("ix_memory_deleted", "deleted_at", postgresql_where=sql_text("deleted_at IS NOT NULL")),
@@ -315,6 +320,32 @@ class MemoryItem(Base):
             postgresql_using="hnsw",
             postgresql_with={"m": 16, "ef_construction": 64},
             postgresql_ops={"embedding": "vector_cosine_ops"},
+        ),
+    )
+
+
+class MemoryIndex(Base):
+    """One generation of the memory index: what made its vectors, and whether it is searched."""
+
+    __tablename__ = "memory_indexes"
+
+    id: Mapped[int] = mapped_column(SmallInteger, Identity(), primary_key=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    spec_key: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))  # building | active | retired
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+    activated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    rows_total: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    rows_done: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+    __table_args__ = (
+        CheckConstraint("state IN ('building', 'active', 'retired')", name="ck_memory_indexes_state"),
+        Index(
+            "uq_memory_indexes_state",
+            "state",
+            unique=True,
+            postgresql_where=sql_text("state IN ('active', 'building')"),
         ),
     )
 

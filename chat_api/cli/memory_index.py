@@ -1,0 +1,100 @@
+"""`chatmem memory reindex`: rebuild the memory index with the configured encoder, then switch."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chat_api.cli.installation import CommandError, installation_database, load_settings
+
+
+def add_memory_arguments(memory: argparse.ArgumentParser) -> None:
+    memory_sub = memory.add_subparsers(dest="memory_command", required=True)
+    reindex = memory_sub.add_parser(
+        "reindex",
+        help="rebuild the memory index with the configured encoder beside the old one, then switch",
+    )
+    reindex.add_argument(
+        "--runtime", choices=["openvino", "torch"], help="encoder runtime (default: EMBEDDING_RUNTIME)"
+    )
+    reindex.add_argument("--status", action="store_true", help="print the index generations and exit")
+    reindex.add_argument(
+        "--replace", action="store_true", help="abandon a rebuild under way for another encoder"
+    )
+    reindex.add_argument("--batch", type=int, default=64, help="rows embedded per batch")
+    reindex.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=30.0,
+        help="keep the old generation this long after the switch (processes move over), then delete it",
+    )
+    reindex.add_argument("--data-dir", type=Path, help="the `chatmem up` installation (without DATABASE_URL)")
+    reindex.set_defaults(func=cmd_memory_reindex)
+
+
+def cmd_memory_reindex(args: argparse.Namespace) -> None:
+    overrides: dict[str, Any] = {"data_dir": args.data_dir} if args.data_dir else {}
+    if args.runtime:
+        overrides["embedding_runtime"] = args.runtime
+    settings = load_settings(**overrides)
+    with installation_database(settings) as database_url:
+        asyncio.run(_reindex(args, settings, database_url))
+
+
+def _print_generations(rows: list[dict[str, Any]]) -> None:
+    from memory.recall.index import describe
+
+    print(f"{'id':>3}  {'state':<9} {'rows':>9}  encoder")
+    for row in rows:
+        rows_text = f"{row['rows_done']}/{row['rows_total']}" if row["state"] == "building" else "-"
+        print(f"{row['id']:>3}  {row['state']:<9} {rows_text:>9}  {describe(row['spec'])}")
+
+
+async def _reindex(args: argparse.Namespace, settings: Any, database_url: str) -> None:
+    from memory.recall import reindex
+    from memory.recall.embeddings import load_embedder
+    from memory.recall.index import describe, spec_of
+    from memory.storage.db import Database
+
+    db = Database(database_url, pool_size=2)
+    try:
+        if args.status:
+            _print_generations(await reindex.generations(db))
+            return
+        encoder = await load_embedder(settings, threads=0)
+        if encoder.runtime != encoder.requested_runtime:
+            raise CommandError(
+                f"the {encoder.requested_runtime} encoder did not load: {encoder.fallback_reason}"
+            )
+        try:
+            ids = await reindex.begin(db, encoder, replace=args.replace)
+        except reindex.ReindexRefused as exc:
+            raise CommandError(str(exc)) from None
+        if ids is None:
+            print(f"the memory index is already built by {describe(spec_of(encoder))}")
+            return
+        old, new = ids
+        encoder_name = describe(spec_of(encoder))
+        print(f"building memory index generation {new} with {encoder_name} (searching {old} until done)")
+        started = time.monotonic()
+
+        def progress(p: reindex.Progress) -> None:
+            rate = p.done / max(time.monotonic() - started, 1e-6)
+            eta = (p.total - p.done) / rate if rate > 0 else float("inf")
+            line = f"\r{p.done}/{p.total} rows, {rate:.0f} rows/s"
+            line += ", switched" if p.switched else f", about {eta:.0f} s left"
+            print(line, end="\n" if p.switched else "", file=sys.stdout, flush=True)
+
+        await reindex.build(db, encoder, old, new, batch=args.batch, on_progress=progress)
+        print(
+            f"generation {new} is active; generation {old} is kept {args.grace_seconds:.0f} s, then deleted"
+        )
+        await asyncio.sleep(args.grace_seconds)
+        deleted = await reindex.purge_retired(db, older_than_seconds=args.grace_seconds)
+        print(f"deleted {deleted} rows of the retired generation")
+    finally:
+        await db.dispose()

@@ -1,0 +1,278 @@
+"""Generations of the memory index: which encoder made each vector, and which one is searched.
+
+Vectors from different encoders are never compared. Every memory row carries ``index_id``,
+the generation it belongs to (``memory_indexes``); a generation's ``spec`` records what made
+its vectors (model, the sha256 of its weights, runtime, dimension, and ``PIPELINE``: the
+version of what the indexer embeds, bumped when that changes). One generation is
+``active``: searched and written. ``chatmem memory reindex`` (memory/recall/reindex.py)
+builds another beside it, never searched, and switches when it is complete.
+
+``MemoryIndex`` is a process's view: the active generation and the encoder that made its
+vectors. It is an ``Embedder`` itself (it encodes with the active generation's encoder), and
+``generation()`` gives the pair (id, encoder) that a search or a write uses together, so a
+query vector is compared only with rows its own encoder made, and a row is written only
+into the generation whose encoder made its vector. It re-reads the active generation at
+most every ``check_seconds``; after a switch it loads the new generation's encoder (a local
+runtime of the same weights) in the background and keeps using the old, complete
+generation until that is ready (retired rows are kept for a grace period).
+
+Writers (the indexer pipeline, stated facts, corrections) call ``write_guard`` in their write
+transaction: it takes the index lock shared and checks, in the write's own transaction, that the
+generation they encoded for is still the active one; a reindex's switch takes the lock
+exclusively, so no write straddles a switch (a write that lost the race raises
+``IndexChanged`` and is retried: the indexer's batch is redelivered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from memory.config import Settings
+from memory.recall.embeddings import RUNTIMES, Embedder
+from memory.storage.db import Database
+
+log = logging.getLogger(__name__)
+
+# The version of what the indexer embeds (unit of memory, chunking, the text a memory is
+# embedded as). Changing what is embedded bumps it, and existing memories are rebuilt with
+# `chatmem memory reindex`.
+PIPELINE = "1"
+# The advisory lock writers hold shared and a switch holds exclusively.
+INDEX_LOCK = 0x28_1DE7
+# The spec fields that decide whether two vectors may be compared (the model's path or a
+# service's address do not: the same weights give the same vectors wherever they live).
+KEY_FIELDS = ("runtime", "source_sha256", "dim", "pipeline", "seed")
+
+ACTIVE = text("SELECT id, spec, spec_key FROM memory_indexes WHERE state = 'active'")
+ACTIVE_LOCKED = text("SELECT id, spec, spec_key FROM memory_indexes WHERE state = 'active' FOR UPDATE")
+HAS_ROWS = text("SELECT EXISTS (SELECT 1 FROM memory_items WHERE index_id = :id)")
+BUILDING = text("SELECT id FROM memory_indexes WHERE state = 'building'")
+ADOPT = text("UPDATE memory_indexes SET spec = CAST(:spec AS jsonb), spec_key = :key WHERE id = :id")
+CREATE_ACTIVE = text(
+    "INSERT INTO memory_indexes (spec, spec_key, state, activated_at) "
+    "VALUES (CAST(:spec AS jsonb), :key, 'active', now()) RETURNING id"
+)
+LOCK_SHARED = text(f"SELECT pg_advisory_xact_lock_shared({INDEX_LOCK})")
+LOCK_EXCLUSIVE = text(f"SELECT pg_advisory_xact_lock({INDEX_LOCK})")
+
+
+class IndexChanged(RuntimeError):
+    """The active generation changed while a write was encoding: encode again and retry."""
+
+
+def spec_of(embedder: Embedder) -> dict[str, Any]:
+    """What makes this embedder's vectors, as a generation records it."""
+    spec = dict(getattr(embedder, "spec", None) or {"runtime": type(embedder).__name__})
+    spec.setdefault("dim", embedder.dim)
+    spec["pipeline"] = PIPELINE
+    return spec
+
+
+def spec_key(spec: dict[str, Any]) -> str:
+    """The canonical string two processes compare: same key, comparable vectors."""
+    return json.dumps({k: spec[k] for k in KEY_FIELDS if spec.get(k) is not None}, sort_keys=True)
+
+
+def describe(spec: dict[str, Any]) -> str:
+    return f"{spec.get('runtime')}/{spec.get('model', '?')}/pipeline {spec.get('pipeline')}"
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A generation of the index and the encoder whose vectors it holds."""
+
+    id: int
+    embedder: Embedder
+    key: str
+
+
+# Given a generation's spec, an encoder that makes its vectors (loaded), or None if this
+# process cannot make one (another model, a service it cannot reach).
+EncoderLoader = Callable[[dict[str, Any]], Embedder | None]
+
+
+async def active_generation_id(session: AsyncSession) -> int:
+    row = (await session.execute(ACTIVE)).one_or_none()
+    if row is None:
+        raise LookupError("the memory index has no active generation")
+    return int(row.id)
+
+
+class MemoryIndex:
+    """This process's active generation and its encoder; an Embedder that encodes for it."""
+
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder,
+        *,
+        loader: EncoderLoader | None = None,
+        check_seconds: float = 2.0,
+    ) -> None:
+        self._db = db
+        self.configured = embedder
+        self.dim = embedder.dim
+        self.configured_key = spec_key(spec_of(embedder))
+        self._loader = loader
+        self._encoders: dict[str, Embedder] = {self.configured_key: embedder}
+        self._current: Generation | None = None
+        self._checked = 0.0
+        self._check_seconds = check_seconds
+        self._loading: asyncio.Task[None] | None = None
+        self.mismatch: str | None = None  # why the configured encoder is not the one in use
+
+    async def start(self) -> Generation:
+        """Find (or make) the active generation and the encoder of its vectors."""
+        async with self._db.transaction() as session:
+            await session.execute(LOCK_EXCLUSIVE)
+            row = (await session.execute(ACTIVE_LOCKED)).one_or_none()
+            spec = spec_of(self.configured)
+            if row is None:
+                new_id = (
+                    await session.execute(
+                        CREATE_ACTIVE, {"spec": json.dumps(spec), "key": self.configured_key}
+                    )
+                ).scalar_one()
+                row_id, key, active_spec = int(new_id), self.configured_key, spec
+            elif row.spec_key != self.configured_key and not await self._in_use(session, int(row.id)):
+                # No vector exists yet: the first encoder to start makes them all.
+                await session.execute(
+                    ADOPT, {"spec": json.dumps(spec), "key": self.configured_key, "id": row.id}
+                )
+                row_id, key, active_spec = int(row.id), self.configured_key, spec
+            else:
+                row_id, key, active_spec = int(row.id), row.spec_key, row.spec
+        encoder = await self._encoder_for(key, active_spec)
+        if encoder is None:
+            raise RuntimeError(
+                f"the memory index was built by {describe(active_spec)}, which this process cannot load; "
+                "configure that encoder, or run `chatmem memory reindex` with this one"
+            )
+        if key != self.configured_key:
+            configured = describe(spec_of(self.configured))
+            self.mismatch = (
+                f"memory index built by {describe(active_spec)}, configured {configured}: "
+                "answering from the built index; run `chatmem memory reindex` to rebuild it"
+            )
+            log.warning("%s", self.mismatch)
+        self._current = Generation(row_id, encoder, key)
+        self._checked = time.monotonic()
+        return self._current
+
+    @staticmethod
+    async def _in_use(session: AsyncSession, generation_id: int) -> bool:
+        if (await session.execute(BUILDING)).first() is not None:
+            return True
+        return bool((await session.execute(HAS_ROWS, {"id": generation_id})).scalar())
+
+    async def _encoder_for(self, key: str, spec: dict[str, Any]) -> Embedder | None:
+        if key in self._encoders:
+            return self._encoders[key]
+        if self._loader is None:
+            return None
+        encoder = await asyncio.to_thread(self._loader, spec)
+        if encoder is not None:
+            self._encoders[key] = encoder
+        return encoder
+
+    async def generation(self) -> Generation:
+        """The generation to search and write now, with its encoder."""
+        if self._current is None:
+            return await self.start()
+        if time.monotonic() - self._checked >= self._check_seconds:
+            self._checked = time.monotonic()
+            await self._refresh()
+        return self._current
+
+    async def _refresh(self) -> None:
+        async with self._db.session() as session:
+            row = (await session.execute(ACTIVE)).one_or_none()
+        current = self._current
+        if row is None or current is None or int(row.id) == current.id:
+            return
+        if row.spec_key in self._encoders:
+            self._switch(int(row.id), row.spec_key)
+        elif self._loading is None or self._loading.done():
+            self._loading = asyncio.create_task(self._load_then_switch(int(row.id), row.spec_key, row.spec))
+
+    def _switch(self, generation_id: int, key: str) -> None:
+        log.info("memory index switched to generation %d", generation_id)
+        self._current = Generation(generation_id, self._encoders[key], key)
+        self.mismatch = None if key == self.configured_key else self.mismatch
+
+    async def _load_then_switch(self, generation_id: int, key: str, spec: dict[str, Any]) -> None:
+        try:
+            encoder = await self._encoder_for(key, spec)
+        except Exception:
+            log.exception("could not load the encoder of memory index generation %d", generation_id)
+            return
+        if encoder is None:
+            log.error("memory index generation %d (%s) cannot be encoded here", generation_id, describe(spec))
+            return
+        self._switch(generation_id, key)
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Vectors for the active generation (callers that also search or write use ``generation()``)."""
+        return await (await self.generation()).embedder.embed(texts)
+
+    def generation_encoder(self) -> Embedder:
+        """The encoder of the generation in use (the configured one unless the index was built by another)."""
+        return self._current.embedder if self._current is not None else self.configured
+
+    def look_again(self) -> None:
+        """Re-read the active generation at the next call (a write found it changed)."""
+        self._checked = 0.0
+
+
+async def generation_of(embedder: Embedder, db: Database) -> Generation:
+    """The generation ``embedder`` encodes for.
+
+    A MemoryIndex (what the API and the indexer use) knows it. A bare encoder (tests and
+    benchmarks that build their index with it) is checked like a starting process: it must
+    be the encoder of the active generation (or the index must be empty).
+    """
+    if isinstance(embedder, MemoryIndex):
+        return await embedder.generation()
+    return await MemoryIndex(db, embedder).start()
+
+
+async def write_guard(session: AsyncSession, embedder: Embedder, generation: Generation) -> None:
+    """In a write's transaction: hold the index lock shared, and check the generation is still active."""
+    await session.execute(LOCK_SHARED)
+    active = await active_generation_id(session)
+    if active != generation.id:
+        if isinstance(embedder, MemoryIndex):
+            embedder.look_again()
+        raise IndexChanged(f"memory index generation {generation.id} is no longer active ({active} is)")
+
+
+def local_loader(settings: Settings, *, threads: int) -> EncoderLoader:
+    """Loads an encoder for a generation made by a local runtime of the configured model's weights."""
+
+    def load(spec: dict[str, Any]) -> Embedder | None:
+        from memory.recall.embeddings import configured_embedder
+
+        if spec.get("runtime") not in RUNTIMES:
+            return None
+        encoder = configured_embedder(settings.model_copy(update={"embedding_runtime": spec["runtime"]}))
+        encoder.load(threads=threads)
+        # Another model's weights, or an OpenVINO that fell back to torch: not that generation's encoder.
+        return encoder if spec_key(spec_of(encoder)) == spec_key(spec) else None
+
+    return load
+
+
+async def open_index(db: Database, settings: Settings, embedder: Embedder, *, threads: int) -> MemoryIndex:
+    """The process's MemoryIndex over ``embedder`` (the configured encoder, loaded), started."""
+    index = MemoryIndex(db, embedder, loader=local_loader(settings, threads=threads))
+    await index.start()
+    return index

@@ -1,0 +1,289 @@
+"""Rebuild the memory index with another encoder beside the old one, then switch.
+
+``chatmem memory reindex`` registers a ``building`` generation for its encoder's spec and
+fills it from the active generation: every memory row (chunks of turns, stated facts,
+corrections, tombstones) is copied with its text embedded again by the new encoder, so the
+user's corrections and forgets carry over exactly. Searches keep reading the active
+generation the whole time (a building generation is never searched).
+
+Memory keeps arriving while it runs. Writers write the active generation only (memory/recall/
+index.py); the build catches up in passes: each pass re-copies the rows of the active
+generation that are missing from the new one or differ from their copy, and deletes copies
+whose row is gone. When a pass finds little left, the last pass runs under the index lock
+held exclusively (writers of new vectors wait for it, a moment) and, in the same
+transaction, the new generation becomes ``active`` and the old one ``retired``. So the
+switch is one commit, and the new generation holds every memory the old one held at that
+moment. Processes see the switch within their check interval and load the new encoder;
+until then they search the retired generation, which stays complete and is deleted after
+a grace period.
+
+This rebuilds for a change of encoder (runtime or model weights). A change of what is
+embedded (the indexer's ``PIPELINE`` version: other chunks, other text) needs the indexer
+pipeline run over the turns instead; that is not built yet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import BigInteger, Text
+
+from memory.recall.embeddings import Embedder
+from memory.recall.index import LOCK_EXCLUSIVE, describe, spec_key, spec_of
+from memory.recall.keywords import memory_text, photo_caption
+from memory.storage.db import Database
+
+log = logging.getLogger(__name__)
+
+GENERATIONS = text(
+    "SELECT id, spec, spec_key, state, created_at, activated_at, retired_at, rows_total, rows_done "
+    "FROM memory_indexes ORDER BY id"
+)
+ACTIVE = text("SELECT id, spec, spec_key FROM memory_indexes WHERE state = 'active' FOR UPDATE")
+BUILDING = text("SELECT id, spec, spec_key FROM memory_indexes WHERE state = 'building' FOR UPDATE")
+CREATE_BUILDING = text(
+    "INSERT INTO memory_indexes (spec, spec_key, state, rows_total) "
+    "VALUES (CAST(:spec AS jsonb), :key, 'building', "
+    "(SELECT count(*) FROM memory_items WHERE index_id = :active)) RETURNING id"
+)
+DROP_BUILDING = text("DELETE FROM memory_indexes WHERE id = :id")
+DELETE_ROWS = text(
+    "DELETE FROM memory_items WHERE id IN (SELECT id FROM memory_items WHERE index_id = :id LIMIT :batch)"
+)
+
+# The columns a copy carries over as they are (everything but the id, the generation and the vector).
+_COPIED = (
+    "tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq, role, name, text, search_terms, "
+    "turn_created_at, external_id, metadata, on_active_branch, indexed_at, deleted_at, source, edited_at, "
+    "forgotten_at"
+)
+_COMPARED = ", ".join(f"{{t}}.{c.strip()}" for c in _COPIED.split(",") if c.strip() != "indexed_at")
+
+# Rows of the old generation whose copy is missing or differs, in id order from :after.
+STALE = text(
+    f"""
+    SELECT a.id, a.text, a.name, a.turn_created_at, a.metadata, a.embedding IS NULL AS tombstone
+    FROM memory_items a
+    LEFT JOIN memory_items b
+      ON b.index_id = :new AND b.turn_id = a.turn_id AND b.chunk_index = a.chunk_index
+    WHERE a.index_id = :old AND a.id > :after
+      AND (b.id IS NULL OR ({_COMPARED.format(t="a")}) IS DISTINCT FROM ({_COMPARED.format(t="b")}))
+    ORDER BY a.id
+    LIMIT :batch
+    """
+)
+COPY = text(
+    f"""
+    INSERT INTO memory_items (index_id, embedding, {_COPIED})
+    SELECT :new, CAST(v.embedding AS vector), {", ".join("a." + c.strip() for c in _COPIED.split(","))}
+    FROM unnest(:ids, :embeddings) AS v(id, embedding)
+    JOIN memory_items a ON a.id = v.id
+    ON CONFLICT (index_id, turn_id, chunk_index) DO UPDATE SET
+        embedding = EXCLUDED.embedding,
+        {", ".join(f"{c.strip()} = EXCLUDED.{c.strip()}" for c in _COPIED.split(","))}
+    """
+).bindparams(bindparam("ids", type_=ARRAY(BigInteger)), bindparam("embeddings", type_=ARRAY(Text)))
+# Copies whose row is gone from the old generation (a stated fact forgotten, a turn deleted).
+ORPHANS = text(
+    """
+    DELETE FROM memory_items b
+    WHERE b.index_id = :new AND NOT EXISTS (
+        SELECT 1 FROM memory_items a
+        WHERE a.index_id = :old AND a.turn_id = b.turn_id AND a.chunk_index = b.chunk_index
+    )
+    """
+)
+PROGRESS = text(
+    "UPDATE memory_indexes SET rows_done = "
+    "(SELECT count(*) FROM memory_items WHERE index_id = :new), "
+    "rows_total = (SELECT count(*) FROM memory_items WHERE index_id = :old) WHERE id = :new"
+)
+RETIRE = text("UPDATE memory_indexes SET state = 'retired', retired_at = now() WHERE id = :old")
+ACTIVATE = text("UPDATE memory_indexes SET state = 'active', activated_at = now() WHERE id = :new")
+
+
+class ReindexRefused(RuntimeError):
+    """Another build is under way for another encoder."""
+
+
+@dataclass(slots=True)
+class Progress:
+    generation: int
+    done: int
+    total: int
+    switched: bool = False
+
+
+def _vector_literal(vector: list[float]) -> str:
+    return "[" + ",".join(format(float(x), ".8g") for x in vector) + "]"
+
+
+def _embedded_text(row: Any) -> str:
+    # As the indexer and the items API embed a memory (indexer/pipeline.py, memory/recall/access.py).
+    return memory_text(
+        row.text, name=row.name, created_at=row.turn_created_at, extra=photo_caption(row.metadata)
+    )
+
+
+async def generations(db: Database) -> list[dict[str, Any]]:
+    """Every generation of the index, oldest first (for `--status` and /metrics)."""
+    async with db.session() as session:
+        return [dict(row._mapping) for row in await session.execute(GENERATIONS)]
+
+
+async def begin(db: Database, encoder: Embedder, *, replace: bool = False) -> tuple[int, int] | None:
+    """Register (or resume) the building generation for ``encoder``: (old, new) ids, or None if
+    the active generation is already made by it."""
+    spec = spec_of(encoder)
+    key = spec_key(spec)
+    async with db.transaction() as session:
+        await session.execute(LOCK_EXCLUSIVE)
+        active = (await session.execute(ACTIVE)).one()
+        if active.spec_key == key:
+            return None
+        building = (await session.execute(BUILDING)).one_or_none()
+        if building is not None and building.spec_key == key:
+            return int(active.id), int(building.id)
+        if building is not None:
+            if not replace:
+                raise ReindexRefused(
+                    f"a rebuild for {describe(building.spec)} is under way (generation {building.id}); "
+                    "pass --replace to abandon it"
+                )
+            await _drop_rows(db, int(building.id))
+            await session.execute(DROP_BUILDING, {"id": building.id})
+        new_id = (
+            await session.execute(
+                CREATE_BUILDING, {"spec": json.dumps(spec), "key": key, "active": active.id}
+            )
+        ).scalar_one()
+        return int(active.id), int(new_id)
+
+
+async def _drop_rows(db: Database, generation: int, batch: int = 5000) -> int:
+    deleted = 0
+    while True:
+        async with db.transaction() as session:
+            result = await session.execute(DELETE_ROWS, {"id": generation, "batch": batch})
+            n = int(getattr(result, "rowcount", 0) or 0)
+        deleted += n
+        if n < batch:
+            return deleted
+
+
+async def _copy_batch(
+    session: Any, encoder: Embedder, old: int, new: int, after: int, batch: int
+) -> int | None:
+    """Copy the next ``batch`` stale rows after id ``after``: the last id copied, None if none was left."""
+    rows = (await session.execute(STALE, {"old": old, "new": new, "after": after, "batch": batch})).all()
+    if not rows:
+        return None
+    live = [r for r in rows if not r.tombstone]
+    vectors = await encoder.embed([_embedded_text(r) for r in live]) if live else []
+    by_id = {r.id: _vector_literal(list(v)) for r, v in zip(live, vectors, strict=True)}
+    await session.execute(
+        COPY, {"new": new, "ids": [r.id for r in rows], "embeddings": [by_id.get(r.id) for r in rows]}
+    )
+    return int(rows[-1].id)
+
+
+async def _pass(
+    db: Database,
+    encoder: Embedder,
+    old: int,
+    new: int,
+    batch: int,
+    on_progress: Callable[[Progress], None] | None = None,
+    session: Any = None,
+) -> int:
+    """One pass over the old generation: copy what is missing or changed, drop orphans.
+
+    Each batch commits on its own (a long build holds no lock and shows its progress),
+    unless ``session`` is given (the last pass, under the exclusive lock). Returns the
+    number of rows copied.
+    """
+    copied = 0
+    after: int | None = 0
+    while after is not None:
+        if session is not None:
+            after = await _copy_batch(session, encoder, old, new, after, batch)
+            done, total = await _counts(session, old, new)
+        else:
+            async with db.transaction() as own:
+                after_batch = await _copy_batch(own, encoder, old, new, after, batch)
+                done, total = await _counts(own, old, new)
+            after = after_batch
+        if after is not None:
+            copied += 1
+            if on_progress is not None:
+                on_progress(Progress(new, done, total))
+    if session is not None:
+        await session.execute(ORPHANS, {"old": old, "new": new})
+    else:
+        async with db.transaction() as own:
+            await own.execute(ORPHANS, {"old": old, "new": new})
+    return copied
+
+
+async def build(
+    db: Database,
+    encoder: Embedder,
+    old: int,
+    new: int,
+    *,
+    batch: int = 64,
+    settle_batches: int = 4,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Progress:
+    """Fill generation ``new`` from ``old`` and switch when complete (see the module docstring)."""
+    await _pass(db, encoder, old, new, batch, on_progress)
+    # Passes until little changed meanwhile, then the last one under the exclusive lock.
+    for _ in range(5):
+        if await _pass(db, encoder, old, new, batch, on_progress) <= settle_batches:
+            break
+    async with db.transaction() as session:
+        await session.execute(LOCK_EXCLUSIVE)
+        await _pass(db, encoder, old, new, batch, session=session)
+        await session.execute(RETIRE, {"old": old})
+        await session.execute(ACTIVATE, {"new": new})
+        done, total = await _counts(session, old, new)
+    progress = Progress(new, done, total, switched=True)
+    if on_progress is not None:
+        on_progress(progress)
+    log.info("memory index generation %d is active (%d rows); generation %d retired", new, done, old)
+    return progress
+
+
+async def _counts(session: Any, old: int, new: int) -> tuple[int, int]:
+    await session.execute(PROGRESS, {"old": old, "new": new})
+    row = (
+        await session.execute(
+            text("SELECT rows_done, rows_total FROM memory_indexes WHERE id = :id"), {"id": new}
+        )
+    ).one()
+    return int(row.rows_done), int(row.rows_total)
+
+
+async def purge_retired(db: Database, *, older_than_seconds: float, batch: int = 5000) -> int:
+    """Delete the rows of generations retired more than ``older_than_seconds`` ago."""
+    async with db.session() as session:
+        ids = (
+            await session.execute(
+                text(
+                    "SELECT id FROM memory_indexes WHERE state = 'retired' "
+                    "AND retired_at < now() - make_interval(secs => :grace)"
+                ),
+                {"grace": older_than_seconds},
+            )
+        ).scalars()
+        retired = list(ids)
+    deleted = 0
+    for generation in retired:
+        deleted += await _drop_rows(db, int(generation), batch)
+    return deleted

@@ -1,0 +1,173 @@
+"""Index generations: vectors of different encoders are never compared, and a reindex under
+live traffic loses no memory and never answers from a half-built index.
+
+Two deterministic encoders that differ (HashEmbedder seeds 0 and 1) stand for two encoder
+runtimes: a vector of one compared with rows of the other finds nothing useful, so a mix
+would show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from indexer.pipeline import IndexPipeline
+from memory.recall import reindex
+from memory.recall.embeddings import HashEmbedder
+from memory.recall.index import IndexChanged, MemoryIndex, spec_key, spec_of
+from memory.recall.items import Embedded, correct_item, forget_item, items_by_key
+from memory.recall.search import recall_memories
+from memory.record.conversations import Owner
+from memory.record.outbox import turn_payload
+from memory.storage.db import Database
+from tests.test_indexer import chat_turns, test_settings
+
+OWNER = Owner("tenant-a", "user-a")
+OLD, NEW = HashEmbedder(seed=0), HashEmbedder(seed=1)
+
+
+def fact(i: int) -> str:
+    return f"Fact number {i}: my locker code at the climbing gym number {i} is {1000 + i}."
+
+
+def loader(spec: dict[str, Any]) -> HashEmbedder | None:
+    """This process can make either encoder's vectors (as a process loads torch or OpenVINO)."""
+    for encoder in (OLD, NEW):
+        if spec_key(spec_of(encoder)) == spec_key(spec):
+            return encoder
+    return None
+
+
+async def index_turns(db: Database, pipeline: IndexPipeline, texts: list[str]) -> list[uuid.UUID]:
+    _, turns = await chat_turns(db, texts)
+    for attempt in range(50):
+        try:
+            await pipeline.index([turn_payload(t) for t in turns])
+            break
+        except IndexChanged:  # the indexer redelivers the batch after a switch
+            await asyncio.sleep(0.05 * (attempt + 1))
+    return [t.id for t in turns]
+
+
+async def rows(db: Database, generation: int) -> set[tuple[Any, ...]]:
+    async with db.session() as session:
+        result = await session.execute(
+            text(
+                "SELECT turn_id, chunk_index, text, deleted_at IS NULL AS live FROM memory_items "
+                "WHERE index_id = :g"
+            ),
+            {"g": generation},
+        )
+        return {tuple(r) for r in result}
+
+
+async def found_turns(db: Database, index: MemoryIndex, query: str) -> list[uuid.UUID]:
+    memories, _ = await recall_memories(
+        db, index, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text=query, k=3, unindexed_limit=0
+    )
+    return [m.turn_id for m in memories]
+
+
+async def test_a_query_vector_is_only_compared_with_rows_of_its_own_generation(
+    db: Database, pg_url: str
+) -> None:
+    index = MemoryIndex(db, OLD)
+    assert (await index.start()).id == 1  # the empty first generation is taken by the first encoder
+    pipeline = IndexPipeline(db, index, test_settings(pg_url))
+    [turn_id, *_] = await index_turns(db, pipeline, [fact(7)])
+    # A process with another encoder refuses to answer from vectors it did not make...
+    with pytest.raises(RuntimeError, match="reindex"):
+        await MemoryIndex(db, NEW).start()
+    # ...and with a loader for the index's encoder it answers with that one, saying why.
+    other = MemoryIndex(db, NEW, loader=loader)
+    generation = await other.start()
+    assert generation.embedder is OLD and other.mismatch and "reindex" in other.mismatch
+    assert (await found_turns(db, other, "locker code climbing gym 7"))[0] == turn_id
+
+
+async def test_reindex_under_live_traffic_loses_no_memory_and_never_answers_from_a_half_built_index(
+    db: Database, pg_url: str
+) -> None:
+    settings = test_settings(pg_url)
+    serving = MemoryIndex(db, OLD, loader=loader, check_seconds=0.0)
+    await serving.start()
+    pipeline = IndexPipeline(db, serving, settings)
+    before = await index_turns(db, pipeline, [fact(i) for i in range(40)])
+    async with db.session() as session:
+        items = await items_by_key(session, OWNER, [(before[2], 0), (before[4], 0)])
+    edited, forgotten = items[(before[2], 0)], items[(before[4], 0)]
+
+    old, new = await reindex.begin(db, NEW) or (0, 0)
+    assert (old, new) == (1, 2)
+    answered_from: list[int] = []
+    during: list[uuid.UUID] = []
+    copying, traffic_done = asyncio.Event(), asyncio.Event()
+
+    class Gated(HashEmbedder):
+        """The new encoder, held after its first batch until the traffic below has run."""
+
+        async def embed(self, texts: Any) -> list[list[float]]:
+            if copying.is_set():
+                await traffic_done.wait()
+            copying.set()
+            return await NEW.embed(texts)
+
+    gated = Gated(seed=1)
+
+    async def traffic() -> None:
+        # Memory keeps arriving, a user corrects and forgets items, and searches keep answering.
+        await copying.wait()
+        during.extend(await index_turns(db, pipeline, [fact(100 + i) for i in range(6)]))
+        generation = await serving.generation()
+        [vector] = await generation.embedder.embed(["my locker code is 4242 now"])
+        async with db.transaction() as session:
+            embedded = Embedded("my locker code is 4242 now", list(vector), "locker code 4242", generation.id)
+            await correct_item(session, OWNER, edited.id, embedded)
+            await forget_item(session, OWNER, forgotten.id)
+        for i in (0, 20, 39):
+            generation = await serving.generation()
+            answered_from.append(generation.id)
+            assert (await found_turns(db, serving, f"locker code climbing gym number {i}"))[0] == before[i]
+        async with db.session() as session:
+            building = (
+                await session.execute(text("SELECT rows_done FROM memory_indexes WHERE id = 2"))
+            ).scalar()
+        assert 0 < building < len(before)  # it was half built meanwhile
+        traffic_done.set()
+
+    await asyncio.gather(reindex.build(db, gated, old, new, batch=8), traffic())
+    assert answered_from == [old] * 3  # the half-built generation was never searched
+
+    # The switch: the serving process moves to the new generation and its encoder.
+    after = await index_turns(db, pipeline, [fact(200)])
+    generation = await serving.generation()
+    assert generation.id == new and generation.embedder is NEW
+    # Every memory of the old generation is in the new one, edits and forgets included.
+    old_rows, new_rows = await rows(db, old), await rows(db, new)
+    assert old_rows <= new_rows and {r[0] for r in new_rows} >= {*before, *during, *after}
+    assert (edited.turn_id, 0, "my locker code is 4242 now", True) in new_rows
+    assert (forgotten.turn_id, 0, "", False) in new_rows
+    for i, turn_id in [(0, before[0]), (39, before[39]), (103, during[3]), (200, after[0])]:
+        assert (await found_turns(db, serving, f"locker code climbing gym number {i}"))[0] == turn_id
+    # The old generation's rows go after the grace period.
+    assert await reindex.purge_retired(db, older_than_seconds=0) == len(old_rows)
+    assert await rows(db, old) == set()
+
+
+async def test_a_write_encoded_for_a_generation_that_was_switched_away_is_refused(
+    db: Database, pg_url: str
+) -> None:
+    stale = MemoryIndex(db, OLD, check_seconds=3600)
+    await stale.start()
+    await index_turns(db, IndexPipeline(db, stale, test_settings(pg_url)), [fact(1)])
+    old, new = await reindex.begin(db, NEW) or (0, 0)
+    await reindex.build(db, NEW, old, new)
+    # This process has not looked again yet: its write is refused, not put in the wrong generation.
+    _, turns = await chat_turns(db, [fact(2)])
+    with pytest.raises(IndexChanged):
+        await IndexPipeline(db, stale, test_settings(pg_url)).index([turn_payload(turns[0])])
+    assert reindex.begin  # the refused batch is retried by the indexer (is_transient)
