@@ -171,3 +171,67 @@ async def test_a_write_encoded_for_a_generation_that_was_switched_away_is_refuse
     with pytest.raises(IndexChanged):
         await IndexPipeline(db, stale, test_settings(pg_url)).index([turn_payload(turns[0])])
     assert reindex.begin  # the refused batch is retried by the indexer (is_transient)
+
+
+def test_the_reindex_command_rebuilds_with_the_configured_runtime_and_switches(pg_url: str) -> None:
+    """`chatmem memory reindex` (a real process, the real torch encoder) over an index OpenVINO made."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from memory.recall.encoder_cache import PACKAGED_WEIGHTS_SHA256
+
+    made_by = {"runtime": "openvino", "source_sha256": PACKAGED_WEIGHTS_SHA256, "dim": 384, "pipeline": "1"}
+
+    async def seed() -> None:
+        db = Database(pg_url, pool_size=2)
+        try:
+            from tests.conftest import truncate_all
+
+            await truncate_all(db)
+            async with db.transaction() as session:
+                await session.execute(
+                    text("UPDATE memory_indexes SET spec = CAST(:s AS jsonb), spec_key = :k WHERE id = 1"),
+                    {"s": json.dumps(made_by), "k": spec_key(made_by)},
+                )
+            index = MemoryIndex(db, OLD)  # stands in for the OpenVINO encoder's vectors
+            index.configured_key = spec_key(made_by)
+            index._encoders = {index.configured_key: OLD}
+            await index_turns(
+                db, IndexPipeline(db, index, test_settings(pg_url)), [fact(i) for i in range(5)]
+            )
+        finally:
+            await db.dispose()
+
+    asyncio.run(seed())
+    env = {**os.environ, "DATABASE_URL": pg_url, "EMBEDDING_RUNTIME": "torch", "LOG_LEVEL": "WARNING"}
+    command = [sys.executable, "-m", "chat_api.cli", "memory", "reindex"]
+    done = subprocess.run(
+        [*command, "--grace-seconds", "0"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "building memory index generation 2 with torch" in done.stdout
+    assert "5/5 rows" in done.stdout and "generation 2 is active" in done.stdout
+    status = subprocess.run([*command, "--status"], env=env, capture_output=True, text=True, timeout=120)
+    assert [line.split()[:2] for line in status.stdout.splitlines()[1:]] == [
+        ["1", "retired"],
+        ["2", "active"],
+    ]
+
+    async def check() -> None:
+        db = Database(pg_url, pool_size=2)
+        try:
+            assert len(await rows(db, 2)) == 5 and await rows(db, 1) == set()
+            async with db.session() as session:
+                norms = (
+                    await session.execute(text("SELECT vector_norm(embedding) FROM memory_items"))
+                ).scalars()
+                assert all(abs(n - 1) < 1e-4 for n in norms)
+
+        finally:
+            await db.dispose()
+
+    asyncio.run(check())
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert "already built by torch" in again.stdout
