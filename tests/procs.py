@@ -16,6 +16,32 @@ import httpx
 from tests.conftest import TEST_SECRET, auth, free_port
 
 
+async def hand_index_to_the_real_encoder(pg_url: str) -> None:
+    """Let a real-model server start on the shared test database.
+
+    Tests in this process index with the deterministic fake encoder; a server process
+    encodes with the real model and refuses to answer from vectors another encoder made
+    (memory/recall/index.py). Memory left by an earlier test's fake encoder is dropped, so
+    the server takes the empty index.
+    """
+    from sqlalchemy import text
+
+    from memory.storage.db import Database
+
+    db = Database(pg_url, pool_size=1)
+    try:
+        async with db.transaction() as session:
+            runtime = (
+                await session.execute(
+                    text("SELECT spec->>'runtime' FROM memory_indexes WHERE state = 'active'")
+                )
+            ).scalar()
+            if runtime == "hash":
+                await session.execute(text("DELETE FROM memory_items"))
+    finally:
+        await db.dispose()
+
+
 class ServerProcess:
     """`chatmem serve` in a subprocess against the test database."""
 
@@ -34,6 +60,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     async def start(self) -> None:
+        await hand_index_to_the_real_encoder(self.env["DATABASE_URL"])
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "chat_api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
             env=self.env,

@@ -95,6 +95,11 @@ def _worker_main(which: str) -> None:
     asyncio.run(run_relay_main(settings) if which == "relay" else run_indexer_main(settings))
 
 
+WORKERS_HELP = (
+    "API processes on the port (each with its own encoder; with several, the indexer runs in one more)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chatmem", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -103,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host")
     up.add_argument("--port", type=int)
     up.add_argument("--data-dir", type=Path)
+    up.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help=WORKERS_HELP,
+    )
     up.set_defaults(func=cmd_up)
 
     serve = sub.add_parser("serve", help="serve the API against DATABASE_URL")
@@ -110,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument(
         "--with-workers", action="store_true", help="also run the indexer (and relay) in-process"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help=WORKERS_HELP,
     )
     serve.set_defaults(func=cmd_serve)
 

@@ -1,9 +1,20 @@
-"""`chatmem up` and `chatmem serve`: the API process, with the indexer in it where asked."""
+"""`chatmem up` and `chatmem serve`: the API process, with the indexer in it where asked.
+
+With `--workers N` (N > 1), N API processes share the port (uvicorn's supervisor), each with
+its own encoder, database pools and LISTEN connection; they are replicas, so stop, resume and
+approvals work whichever one holds the stream. Per-user limits (rate, streams, running
+replies) are per process, as they are per replica: a user may get up to N times them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
 from typing import Any
 
 import uvicorn
@@ -44,7 +55,89 @@ def embedded_workers(settings: Settings) -> list[Any]:
     return [indexer, relay] if settings.kafka_bootstrap_servers else [indexer]
 
 
-def _serve(settings: Settings, workers: list[Any], banner: str | None, ui_token: str | None = None) -> None:
+# Handed from `serve --workers N` to its API processes (spawned: they cannot receive objects).
+WORKER_UI_TOKEN_ENV = "CHATMEM_WORKER_UI_TOKEN"
+
+
+def app_from_environment() -> Any:
+    """One API process of `serve --workers N` (uvicorn's factory; settings from the environment)."""
+    from chat_api.app import create_app
+    from chat_api.observability import configure_logging
+    from memory.config import get_settings
+
+    settings = get_settings()
+    configure_logging(settings)
+    return create_app(settings, ui_token=os.environ.get(WORKER_UI_TOKEN_ENV), freeze_startup_objects=True)
+
+
+def _serve_processes(
+    settings: Settings, processes: int, with_indexer: bool, banner: str | None, ui_token: str | None
+) -> None:
+    """N API processes on one port (uvicorn's supervisor restarts one that dies), and the indexer
+    (and relay) in one more process, not in every API process: one indexer encoder, not N."""
+    assert settings.database_url is not None
+    os.environ["DATABASE_URL"] = settings.database_url
+    if settings.jwt_secret is not None:
+        os.environ["JWT_SECRET"] = settings.jwt_secret.get_secret_value()
+    if ui_token:
+        os.environ[WORKER_UI_TOKEN_ENV] = ui_token
+    children: list[subprocess.Popen[bytes]] = []
+    if with_indexer:
+        command = [sys.executable, "-m", "chat_api.cli"]
+        children.append(subprocess.Popen([*command, "indexer"]))
+        if settings.kafka_bootstrap_servers:
+            children.append(subprocess.Popen([*command, "relay"]))
+    if banner:
+        threading.Thread(target=_announce_when_ready, args=(settings, banner), daemon=True).start()
+    try:
+        uvicorn.run(
+            "chat_api.cli.serve:app_from_environment",
+            factory=True,
+            workers=processes,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level.lower(),
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+            log_config=None,
+            access_log=False,
+        )
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def _announce_when_ready(settings: Settings, banner: str) -> None:
+    import httpx
+
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://{host}:{settings.port}/readyz", timeout=2).status_code == 200:
+                print(banner, flush=True)
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+
+
+def _serve(
+    settings: Settings,
+    workers: list[Any],
+    banner: str | None,
+    ui_token: str | None = None,
+    *,
+    processes: int = 1,
+) -> None:
+    if processes > 1:
+        _serve_processes(settings, processes, bool(workers), banner, ui_token)
+        return
     from chat_api.app import create_app
     from chat_api.tools import ToolConfigError
 
@@ -104,7 +197,13 @@ def cmd_up(args: argparse.Namespace) -> None:
         )
         # The page picks the token up by itself only when nobody else can reach the port.
         loopback = settings.host in ("127.0.0.1", "localhost", "::1")
-        _serve(settings, embedded_workers(settings), banner, ui_token=token if loopback else None)
+        _serve(
+            settings,
+            embedded_workers(settings),
+            banner,
+            ui_token=token if loopback else None,
+            processes=args.workers,
+        )
     finally:
         postgres.stop()
         print("chatmem: stopped.", flush=True)
@@ -119,4 +218,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
     check_database(settings.database_url)
     migrate(settings.database_url)
     workers = embedded_workers(settings) if args.with_workers else []
-    _serve(settings, workers, f"chatmem serving on http://{settings.host}:{settings.port}")
+    _serve(
+        settings,
+        workers,
+        f"chatmem serving on http://{settings.host}:{settings.port}",
+        processes=args.workers,
+    )

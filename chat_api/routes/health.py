@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
@@ -31,4 +33,6 @@ async def readyz(services: ServicesDep) -> JSONResponse | dict[str, str]:
     if fallback:
         # Still ready (torch gives the same vectors), but an operator should see why it is slower.
         encoder += f" (fallback from {getattr(embedder, 'requested_runtime', '?')}: {fallback[:200]})"
-    return {"status": "ready", "database": "ok", "encoder": encoder}
+    # An opaque name of this process (not its host or pid): tells the workers of one port apart.
+    worker = hashlib.sha256(services.process_id.encode()).hexdigest()[:12]
+    return {"status": "ready", "database": "ok", "encoder": encoder, "worker": worker}

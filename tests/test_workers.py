@@ -1,0 +1,132 @@
+"""`chatmem serve --workers 2`: two API processes on one port behave as one server.
+
+A keep-alive connection stays with the worker that accepted it, so the test holds one
+connection per worker (told apart by the opaque `worker` name /readyz returns) and sends
+the stop, and the resume, over the connection of the worker that does not run the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from memory.events import EventName
+from tests.conftest import TEST_SECRET, auth, free_port
+from tests.procs import hand_index_to_the_real_encoder
+from tests.sse import SSEEvent, collect, iter_sse
+from tests.support import new_conversation
+from tests.test_stop import read_until, text_of
+
+pytestmark = pytest.mark.slow
+
+
+@contextlib.asynccontextmanager
+async def two_workers(pg_url: str) -> AsyncIterator[str]:
+    await hand_index_to_the_real_encoder(pg_url)
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": pg_url,
+        "JWT_SECRET": TEST_SECRET,
+        "LLM_PROVIDER": "demo",
+        "DEMO_TOKENS_PER_SECOND": "30",
+        "CHECKPOINT_INTERVAL_MS": "100",
+        "LOG_LEVEL": "WARNING",
+    }
+    command = [sys.executable, "-m", "chat_api.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen([*command, "--workers", "2"], env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url) as client, asyncio.timeout(300):
+            while True:
+                assert proc.poll() is None, "the server exited while starting"
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get("/readyz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+async def one_client_per_worker(url: str) -> list[httpx.AsyncClient]:
+    """Two clients of one connection each, held by different workers."""
+    by_worker: dict[str, httpx.AsyncClient] = {}
+    spare: list[httpx.AsyncClient] = []
+    for _ in range(60):
+        client = httpx.AsyncClient(
+            base_url=url, headers=auth(), timeout=30, limits=httpx.Limits(max_connections=1)
+        )
+        # Both workers must be ready (the first to answer /readyz may be alone for a while).
+        worker = (await client.get("/readyz")).json()["worker"]
+        # Keep the held connections busy: uvicorn closes one idle for 5 s, and its next would
+        # land on either worker.
+        for held in by_worker.values():
+            await held.get("/healthz")
+        if worker in by_worker:
+            spare.append(client)
+        else:
+            by_worker[worker] = client
+        if len(by_worker) == 2:
+            break
+        await asyncio.sleep(0.05)
+    for client in spare:
+        await client.aclose()
+    assert len(by_worker) == 2, "every connection landed on one worker"
+    for worker, client in by_worker.items():  # still the same worker on the kept connection
+        assert (await client.get("/readyz")).json()["worker"] == worker
+    return list(by_worker.values())
+
+
+async def test_stop_and_resume_sent_to_the_other_worker_of_one_port(pg_url: str) -> None:
+    async with two_workers(pg_url) as url:
+        a, b = await one_client_per_worker(url)
+        try:
+            worker_a = (await a.get("/readyz")).json()["worker"]
+            # Stop: the reply runs on worker A, the stop arrives at worker B.
+            cid = await new_conversation(a)
+            events: list[SSEEvent] = []
+            async with a.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
+                stream = iter_sse(r)
+                await read_until(stream, lambda e: e.event == EventName.MESSAGE_DELTA, events)
+                stop = await b.post(f"/v1/turns/{events[0].data['reply_id']}/stop")
+                events += [e async for e in stream]
+            assert stop.status_code == 200 and stop.json()["status"] == "interrupted_by_user"
+            assert events[-1].event == EventName.TURN_INTERRUPTED
+            assert (await b.get("/readyz")).json()["worker"] != worker_a  # the stop went to B
+            stored = (await b.get(f"/v1/turns/{events[0].data['reply_id']}")).json()
+            assert stored["content"] == text_of(events)
+            assert (await a.get("/readyz")).json()["worker"] == worker_a  # the stream was A's
+
+            # Resume: the reply starts on worker A, the client comes back on worker B.
+            cid = await new_conversation(a)
+            seen: list[SSEEvent] = []
+            async with a.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
+                await read_until(iter_sse(r), lambda e: e.id == 10, seen)
+            reply_id = seen[0].data["reply_id"]
+            assert (await b.get("/readyz")).json()["worker"] != worker_a  # the resume goes to B
+            headers = {"Last-Event-ID": "10"}
+            async with b.stream("GET", f"/v1/turns/{reply_id}/events", headers=headers) as r:
+                assert r.status_code == 200
+                resumed = await collect(r)
+            ids = [e.id for e in seen + resumed]
+            assert ids == list(range(1, len(ids) + 1))  # no gap, no duplicate
+            assert resumed[-1].event == EventName.TURN_COMPLETED
+            stored = (await a.get(f"/v1/turns/{reply_id}")).json()
+            assert stored["content"] == text_of(seen + resumed)
+        finally:
+            await a.aclose()
+            await b.aclose()
