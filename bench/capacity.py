@@ -144,23 +144,32 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "MAX_RUNNING_REPLIES_PER_USER": 0,
             "DB_POOL_SIZE": args.pool_size,
         }
-        async with Server(url, **env) as server:
-            for scope in args.memory:
-                for rate in args.rates:
-                    row = await step(server.url, server.pid, rate, args.seconds, scope, args.users)
-                    rows.append(row)
-                    print(row, flush=True)
-                    if not row["sustained"] and not args.all_rates:
-                        break  # higher rates only fail harder
+        for workers in args.workers:
+            # --workers N: N API processes on the port; CPU counts every process of the server.
+            extra = ["--workers", str(workers)] if workers > 1 else []
+            async with Server(url, args=extra, **env) as server:
+                for scope in args.memory:
+                    for rate in args.rates:
+                        row = await step(server.url, server.pid, rate, args.seconds, scope, args.users)
+                        row = {"workers": workers, **row}
+                        rows.append(row)
+                        print(row, flush=True)
+                        if not row["sustained"] and not args.all_rates:
+                            break  # higher rates only fail harder
     best = {
-        scope: max((r["rate"] for r in rows if r["memory"] == scope and r["sustained"]), default=0.0)
+        f"{scope}, {workers} worker(s)": max(
+            (r["rate"] for r in rows if r["memory"] == scope and r["workers"] == workers and r["sustained"]),
+            default=0.0,
+        )
+        for workers in args.workers
         for scope in args.memory
     }
     print_table(
-        f"capacity (one process, replies at {args.tokens_per_second} tokens/s; "
+        f"capacity (replies at {args.tokens_per_second} tokens/s; "
         f"sustained: accept p99 < {ACCEPT_P99_MS:.0f} ms and TTFT p99 < {TTFT_P99_MS:.0f} ms)",
         rows,
         [
+            "workers",
             "memory",
             "rate",
             "sent",
@@ -188,6 +197,9 @@ def main() -> None:
     parser.add_argument("--tokens-per-second", type=float, default=20.0)
     parser.add_argument("--users", type=int, default=50, help="users the arrivals are spread over")
     parser.add_argument("--pool-size", type=int, default=20)
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1], help="API processes (serve --workers N)"
+    )
     parser.add_argument("--all-rates", action="store_true", help="go on past the first unsustained rate")
     parser.add_argument("--database-url")
     parser.add_argument("--out", type=Path, default=Path("bench/results/capacity.json"))
