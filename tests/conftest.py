@@ -27,6 +27,20 @@ TEST_ENCODER_CACHE = Path(tempfile.gettempdir()) / f"chatmem-test-encoders-{os.g
 os.environ.setdefault("EMBEDDING_CACHE_DIR", str(TEST_ENCODER_CACHE))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def encoder_export() -> None:
+    """The OpenVINO export every real-model server of the session loads, made before any starts.
+
+    Made once (10-70 s) the first time on a machine; afterwards only checked against its
+    manifest. Server processes started by tests wait a bounded time for /readyz and must not
+    spend it exporting.
+    """
+    from memory.config import default_embedding_model
+    from memory.recall.encoder_cache import openvino_export
+
+    openvino_export(default_embedding_model(), Path(os.environ["EMBEDDING_CACHE_DIR"]))
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A migrated Postgres with pgvector: the embedded server, or TEST_DATABASE_URL."""
