@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -130,3 +132,51 @@ async def test_stop_and_resume_sent_to_the_other_worker_of_one_port(pg_url: str)
         finally:
             await a.aclose()
             await b.aclose()
+
+
+async def test_up_with_two_workers_serves_indexes_and_stops_everything(tmp_path: Path) -> None:
+    """`chatmem up --workers 2`: both workers answer on one port, the indexer process indexes,
+    Ctrl-C stops the workers, the indexer and the embedded Postgres."""
+    port = free_port()
+    data_dir = tmp_path / "data"
+    env = {**os.environ, "HOME": str(tmp_path)}
+    for key in ("DATABASE_URL", "JWT_SECRET", "LLM_PROVIDER"):
+        env.pop(key, None)
+    command = [sys.executable, "-m", "chat_api.cli", "up", "--port", str(port), "--data-dir", str(data_dir)]
+    proc = subprocess.Popen(
+        [*command, "--workers", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(300):
+            while not any("Ctrl-C" in line for line in lines):
+                line = await asyncio.to_thread(proc.stdout.readline)  # type: ignore[union-attr]
+                assert line, "chatmem up exited early:\n" + "".join(lines)
+                lines.append(line)
+        token = re.search(r"^(eyJ[\w-]+\.[\w-]+\.[\w-]+)$", "".join(lines), re.MULTILINE)
+        assert token
+        url = f"http://127.0.0.1:{port}"
+        workers: set[str] = set()
+        async with asyncio.timeout(120):
+            while len(workers) < 2:  # a new connection each time: the kernel spreads them
+                async with httpx.AsyncClient(base_url=url) as probe:
+                    answer = await probe.get("/readyz")
+                    if answer.status_code == 200:
+                        workers.add(answer.json()["worker"])
+                await asyncio.sleep(0.1)
+        headers = {"Authorization": f"Bearer {token.group(1)}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as client:
+            cid = await new_conversation(client)
+            reply = await client.post(
+                f"/v1/conversations/{cid}/messages",
+                json={"content": "My flight leaves on May 3rd", "stream": False},
+            )
+            assert reply.json()["status"] == "completed"
+            async with asyncio.timeout(120):  # indexed by the indexer process, not by a worker
+                while (await client.get(f"/v1/conversations/{cid}")).json()["indexed_seq"] < 2:
+                    await asyncio.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output = await asyncio.to_thread(proc.communicate, timeout=120)
+    assert proc.returncode == 0, output[0][-2000:]
+    assert not (data_dir / "pg" / "postmaster.pid").exists()  # the embedded Postgres stopped too

@@ -77,6 +77,7 @@ def _serve_processes(
     (and relay) in one more process, not in every API process: one indexer encoder, not N."""
     assert settings.database_url is not None
     os.environ["DATABASE_URL"] = settings.database_url
+    os.environ["DATA_DIR"] = str(settings.data_dir)  # where the encoder export is cached
     if settings.jwt_secret is not None:
         os.environ["JWT_SECRET"] = settings.jwt_secret.get_secret_value()
     if ui_token:
