@@ -115,6 +115,10 @@ def idempotency_key(
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+class ToolFailed(Exception):
+    """A tool could not do what it was asked; the message is its result, and the call is `failed`."""
+
+
 @dataclass
 class ToolOutcome:
     state: str
@@ -208,7 +212,7 @@ async def _current_time(args: JsonObject, _: ToolContext) -> JsonObject:
     try:
         zone: tzinfo = ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
-        return {"error": f"unknown timezone {name!r}"}
+        raise ToolFailed(f"unknown timezone {name!r}") from None
     now = datetime.now(UTC).astimezone(zone)
     return {"timezone": name, "iso": now.isoformat(timespec="seconds"), "weekday": now.strftime("%A")}
 

@@ -138,7 +138,13 @@ class ReplySettings(BaseSettings):
     reaper_interval_seconds: float = Field(
         5.0, gt=0, description="How often the reaper looks for dead turns."
     )
-    max_tool_steps: int = Field(5, ge=1, description="Model/tool round trips per reply.")
+    max_tool_steps: int = Field(
+        5, ge=0, description="Model/tool round trips per reply (0: the server offers no tools)."
+    )
+    memory_tool: Literal["on", "off"] = Field(
+        "on",
+        description="Whether the model is offered `recall_memory` (never when the reply's memory is off).",
+    )
     tool_modules: list[str] = Field(
         default_factory=list,
         description="Python modules whose `register(registry)` adds your tools (JSON list of import paths).",

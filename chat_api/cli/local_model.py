@@ -275,15 +275,23 @@ class Running:
     base_url: str
     model: str
     pid: int | None = None
+    small: bool = True  # a small model this command runs: it answers better with no tools offered
 
     def settings(self) -> dict[str, str]:
-        """The chatmem settings that use this server for chat and for query rewriting."""
-        return {
+        """The chatmem settings that use this server for chat and for query rewriting.
+
+        A small local model offered tools calls them instead of answering (and loops on
+        them), and its memories are already in the prompt: no tools for it.
+        """
+        settings = {
             "LLM_PROVIDER": "openai",
             "LLM_BASE_URL": self.base_url,
             "LLM_MODEL": self.model,
             "REWRITE_MODEL": self.model,
         }
+        if self.small:
+            settings |= {"MAX_TOOL_STEPS": "0", "MEMORY_TOOL": "off"}
+        return settings
 
 
 def _alive(pid: int) -> bool:
@@ -380,7 +388,7 @@ def probe_url(url: str) -> Running:
         raise CommandError(f"{base}/models did not answer like an OpenAI-compatible server: {exc}") from None
     if not models:
         raise CommandError(f"{base}/models lists no model")
-    return Running(base, models[0])
+    return Running(base, models[0], small=False)
 
 
 def _print_settings(running: Running) -> None:

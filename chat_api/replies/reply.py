@@ -74,6 +74,8 @@ class Reply:
         # added to the system prompt of this reply only.
         self.model_options: ModelOptions | None = None
         self.instructions: str | None = None
+        # Stored on a completed turn that still has something to report (code and message).
+        self.ending_error: dict[str, str] | None = None
         self._wake = asyncio.Event()
 
     def restore(

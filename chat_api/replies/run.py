@@ -41,15 +41,19 @@ from chat_api.providers.base import (
     TextDelta,
     ToolCallDelta,
 )
+from chat_api.providers.textual_calls import TextualCalls, textual_tool_calls
 from chat_api.replies.checkpoint import Checkpointer, give_back, take_unpersisted
 from chat_api.replies.prompt import Prompter
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.tools import (
+    RECALL_MEMORY,
     ToolContext,
+    ToolFailed,
     ToolRegistry,
     begin_invocation,
     cancel_invocation,
+    canonical_json,
     finish_invocation,
 )
 from memory.config import Settings
@@ -172,6 +176,7 @@ class ReplyRunner:
             status = TurnStatus.AWAITING_APPROVAL
         else:
             status = TurnStatus.COMPLETED
+            error = reply.ending_error
         try:
             await self._finalize(reply, status, error)
         except Exception:
@@ -190,15 +195,24 @@ class ReplyRunner:
         window = await self.prompter.prepare(reply, request)
         steps = self.settings.max_tool_steps
         first_token = True
+        ran: dict[str, str] = {}  # the calls this reply ran: canonical call -> its call id
         if resumed:
-            await self._run_tools(reply)
-        for step in range(int(resumed), steps + 1):
+            await self._run_tools(reply, ran)
+        step = int(resumed)
+        answer_now = False  # the next step is sent no tools and told to answer in plain text
+        while True:
             if step:
                 await self._next_step(reply)
+            final = answer_now or step >= steps
             # The first step is sent the window recall read; later ones read the turns they follow.
             messages = await self.prompter.messages(reply, window if step == 0 else None)
-            tools = self._tool_schemas(reply) if step < steps else None
-            stream = self.provider.stream(messages, tools, _step_options(reply, step))
+            if answer_now:
+                messages = _told_to_answer(messages)
+            tools = self._tool_schemas(reply, request, final=final, answer_now=answer_now)
+            offered = {tool["function"]["name"] for tool in tools or ()}
+            as_text = TextualCalls()
+            upstream = self.provider.stream(messages, tools, _step_options(reply, step))
+            stream = textual_tool_calls(upstream, offered, as_text)
             try:
                 async for delta in stream:
                     if first_token and isinstance(delta, TextDelta | ToolCallDelta):
@@ -215,21 +229,60 @@ class ReplyRunner:
             finally:
                 # Closing the stream closes the upstream connection: no more tokens are paid for.
                 await stream.aclose()
+                await upstream.aclose()
+            if as_text.dropped:
+                log.info(
+                    "reply %s: tool calls written as text kept out of the answer: %s",
+                    reply.id,
+                    as_text.dropped,
+                )
             if not reply.tool_calls:
-                return FINISHED
+                if not as_text.dropped or reply.content.strip():
+                    return FINISHED
+                if answer_now:
+                    # Asked twice, the model still wrote only a call: an empty answer, never JSON.
+                    error = ErrorData(code=TOOL_CALL_AS_TEXT, message="the model answered with a tool call")
+                    reply.publish(EventName.ERROR, error)
+                    reply.ending_error = {"code": TOOL_CALL_AS_TEXT, "message": error["message"]}
+                    return FINISHED
+                answer_now = True
+                step += 1
+                continue
             if _hand_back_to_client(reply):
                 return FINISHED
             if self._park_for_approval(reply):
                 return PARKED
-            await self._run_tools(reply)
-        return FINISHED
+            repeats_only = await self._run_tools(reply, ran)
+            if final:
+                return FINISHED
+            answer_now = repeats_only
+            step += 1
 
-    def _tool_schemas(self, reply: Reply) -> list[dict[str, Any]] | None:
-        """The server's tools and the client's (a client tool shadows a server tool of its name)."""
+    def _tool_schemas(
+        self, reply: Reply, request: ReplyRequest, *, final: bool, answer_now: bool
+    ) -> list[dict[str, Any]] | None:
+        """The tools offered in one step: the server's and the client's (a client's shadows the server's).
+
+        The server's are offered while it may still run them: not in the final step, not at all
+        with MAX_TOOL_STEPS=0, and `recall_memory` only when MEMORY_TOOL=on and the reply's
+        memory is on. The client's pass with MAX_TOOL_STEPS=0 too (their calls end the reply;
+        the server runs nothing), but not in a step told to answer in plain text.
+        """
+        if answer_now:
+            return None
         client = {tool["function"]["name"] for tool in reply.client_tools}
-        server: list[dict[str, Any]] = [dict(schema) for schema in self.tools.schemas()]
-        server = [schema for schema in server if schema["function"]["name"] not in client]
-        return [*server, *reply.client_tools] or None
+        server: list[dict[str, Any]] = []
+        if not final:
+            memory_off = self.settings.memory_tool == "off" or request.memory_scope == "none"
+            schemas: list[dict[str, Any]] = [dict(schema) for schema in self.tools.schemas()]
+            server = [
+                schema
+                for schema in schemas
+                if schema["function"]["name"] not in client
+                and not (memory_off and schema["function"]["name"] == RECALL_MEMORY.name)
+            ]
+        offers_client = not final or self.settings.max_tool_steps == 0
+        return [*server, *(reply.client_tools if offers_client else ())] or None
 
     def _park_for_approval(self, reply: Reply) -> bool:
         """If a call needs a person, mark the step's calls as waiting and announce them; nothing runs.
@@ -298,13 +351,30 @@ class ReplyRunner:
         reply.begin_step(next_id)
         reply.publish(EventName.STEP_STARTED, StepStartedData(reply_id=str(reply.id), turn_id=str(next_id)))
 
-    async def _run_tools(self, reply: Reply) -> None:
-        """Run each complete tool call once (by idempotency key) and store its result as a tool turn."""
+    async def _run_tools(self, reply: Reply, ran: dict[str, str]) -> bool:
+        """Run each complete tool call once and store its result as a tool turn.
+
+        A call identical (name and canonical arguments) to one this reply already ran is not
+        run again: its result says so and points to the earlier call. Returns True when every
+        call of the step was such a repeat (the model is going round in circles).
+        """
         for call in reply.tool_calls:
             if call["state"] == ToolCallState.STREAMING:
                 call["state"] = ToolCallState.READY
+        repeats = 0
         for call in reply.tool_calls:
-            result, state = await self._run_one(reply, call)
+            key = _call_key(call)
+            earlier = ran.get(key)
+            if earlier is not None and call["state"] != ToolCallState.REJECTED:
+                repeats += 1
+                result: JsonValue = {
+                    "error": f"not run again: the same call ({earlier}) ran earlier in this reply; "
+                    "use its result above"
+                }
+                state: str = ToolCallState.FAILED
+            else:
+                result, state = await self._run_one(reply, call)
+                ran[key] = call["id"]
             call["state"] = state
             content = json.dumps(result, ensure_ascii=False, default=str)
             async with self.db.transaction() as session:
@@ -329,6 +399,7 @@ class ReplyRunner:
                     result=content,
                 ),
             )
+        return bool(reply.tool_calls) and repeats == len(reply.tool_calls)
 
     async def _run_one(self, reply: Reply, call: ToolCall) -> tuple[JsonValue, str]:
         approval = call.get("approval", Approval())
@@ -380,6 +451,8 @@ class ReplyRunner:
                 cancel_invocation(self.db, key, side_effect_may_have_happened=tool.side_effects)
             )
             raise
+        except ToolFailed as exc:
+            result, state = {"error": str(exc)}, ToolCallState.FAILED
         except Exception as exc:
             log.warning("tool %s failed: %s", tool.name, exc)
             result, state = {"error": f"{type(exc).__name__}: {exc}"}, ToolCallState.FAILED
@@ -488,6 +561,32 @@ def _step_options(reply: Reply, step: int) -> ModelOptions | None:
     if options is None or step == 0 or options.tool_choice in (None, "auto", "none"):
         return options
     return replace(options, tool_choice="auto")
+
+
+# The error code of a reply whose model answered only with a tool call it could not make.
+TOOL_CALL_AS_TEXT = "tool_call_as_text"
+
+# Added to the prompt (never stored) of a step that must answer without tools.
+ANSWER_NOW = "Answer the user now, in plain text, without calling any tool."
+
+
+def _told_to_answer(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with the plain-text instruction appended to the last tool or user message."""
+    told = list(messages)
+    for i in range(len(told) - 1, -1, -1):
+        if told[i].get("role") in ("tool", "user") and isinstance(told[i].get("content"), str):
+            told[i] = {**told[i], "content": f"{told[i]['content']}\n\n{ANSWER_NOW}"}
+            break
+    return told
+
+
+def _call_key(call: ToolCall) -> str:
+    """A call's identity within one reply: its name and its arguments, canonically."""
+    try:
+        arguments: JsonValue = json.loads(call["arguments"] or "{}")
+    except json.JSONDecodeError:
+        arguments = call["arguments"]
+    return f"{call['name']}\x1f{canonical_json(arguments)}"
 
 
 def _json_object(raw: str) -> bool:
