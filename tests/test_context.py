@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -54,14 +55,33 @@ def build(turns: list[TurnView], prompts: PromptSet = EN, **budget: Any) -> Buil
     return built
 
 
+# The reply's part (memories and the time, or the time alone) before the latest user's words.
+REPLY_PART = re.compile(
+    r"^(?:<memories>.*?</memories>|\(Current time: [^)]*\)|（当前时间：[^）]*）)\s*", re.DOTALL
+)
+
+
+def words_of(content: str) -> str:
+    """A user message's own words, without the reply's part."""
+    return REPLY_PART.sub("", content, count=1)
+
+
+def reply_part(built: BuiltContext) -> str:
+    """The reply's part of the prompt: what precedes the latest user's words."""
+    latest = [m for m in built.messages if m["role"] == "user"][-1]["content"]
+    return latest[: len(latest) - len(words_of(latest))]
+
+
 def window(built: BuiltContext) -> list[tuple[Any, ...]]:
-    """(role, content or call ids) of every message after the system prompt."""
+    """(role, content or call ids) of every message after the system prompt (user messages: their words)."""
     shown: list[tuple[Any, ...]] = []
     for message in built.messages[1:]:
         if message.get("tool_calls"):
             shown.append(("calls", [c["id"] for c in message["tool_calls"]], message["content"]))
         elif message["role"] == "tool":
             shown.append(("tool", message["tool_call_id"], message["content"]))
+        elif message["role"] == "user":
+            shown.append(("user", words_of(message["content"])))
         else:
             shown.append((message["role"], message["content"]))
     return shown
@@ -72,8 +92,9 @@ def window(built: BuiltContext) -> list[tuple[Any, ...]]:
 
 def test_completed_conversation_passes_through_unchanged() -> None:
     built = build(history(user("hi"), assistant("hello"), user("how are you?")))
-    assert built.messages[0]["role"] == "system"
-    assert "2025-03-14" in built.messages[0]["content"]
+    assert built.messages[0] == {"role": "system", "content": EN.render("system")}
+    # The time is given with the latest message, never in the (cacheable) system prompt.
+    assert reply_part(built).strip() == "(Current time: Friday, 14 March 2025, 09:30 UTC.)"
     assert window(built) == [("user", "hi"), ("assistant", "hello"), ("user", "how are you?")]
     assert built.window_turn_ids == [1, 2, 3]
     assert built.prompt_version == EN.version
@@ -311,7 +332,7 @@ def test_token_budget_drops_oldest_and_never_splits_a_call_from_its_result() -> 
         assistant("answer"),
         user("new question"),
     )
-    system_tokens = count_tokens(EN.render("system", date="2025-03-14")) + 4
+    system_tokens = count_tokens(EN.render("system")) + 4
     small = (count_tokens("answer") + 4) + (count_tokens("new question") + 4)
     built = build(turns, max_tokens=system_tokens + small + 50, reply_reserve=0, memory_reserve=0)
     assert window(built) == [("assistant", "answer"), ("user", "new question")]
@@ -347,11 +368,11 @@ def test_current_reply_tool_steps_are_kept_with_their_question_over_budget() -> 
     )
     built = build(turns, max_tokens=300, tool_result_max_chars=4000)
     assert [m["role"] for m in built.messages[1:]] == ["user", "assistant", "tool", "assistant", "tool"]
-    assert built.messages[1]["content"] == "research this"
+    assert words_of(built.messages[1]["content"]) == "research this"
 
 
 def test_token_count_adds_up_the_messages() -> None:
-    built = build(history(user("hello there"), assistant("general kenobi")))
+    built = build(history(user("hello there"), assistant("general kenobi"), user("hi")))
     expected = sum(count_tokens(m["content"]) + 4 for m in built.messages) + 3
     assert built.token_count == expected
 
@@ -377,8 +398,10 @@ def test_memory_block_lists_items_best_first_with_date_and_conversation() -> Non
         memory_item("My dog is called Rex", 0.9, day=5, title="Pets"),
     ]
     built = build(history(user("what's my dog's name?")), memory=memory)
-    system = built.messages[0]["content"]
-    assert len([m for m in built.messages if m["role"] == "system"]) == 1
+    assert built.messages[0] == {"role": "system", "content": EN.render("system")}
+    assert built.messages[-1]["content"].endswith("\n\nwhat's my dog's name?")
+    system = reply_part(built)
+    assert system.startswith("<memories>") and "Current time: Friday, 14 March 2025, 09:30 UTC." in system
     assert '- [2024-07-05, conversation "Pets"] the user said: My dog is called Rex' in system
     assert "- [2024-07-02, an untitled conversation] the user said: I live in Lyon" in system
     assert system.index("Rex") < system.index("Lyon")
@@ -391,26 +414,24 @@ def test_memory_from_the_current_conversation_says_so() -> None:
         TurnView(role="user", status="completed", content="q", id=1, seq=1, conversation_id=conversation)
     ]
     built = build(turns, memory=[memory_item("said earlier", 1.0, conv=conversation)])
-    assert "earlier in this conversation] the user said: said earlier" in built.messages[0]["content"]
+    assert "earlier in this conversation] the user said: said earlier" in reply_part(built)
 
 
 def test_memory_block_is_held_to_its_reserve_dropping_lowest_ranked() -> None:
     memory = [memory_item(f"fact {i} " + "detail " * 40, score=1.0 - i / 10) for i in range(6)]
-    built = build(history(user("q")), memory=memory, memory_reserve=200)
+    built = build(history(user("q")), memory=memory, memory_reserve=260)
     assert 1 <= len(built.memory_used) < 6
     assert built.memory_used == memory[: len(built.memory_used)]
-    block = built.messages[0]["content"].split("\n\n", 4)[-1]
-    assert (
-        count_tokens(built.messages[0]["content"]) - count_tokens(EN.render("system", date="2025-03-14"))
-        <= 210
-    )
+    block = reply_part(built)
+    assert count_tokens(block) <= 270
     assert "fact 0" in block and "fact 5" not in block
     assert built.dropped["memory_over_budget"] == 6 - len(built.memory_used)
 
 
 def test_no_memory_means_no_block() -> None:
     built = build(history(user("q")), memory=[memory_item("   ", 1.0)])
-    assert built.messages[0]["content"] == EN.render("system", date="2025-03-14")
+    assert built.messages[0]["content"] == EN.render("system")
+    assert "<memories>" not in reply_part(built) and reply_part(built).startswith("(Current time:")
 
 
 # --- views, settings, tokens -------------------------------------------------------------
@@ -649,7 +670,7 @@ def test_any_history_builds_a_prompt_the_api_accepts(
         if turn.status.startswith("interrupted"):
             assert budget.interrupted_policy == "keep_text" and "tool_calls" not in message
         if turn.role == "user":
-            assert message["content"] == turn.content
+            assert words_of(message["content"]) == turn.content
         elif turn.role == "assistant":
             assert (message["content"] or "") == (turn.content if turn.content.strip() else "")
             caller = turn
@@ -681,15 +702,50 @@ def test_any_history_builds_a_prompt_the_api_accepts(
     units = [m for m in messages[1:] if m["role"] in ("user", "assistant")]
     assert len(units) <= budget.max_turns
     if turns and turns[-1].role == "user" and turns[-1].status == "completed" and turns[-1].content.strip():
-        assert messages[-1] == {"role": "user", "content": turns[-1].content}
+        assert messages[-1]["role"] == "user" and words_of(messages[-1]["content"]) == turns[-1].content
 
     system_tokens = message_tokens(messages[0])
     window_tokens = sum(message_tokens(m) for m in messages[1:])
     assert built.token_count == system_tokens + window_tokens + 3
+    # The reply's part is held to the memory reserve (the time alone is a few tokens more).
+    part_tokens = (
+        message_tokens({"content": messages[-1]["content"]})
+        - message_tokens({"content": words_of(messages[-1]["content"])})
+        if len(messages) > 1
+        else 0
+    )
+    window_tokens -= part_tokens
     user_positions = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if user_positions and user_positions[-1] > 1:
         # Older history beyond the current exchange is only there because it fit the budget.
-        plain_system = message_tokens({"content": prompts.render("system", date="2025-03-14")})
+        plain_system = message_tokens({"content": prompts.render("system")})
         assert (
             window_tokens <= budget.max_tokens - budget.reply_reserve - budget.memory_reserve - plain_system
         )
+
+
+def test_the_prompt_only_grows_at_its_end_between_the_steps_of_a_reply() -> None:
+    """What a model server caches: system prompt and history unchanged, the reply's part included."""
+    memory = [memory_item("My dog is called Rex", 0.9)]
+    first = build(history(user("older"), assistant("ok"), user("what's my dog's name?")), memory=memory)
+    second = build(
+        history(
+            user("older"),
+            assistant("ok"),
+            user("what's my dog's name?"),
+            assistant("", call("c1")),
+            tool("c1"),
+        ),
+        memory=memory,
+    )
+    assert second.messages[: len(first.messages)] == first.messages
+    assert [m["role"] for m in second.messages[len(first.messages) :]] == ["assistant", "tool"]
+    # The memories and the time are with the latest user message, not with the earlier one.
+    assert first.messages[1] == {"role": "user", "content": "older"}
+    assert "Rex" in first.messages[-1]["content"] and "Rex" not in first.messages[0]["content"]
+
+
+def test_memories_with_no_user_message_are_left_out() -> None:
+    built = build(history(assistant("hello")), memory=[memory_item("My dog is called Rex", 0.9)])
+    assert all("Rex" not in (m["content"] or "") for m in built.messages)
+    assert built.memory_used == [] and built.dropped["memory_without_user_message"] == 1

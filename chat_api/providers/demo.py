@@ -117,15 +117,26 @@ def _arguments_for(tool: dict[str, Any], user_text: str) -> str:
     return json.dumps(values, ensure_ascii=False)
 
 
+# The reply's part the context builder puts before the latest user's words (memories and
+# the time, or the time alone, in either shipped language).
+_REPLY_PART = re.compile(
+    r"^(?:<memories>.*?</memories>|\(Current time: [^)]*\)|（当前时间：[^）]*）)\s*", re.DOTALL
+)
+
+
+def _user_words(messages: Sequence[dict[str, Any]]) -> str:
+    """The latest user message's own words, without the reply's part."""
+    user = _last(messages, "user")
+    return _REPLY_PART.sub("", _text(user), count=1) if user else ""
+
+
 def _memories(messages: Sequence[dict[str, Any]]) -> list[str]:
-    """Lines of the memory block the context builder put in the system messages."""
-    lines: list[str] = []
-    for message in messages:
-        if message.get("role") == "system":
-            lines += [
-                ln[2:].strip() for ln in str(message.get("content") or "").splitlines() if ln.startswith("- ")
-            ]
-    return lines
+    """Lines of the memory block the context builder put before the latest user's words."""
+    user = _last(messages, "user")
+    found = _REPLY_PART.match(_text(user)) if user else None
+    if found is None:
+        return []
+    return [ln[2:].strip() for ln in found.group(0).splitlines() if ln.startswith("- ")]
 
 
 class _Pace:
@@ -161,7 +172,7 @@ class DemoProvider:
     ) -> tuple[list[str], tuple[str, str] | None]:
         last = messages[-1] if messages else {}
         user = _last(messages, "user")
-        user_text = _text(user)
+        user_text = _user_words(messages)
         choice = options.tool_choice if options is not None else None
         if choice == "none":
             tools = None
@@ -201,7 +212,7 @@ class DemoProvider:
     ) -> AsyncGenerator[Delta, None]:
         """Stream the demo reply; one word (or argument fragment) per tick."""
         words, call = self._plan(messages, tools, options)
-        user_text = _text(_last(messages, "user"))
+        user_text = _user_words(messages)
         limit = options.max_output_tokens if options is not None else None
         finish_reason = "stop"
         if limit is not None and len(words) > limit:

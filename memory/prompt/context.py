@@ -376,6 +376,7 @@ def _memory_block(
     reserve: int,
     current_conversation: Any,
     dropped: Counter[str],
+    now: str,
 ) -> tuple[str | None, list[PromptMemory]]:
     """The memory block within `reserve` tokens (best-scored items first), and the items in it."""
     if not memory:
@@ -385,7 +386,7 @@ def _memory_block(
         "assistant": prompts.render("memory_role_assistant"),
         "tool": prompts.render("memory_role_tool"),
     }
-    used = count_tokens(prompts.render("memory_block", items=""))
+    used = count_tokens(prompts.render("memory_block", items="", now=now))
     lines: list[str] = []
     kept: list[PromptMemory] = []
     for item in sorted(memory, key=lambda item: item.score, reverse=True):
@@ -415,7 +416,7 @@ def _memory_block(
         used += tokens
     if not lines:
         return None, []
-    return prompts.render("memory_block", items="\n".join(lines)), kept
+    return prompts.render("memory_block", items="\n".join(lines), now=now), kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +441,7 @@ def build_window(
     """The recent window the next prompt shows, within what the budget leaves after system and memory."""
     now = now or datetime.now(UTC)
     dropped: Counter[str] = Counter()
-    system_tokens = _message_tokens(prompts.render("system", date=now.date().isoformat()))
+    system_tokens = _message_tokens(prompts.render("system"))
     token_budget = budget.max_tokens - budget.reply_reserve - budget.memory_reserve - system_tokens
     units, window_tokens = _select_window(turns, prompts, budget, token_budget, dropped)
     messages: list[dict[str, Any]] = []
@@ -468,24 +469,48 @@ def prompt_from_window(
     budget: ContextBudget,
     memory: Sequence[PromptMemory] = (),
 ) -> BuiltContext:
-    """OpenAI chat messages: system (with the memories that fit), then the window."""
+    """OpenAI chat messages: the system prompt, then the window; the reply's part in its latest user message.
+
+    The system prompt is the same for every reply, and the window only grows at its end
+    between the steps of a reply: together they are a prefix the model server can cache
+    (llama-server's prompt cache, hosted prompt-cache discounts). What changes per reply,
+    the memories that fit and the current time, goes before the user's words in the latest
+    user message: the one place every chat template accepts (a second system message, or
+    two user messages in a row, are refused by some), and a small model reads a block
+    before the question better than after it.
+    """
     dropped: Counter[str] = Counter(window.dropped)
-    system_text = prompts.render("system", date=window.now.date().isoformat())
+    system_text = prompts.render("system")
+    now = _spoken_time(window.now)
     memory_text, memory_used = _memory_block(
-        memory, prompts, budget.memory_reserve, window.current_conversation, dropped
+        memory, prompts, budget.memory_reserve, window.current_conversation, dropped, now
     )
-    if memory_text is not None:
-        # One system message, not two: several OpenAI-compatible servers (chat templates of
-        # open models) accept a single leading system message only.
-        system_text = f"{system_text}\n\n{memory_text}"
+    part = memory_text if memory_text is not None else prompts.render("current_time", now=now)
+    messages = list(window.messages)
+    latest = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user"), None)
+    tokens = window.tokens
+    if latest is None:
+        if memory_used:
+            dropped["memory_without_user_message"] += len(memory_used)
+        memory_used = []
+    else:
+        words = messages[latest]["content"]
+        messages[latest] = {**messages[latest], "content": f"{part}\n\n{words}"}
+        tokens += count_tokens(messages[latest]["content"]) - count_tokens(words)
     return BuiltContext(
-        messages=[{"role": "system", "content": system_text}, *window.messages],
+        messages=[{"role": "system", "content": system_text}, *messages],
         window_turn_ids=list(window.turn_ids),
         prompt_version=prompts.version,
-        token_count=_message_tokens(system_text) + window.tokens + REPLY_PRIMING_TOKENS,
+        token_count=_message_tokens(system_text) + tokens + REPLY_PRIMING_TOKENS,
         dropped=dict(dropped),
         memory_used=memory_used,
     )
+
+
+def _spoken_time(now: datetime) -> str:
+    """The current time as the model is told it, to the minute: "Wednesday, 25 November 2026, 23:50 UTC"."""
+    now = now.astimezone(UTC)
+    return f"{now:%A}, {now.day} {now:%B %Y, %H:%M} UTC"
 
 
 def build_context(

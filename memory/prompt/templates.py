@@ -23,8 +23,9 @@ from typing import Any
 # The templates the code renders, with exactly the placeholders each must contain.
 TEMPLATE_FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        "system": frozenset({"date"}),
-        "memory_block": frozenset({"items"}),
+        "system": frozenset(),
+        "memory_block": frozenset({"items", "now"}),
+        "current_time": frozenset({"now"}),
         "memory_item": frozenset({"date", "conversation", "role", "text"}),
         "memory_conversation": frozenset({"title"}),
         "memory_untitled_conversation": frozenset(),
