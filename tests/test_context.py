@@ -708,10 +708,11 @@ def test_any_history_builds_a_prompt_the_api_accepts(
     window_tokens = sum(message_tokens(m) for m in messages[1:])
     assert built.token_count == system_tokens + window_tokens + 3
     # The reply's part is held to the memory reserve (the time alone is a few tokens more).
+    latest = next((m for m in reversed(messages) if m["role"] == "user"), None)
     part_tokens = (
-        message_tokens({"content": messages[-1]["content"]})
-        - message_tokens({"content": words_of(messages[-1]["content"])})
-        if len(messages) > 1
+        message_tokens({"content": latest["content"]})
+        - message_tokens({"content": words_of(latest["content"])})
+        if latest is not None and isinstance(latest["content"], str)
         else 0
     )
     window_tokens -= part_tokens

@@ -18,6 +18,7 @@ from memory.prompt.context import BuiltContext, ContextBudget, PromptWindow, pro
 from memory.prompt.templates import PromptSet
 from memory.recall.found import FoundMemory
 from memory.recall.recaller import Recaller
+from memory.record.turns import store_shown_part
 from memory.storage.db import Database
 
 
@@ -56,10 +57,18 @@ class Prompter:
         return self.prompt(await self.window_for(conversation_id), memory)
 
     async def messages(self, reply: Reply, window: PromptWindow | None = None) -> list[dict[str, Any]]:
-        """The provider messages for the reply's next model step, from `window` if it is still current."""
+        """The provider messages for the reply's next model step, from `window` if it is still current.
+
+        The part the first step shows before the user's words (memories, time) is stored on
+        the reply's first turn: its later steps and later replies show the same text there.
+        """
         if window is None:
             window = await self.window_for(reply.conversation_id)
-        messages = self.prompt(window, reply.memories).messages
+        built = self.prompt(window, reply.memories)
+        if built.new_part is not None and reply.turn_id == reply.id:
+            async with self.db.transaction() as session:
+                await store_shown_part(session, reply.id, built.new_part.to_json())
+        messages = built.messages
         if reply.instructions:
             # Inside the one system message (some chat templates take no second one).
             system = messages[0]

@@ -32,10 +32,12 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from sqlalchemy import text as sql_text
 
 from memory.events import INTERRUPTED_STATUSES, ToolCallState, TurnStatus
 from memory.prompt.templates import PromptSet
@@ -75,6 +77,7 @@ class TurnView:
     # User turns: images and files sent with the message ({"type": "image", "url"} or
     # {"type": "file", "filename", "data" | "url"}), given to the model as content parts.
     attachments: tuple[Mapping[str, Any], ...] = ()
+    meta: Mapping[str, Any] | None = None
 
     @classmethod
     def from_row(cls, turn: Turn) -> TurnView:
@@ -92,6 +95,7 @@ class TurnView:
             created_at=turn.created_at,
             conversation_id=turn.conversation_id,
             attachments=_attachments(turn.meta),
+            meta=turn.meta if isinstance(turn.meta, Mapping) else None,
         )
 
 
@@ -175,6 +179,102 @@ class PromptMemory(Protocol):
     def score(self) -> float: ...
 
 
+# Where a reply's part of its prompt is kept: `metadata.shown` of the reply's first assistant turn.
+SHOWN_KEY = "shown"
+
+
+@dataclass(frozen=True, slots=True)
+class ShownMemory:
+    """A memory as a reply's prompt showed it, kept to show it again with that message."""
+
+    turn_id: Any
+    chunk_index: int
+    text: str
+    created_at: datetime
+    conversation_id: Any
+    conversation_title: str | None
+    role: str
+    score: float
+    indexed: bool = True
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (str(self.turn_id), self.chunk_index)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "turn_id": str(self.turn_id),
+            "chunk_index": self.chunk_index,
+            "text": self.text,
+            "created_at": self.created_at.isoformat(),
+            "conversation_id": str(self.conversation_id) if self.conversation_id else None,
+            "conversation_title": self.conversation_title,
+            "role": self.role,
+            "score": self.score,
+            "indexed": self.indexed,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ShownMemory:
+        return cls(
+            turn_id=data["turn_id"],
+            chunk_index=int(data.get("chunk_index") or 0),
+            text=str(data["text"]),
+            created_at=datetime.fromisoformat(data["created_at"]),
+            conversation_id=data.get("conversation_id"),
+            conversation_title=data.get("conversation_title"),
+            role=str(data.get("role") or "user"),
+            score=float(data.get("score") or 0.0),
+            indexed=bool(data.get("indexed", True)),
+        )
+
+    @classmethod
+    def of(cls, memory: PromptMemory) -> ShownMemory:
+        return cls(
+            turn_id=getattr(memory, "turn_id", None),
+            chunk_index=int(getattr(memory, "chunk_index", 0) or 0),
+            text=memory.text,
+            created_at=memory.created_at,
+            conversation_id=memory.conversation_id,
+            conversation_title=memory.conversation_title,
+            role=memory.role,
+            score=memory.score,
+            indexed=bool(getattr(memory, "indexed", True)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ShownPart:
+    """What a reply's prompt showed before its user's words: the time it said, and the memories."""
+
+    now: str
+    memories: tuple[ShownMemory, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"now": self.now, "memories": [m.to_json() for m in self.memories]}
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any] | None) -> ShownPart | None:
+        """The part stored on a reply's first assistant turn, or None (none stored, or unreadable)."""
+        data = (meta or {}).get(SHOWN_KEY)
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            return cls(str(data["now"]), tuple(ShownMemory.from_json(m) for m in data.get("memories") or ()))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _shown_memories(turns: Sequence[TurnView]) -> list[ShownMemory]:
+    """Every memory a stored part among `turns` showed (to check which still exist)."""
+    shown: list[ShownMemory] = []
+    for turn in turns:
+        part = ShownPart.from_meta(turn.meta) if turn.role == "assistant" else None
+        if part is not None:
+            shown.extend(part.memories)
+    return shown
+
+
 @dataclass(slots=True)
 class BuiltContext:
     """A prompt ready for the provider, and what went into it."""
@@ -188,6 +288,9 @@ class BuiltContext:
     dropped: dict[str, int] = field(default_factory=dict)
     # The memories that made it into the prompt, best first.
     memory_used: list[PromptMemory] = field(default_factory=list)
+    # The reply's part as this prompt showed it, when it was made now (not replayed): stored
+    # with the reply so that later prompts show the same text with its message.
+    new_part: ShownPart | None = None
 
 
 @dataclass(slots=True)
@@ -196,6 +299,8 @@ class _Unit:
     turn_ids: list[Any]
     tokens: int
     is_user: bool = False
+    part: str | None = None  # a user unit's replayed part (memories and time), shown before its words
+    shown: tuple[ShownMemory, ...] = ()
 
 
 def _message_tokens(content: str | None) -> int:
@@ -314,6 +419,7 @@ def _select_window(
     budget: ContextBudget,
     token_budget: int,
     dropped: Counter[str],
+    alive: Collection[tuple[str, int]] | None,
 ) -> tuple[list[_Unit], int]:
     """Units newest first, and their tokens."""
     units: list[_Unit] = []
@@ -353,6 +459,11 @@ def _select_window(
                 unit = _Unit([{"role": "user", "content": text}], [turn.id], _message_tokens(text), True)
             else:
                 dropped["empty_message"] += 1
+            answer = turns[position] if position < len(turns) else None
+            if unit is not None and answer is not None and answer.role == "assistant":
+                if answer.status in _KNOWN_STATUSES:
+                    shown = ShownPart.from_meta(answer.meta)
+                    _replay_part(unit, shown, prompts, budget, alive, dropped, turn.conversation_id)
         else:
             dropped["unknown_role"] += 1
         if unit is not None:
@@ -368,6 +479,32 @@ def _select_window(
     if position > 0:
         dropped["older_turns_outside_window"] += position
     return units, used
+
+
+def _replay_part(
+    unit: _Unit,
+    part: ShownPart | None,
+    prompts: PromptSet,
+    budget: ContextBudget,
+    alive: Collection[tuple[str, int]] | None,
+    dropped: Counter[str],
+    conversation: Any,
+) -> None:
+    """Show a user message again with the part its reply was given, minus memories gone since.
+
+    A memory forgotten, corrected, expired or deleted with its conversation since it was
+    shown is left out (`alive`: the memories that still exist; None: all of them), so a
+    replayed block never brings a forgotten fact back; that changes the prompt's prefix once.
+    """
+    if part is None:
+        return
+    kept = tuple(m for m in part.memories if alive is None or m.key in alive)
+    if len(kept) < len(part.memories):
+        dropped["memory_gone_since_shown"] += len(part.memories) - len(kept)
+    text, used = _memory_block(kept, prompts, budget.memory_reserve, conversation, dropped, part.now)
+    unit.part = text if text is not None else prompts.render("current_time", now=part.now)
+    unit.shown = tuple(m for m in kept if m in used)
+    unit.tokens += count_tokens(unit.part) + 1
 
 
 def _memory_block(
@@ -427,30 +564,74 @@ class PromptWindow:
     and the reply's first model step is built from it: one read and one build per reply.
     """
 
-    messages: list[dict[str, Any]]  # oldest first, without the system message
+    messages: list[dict[str, Any]]  # oldest first, without the system message; users' own words
     turn_ids: list[Any]  # the turns represented in `messages`, oldest first
-    tokens: int
+    tokens: int  # replayed parts included
     dropped: dict[str, int]
     current_conversation: Any
     now: datetime
+    # The parts earlier replies were given, by the index (in `messages`) of their user message.
+    parts: dict[int, str] = field(default_factory=dict)
+    # The memories those parts show (by turn id): a new block does not show them again.
+    shown_turn_ids: frozenset[str] = frozenset()
 
 
 def build_window(
-    turns: Sequence[TurnView], *, prompts: PromptSet, budget: ContextBudget, now: datetime | None = None
+    turns: Sequence[TurnView],
+    *,
+    prompts: PromptSet,
+    budget: ContextBudget,
+    now: datetime | None = None,
+    alive: Collection[tuple[str, int]] | None = None,
 ) -> PromptWindow:
-    """The recent window the next prompt shows, within what the budget leaves after system and memory."""
+    """The recent window the next prompt shows, within what the budget leaves after system and memory.
+
+    `alive`: the (turn id, chunk) of the stored parts' memories that still exist (None: all).
+    """
     now = now or datetime.now(UTC)
     dropped: Counter[str] = Counter()
     system_tokens = _message_tokens(prompts.render("system"))
-    token_budget = budget.max_tokens - budget.reply_reserve - budget.memory_reserve - system_tokens
-    units, window_tokens = _select_window(turns, prompts, budget, token_budget, dropped)
+    # The reply's part is held to memory_reserve, or is the time alone when no memory is shown.
+    time_tokens = count_tokens(prompts.render("current_time", now=_spoken_time(now))) + 1
+    token_budget = (
+        budget.max_tokens - budget.reply_reserve - budget.memory_reserve - system_tokens - time_tokens
+    )
+    units, window_tokens = _select_window(turns, prompts, budget, token_budget, dropped, alive)
     messages: list[dict[str, Any]] = []
     turn_ids: list[Any] = []
+    parts: dict[int, str] = {}
+    shown: set[str] = set()
     for unit in reversed(units):
+        if unit.part is not None:
+            parts[len(messages)] = unit.part
+            shown.update(str(m.turn_id) for m in unit.shown)
         messages.extend(unit.messages)
         turn_ids.extend(unit.turn_ids)
     current_conversation = turns[-1].conversation_id if turns else None
-    return PromptWindow(messages, turn_ids, window_tokens, dict(dropped), current_conversation, now)
+    return PromptWindow(
+        messages, turn_ids, window_tokens, dict(dropped), current_conversation, now, parts, frozenset(shown)
+    )
+
+
+# Which memories shown by stored parts still exist: an indexed one while its memory row is
+# there with the same text (not forgotten, corrected, expired or deleted); one shown before
+# it was indexed while its turn is there and not forgotten (or once its row is there).
+LIVE_SHOWN_MEMORIES = sql_text(
+    """
+    SELECT s.turn_id::text AS turn_id, s.chunk_index
+    FROM unnest(CAST(:turn_ids AS uuid[]), CAST(:chunks AS int[]), CAST(:texts AS text[]),
+                CAST(:indexed AS boolean[])) AS s(turn_id, chunk_index, text, indexed)
+    WHERE EXISTS (
+        SELECT 1 FROM memory_items m
+        WHERE m.turn_id = s.turn_id AND m.chunk_index = s.chunk_index AND m.deleted_at IS NULL
+          AND (m.text = s.text OR NOT s.indexed)
+    ) OR (NOT s.indexed AND EXISTS (
+        SELECT 1 FROM turns t JOIN conversations c ON c.id = t.conversation_id
+        WHERE t.id = s.turn_id AND t.deleted_at IS NULL AND c.deleted_at IS NULL
+          AND t.seq > c.memory_forgotten_seq
+    ))
+    """
+)
 
 
 async def read_window(
@@ -459,7 +640,21 @@ async def read_window(
     """The conversation's recent window as it stands now (one read)."""
     async with db.session() as session:
         rows = await recent_turn_rows(session, conversation_id, budget.rows_to_read)
-    return build_window([TurnView.from_row(row) for row in rows], prompts=prompts, budget=budget)
+        turns = [TurnView.from_row(row) for row in rows]
+        memories = {m.key: m for m in _shown_memories(turns)}
+        alive: set[tuple[str, int]] = set()
+        if memories:
+            found = await session.execute(
+                LIVE_SHOWN_MEMORIES,
+                {
+                    "turn_ids": [m.turn_id for m in memories.values()],
+                    "chunks": [m.chunk_index for m in memories.values()],
+                    "texts": [m.text for m in memories.values()],
+                    "indexed": [m.indexed for m in memories.values()],
+                },
+            )
+            alive = {(row.turn_id, row.chunk_index) for row in found}
+    return build_window(turns, prompts=prompts, budget=budget, alive=alive)
 
 
 def prompt_from_window(
@@ -481,22 +676,33 @@ def prompt_from_window(
     """
     dropped: Counter[str] = Counter(window.dropped)
     system_text = prompts.render("system")
-    now = _spoken_time(window.now)
-    memory_text, memory_used = _memory_block(
-        memory, prompts, budget.memory_reserve, window.current_conversation, dropped, now
-    )
-    part = memory_text if memory_text is not None else prompts.render("current_time", now=now)
     messages = list(window.messages)
+    for index, part in window.parts.items():
+        messages[index] = _with_part(messages[index], part)
     latest = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user"), None)
     tokens = window.tokens
+    memory_used: list[PromptMemory] = []
+    new_part: ShownPart | None = None
     if latest is None:
-        if memory_used:
-            dropped["memory_without_user_message"] += len(memory_used)
-        memory_used = []
-    else:
+        if memory:
+            dropped["memory_without_user_message"] += len(memory)
+    elif latest not in window.parts:  # a later step of a reply replays the part its first step made
+        now = _spoken_time(window.now)
+        # What an earlier message of the window still shows is not shown twice.
+        fresh = [m for m in memory if str(getattr(m, "turn_id", None)) not in window.shown_turn_ids]
+        if len(fresh) < len(memory):
+            dropped["memory_already_shown"] += len(memory) - len(fresh)
+        memory_text, memory_used = _memory_block(
+            fresh, prompts, budget.memory_reserve, window.current_conversation, dropped, now
+        )
+        part = memory_text if memory_text is not None else prompts.render("current_time", now=now)
         words = messages[latest]["content"]
-        messages[latest] = {**messages[latest], "content": f"{part}\n\n{words}"}
-        tokens += count_tokens(messages[latest]["content"]) - count_tokens(words)
+        messages[latest] = _with_part(messages[latest], part)
+        if isinstance(words, str):
+            tokens += count_tokens(messages[latest]["content"]) - count_tokens(words)
+        else:
+            tokens += count_tokens(part) + 1
+        new_part = ShownPart(now, tuple(ShownMemory.of(m) for m in memory_used))
     return BuiltContext(
         messages=[{"role": "system", "content": system_text}, *messages],
         window_turn_ids=list(window.turn_ids),
@@ -504,7 +710,19 @@ def prompt_from_window(
         token_count=_message_tokens(system_text) + tokens + REPLY_PRIMING_TOKENS,
         dropped=dict(dropped),
         memory_used=memory_used,
+        new_part=new_part,
     )
+
+
+def _with_part(message: dict[str, Any], part: str) -> dict[str, Any]:
+    """A user message with the reply's part before its words (a text part first, with attachments)."""
+    content = message["content"]
+    if isinstance(content, list):
+        first = content[0] if content else None
+        if isinstance(first, dict) and first.get("type") == "text":
+            return {**message, "content": [{**first, "text": f"{part}\n\n{first['text']}"}, *content[1:]]}
+        return {**message, "content": [{"type": "text", "text": part}, *content]}
+    return {**message, "content": f"{part}\n\n{content}"}
 
 
 def _spoken_time(now: datetime) -> str:
@@ -520,7 +738,8 @@ def build_context(
     budget: ContextBudget,
     memory: Sequence[PromptMemory] = (),
     now: datetime | None = None,
+    alive: Collection[tuple[str, int]] | None = None,
 ) -> BuiltContext:
-    """OpenAI chat messages for the next reply: system (with memories), then the sanitized recent window."""
-    window = build_window(turns, prompts=prompts, budget=budget, now=now)
+    """OpenAI chat messages for the next reply: the system prompt, then the window with the reply's part."""
+    window = build_window(turns, prompts=prompts, budget=budget, now=now, alive=alive)
     return prompt_from_window(window, prompts=prompts, budget=budget, memory=memory)

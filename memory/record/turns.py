@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -79,6 +80,26 @@ async def recent_turn_rows(session: AsyncSession, conversation_id: uuid.UUID, li
     """The active branch's newest `limit` turns as light rows (only what a prompt needs), oldest first."""
     rows = await session.execute(RECENT_TURNS, {"conversation_id": conversation_id, "limit": limit})
     return list(reversed(rows.all()))
+
+
+SET_SHOWN_PART = text(
+    """
+    UPDATE turns
+    SET metadata = COALESCE(metadata, '{}'::jsonb) || jsonb_build_object('shown', CAST(:shown AS jsonb))
+    WHERE id = :turn_id
+    """
+)
+
+
+async def store_shown_part(session: AsyncSession, turn_id: uuid.UUID, shown: dict[str, Any]) -> None:
+    """Keep the part a reply's prompt showed before its user's words, on the reply's first turn.
+
+    Later prompts show that user message with the same part (`memory.prompt.context`), so
+    the conversation's prompt only grows at its end and a model server's cache holds.
+    """
+    await session.execute(
+        SET_SHOWN_PART, {"turn_id": turn_id, "shown": json.dumps(shown, ensure_ascii=False)}
+    )
 
 
 async def reply_turns(session: AsyncSession, reply_id: uuid.UUID) -> list[Turn]:
