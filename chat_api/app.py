@@ -134,7 +134,9 @@ def create_app(
             model,
             complete=partial(
                 chat_provider.complete, model=settings.rewrite_model, timeout=settings.rewrite_timeout_seconds
-            ),
+            )
+            if settings.query_rewrite == "model"
+            else None,
             prompts=prompts,
             settings=settings,
         )

@@ -115,6 +115,11 @@ class ModelSettings(BaseSettings):
         None, description="Fast model for query rewriting (default: LLM_MODEL)."
     )
     rewrite_timeout_seconds: float = Field(1.5, gt=0, description="Time box of the query rewrite.")
+    query_rewrite: Literal["model", "heuristic"] = Field(
+        "model",
+        description="How a question that leans on earlier turns becomes a search query: the rewrite model, "
+        "or the user's own recent words (no model call).",
+    )
     demo_tokens_per_second: float = Field(
         40.0, gt=0, description="Demo model streaming rate (tokens per second)."
     )

@@ -373,11 +373,59 @@ def test_heuristic_rewrite_resolves_references_and_keeps_standalone_questions() 
         HistoryLine("user", "I am planning a trip to Kyoto in April."),
         HistoryLine("assistant", "Kyoto in April has the cherry blossoms."),
     ]
-    assert heuristic_rewrite("Is it expensive there?", history).startswith("Is it expensive there? Kyoto")
+    resolved = heuristic_rewrite("Is it expensive there?", history)
+    assert resolved.startswith("Is it expensive there?") and "Kyoto" in resolved and "cherry" not in resolved
     standalone = "Which hotel in Osaka did Maria recommend last summer?"
     assert heuristic_rewrite(standalone, history) == standalone
     assert heuristic_rewrite("Is it expensive?", []) == "Is it expensive?"
     assert len(heuristic_rewrite("And that?", history * 10).split()) <= 2 + 8
+
+
+def test_heuristic_rewrite_takes_the_users_words_never_the_assistants() -> None:
+    """Found: the fallback appended the assistant's reply, a tool call written as JSON included."""
+    history = [
+        HistoryLine("user", "My sister Mara lives in Porto."),
+        HistoryLine("assistant", 'Based on the conversation provided ```json {"name": "current_time"}```'),
+    ]
+    query = heuristic_rewrite("What is her name?", history)
+    assert query == "What is her name? sister Mara lives Porto"
+    assert not {"Based", "conversation", "json", "current_time"} & set(query.split())
+
+
+async def test_a_question_that_stands_alone_is_not_rewritten(
+    start_server: Any, fake_openai: FakeOpenAI
+) -> None:
+    """No model call (on a one-slot local server it would delay the reply), even with history."""
+    server: LiveServer = await start_server(
+        llm_provider="openai", llm_base_url=fake_openai.base_url, llm_api_key="test", max_tool_steps=0
+    )
+    fake_openai.script(Reply(text="Noted."), Reply(text="In Reykjavik."))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        await say(client, cid, FACT)
+        memory = retrieved(await say(client, cid, "Which city did my sister Ingrid move to?"))
+    assert (memory["rewrite"] == "skipped" and memory["rewritten_query"] is None) or memory[
+        "rewrite"
+    ] == "skipped"
+    assert all(r.stream for r in fake_openai.requests)  # no rewrite request
+
+
+async def test_query_rewrite_heuristic_never_asks_the_model(
+    start_server: Any, fake_openai: FakeOpenAI
+) -> None:
+    server: LiveServer = await start_server(
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        query_rewrite="heuristic",
+    )
+    fake_openai.script(Reply(text="Noted."), Reply(text="There."))
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        await say(client, cid, FACT)
+        memory = retrieved(await say(client, cid, "And where is that?"))
+    assert memory["rewrite"] == "heuristic" and "Ingrid" in memory["rewritten_query"]
+    assert all(r.stream for r in fake_openai.requests)
 
 
 def test_model_answers_are_cleaned_or_refused() -> None:

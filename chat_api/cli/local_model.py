@@ -281,7 +281,9 @@ class Running:
         """The chatmem settings that use this server for chat and for query rewriting.
 
         A small local model offered tools calls them instead of answering (and loops on
-        them), and its memories are already in the prompt: no tools for it.
+        them), and its memories are already in the prompt: no tools for it. Its one slot
+        would read a rewrite prompt (seconds on a small CPU) before the reply's: questions
+        that lean on earlier turns are searched with the user's own recent words instead.
         """
         settings = {
             "LLM_PROVIDER": "openai",
@@ -290,7 +292,7 @@ class Running:
             "REWRITE_MODEL": self.model,
         }
         if self.small:
-            settings |= {"MAX_TOOL_STEPS": "0", "MEMORY_TOOL": "off"}
+            settings |= {"MAX_TOOL_STEPS": "0", "MEMORY_TOOL": "off", "QUERY_REWRITE": "heuristic"}
         return settings
 
 
@@ -332,6 +334,9 @@ def launch(
         "--port", str(port), "--jinja", "--threads", str(threads), "--threads-batch", str(threads),
         "--ctx-size", str(ctx_size), "--n-predict", str(max_tokens), "--parallel", "1",
         "--metrics", "--slots", "--no-webui",
+        # A cancelled request (a stop, a time-boxed rewrite) frees the one slot only after the
+        # prompt batch being read: 256 tokens (seconds) instead of the whole prompt (minutes).
+        "--batch-size", "256", "--ubatch-size", "256",
     ]  # fmt: skip
     if template is not None:
         command += ["--chat-template-file", str(template)]

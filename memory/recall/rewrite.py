@@ -4,13 +4,16 @@
 and what "it" is. A fast model rewrites the message with the prompt in
 ``prompts/<language>/query_rewrite.txt``, inside a time box, because this runs before the
 first token of every reply. When the model is slow, fails, or answers something unusable,
-the heuristic below is used instead; with no history there is nothing to resolve and the
-message is used as is.
+the heuristic below is used instead. A message with nothing to resolve is used as is, with
+no model call: no history, or a message that stands alone (enough keywords and no
+reference word). On a single-slot local model server a rewrite would also hold the slot
+the reply needs.
 
-The heuristic is deliberately simple and predictable: a message that already carries
-enough keywords and no reference word is kept; otherwise the salient words of the latest
-turns (newest first, stopwords dropped, at most ``HEURISTIC_MAX_WORDS``) are appended,
-so keyword and vector search see what the pronoun stood for.
+The heuristic is deliberately simple and predictable: the salient words of the user's own
+latest messages (newest first, stopwords dropped, at most ``HEURISTIC_MAX_WORDS``) are
+appended, so keyword and vector search see what the pronoun stood for. Never the
+assistant's words: a small model's reply can be an invention, or a tool call written as
+JSON, and searching with it finds more of the same.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ HISTORY_LINES = 6
 HISTORY_LINE_CHARS = 600
 MAX_QUERY_CHARS = 500
 # A message with at least this many keyword terms and no reference word stands alone.
-STANDALONE_TERMS = 4
+STANDALONE_TERMS = 3
 HEURISTIC_MAX_WORDS = 8
 
 REFERENCE_WORDS = frozenset(
@@ -84,16 +87,21 @@ def _salient_words(text: str) -> list[str]:
     return words
 
 
+def stands_alone(message: str) -> bool:
+    """True when the message needs no earlier turn to be searched for."""
+    return len(query_terms(message)) >= STANDALONE_TERMS and not _has_reference(message)
+
+
 def heuristic_rewrite(message: str, history: Sequence[HistoryLine]) -> str:
-    """The message, plus the salient words of the latest turns when it leans on them."""
+    """The message, plus the salient words of the user's latest messages when it leans on them."""
     message = message.strip()
-    if not history:
-        return message
-    if len(query_terms(message)) >= STANDALONE_TERMS and not _has_reference(message):
+    if not history or stands_alone(message):
         return message
     seen = {term for term in query_terms(message)}
     extra: list[str] = []
     for line in reversed(history):
+        if line.role != "user":
+            continue
         for word in _salient_words(line.text):
             terms = query_terms(word)
             if not terms or all(term in seen for term in terms):
@@ -145,7 +153,7 @@ async def rewrite_query(
 ) -> Rewrite:
     """A standalone query for ``message``; never raises and never takes much longer than ``timeout``."""
     message = message.strip()
-    if not history:
+    if not history or stands_alone(message):
         return Rewrite(message, "skipped")
     if complete is None:
         return Rewrite(heuristic_rewrite(message, history), "heuristic", "no rewrite model")
