@@ -33,7 +33,7 @@ from memory.recall.embeddings import Embedder
 from memory.recall.index import generation_of, write_guard
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.redaction import redact
-from memory.recall.remembering import is_low_information
+from memory.recall.remembering import is_low_information, is_remembered_reply
 from memory.record.branches import turns_off_active_branch
 from memory.record.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.storage.db import Database
@@ -143,6 +143,7 @@ class TurnRecord:
     created_at: datetime
     external_id: str | None
     metadata: dict[str, Any] | None
+    memory_use: str | None = None  # an assistant turn's: was its reply made with memory
 
 
 @dataclass(slots=True)
@@ -203,6 +204,7 @@ def parse_payload(payload: object) -> TurnRecord:
         created_at=created_at,
         external_id=_str(payload, "external_id", optional=True),
         metadata=metadata,
+        memory_use=_str(payload, "memory_use", optional=True),
     )
 
 
@@ -247,6 +249,8 @@ class IndexPipeline:
             return "forgotten"
         if not record.text.strip():
             return "empty"
+        if not is_remembered_reply(record.role, record.memory_use):
+            return "made_without_memory"
         if is_low_information(record.text, extra_phrases=tuple(self._settings.low_information_extra)):
             return "low_information"
         return None

@@ -69,6 +69,20 @@ class RealModel:
                     return slot
                 await asyncio.sleep(0.1)
 
+    async def prompt_tokens(self) -> float:
+        """The server's own count of prompt tokens it processed (`llamacpp:prompt_tokens_total`)."""
+        async with httpx.AsyncClient(timeout=10) as client:
+            text = (await client.get(f"{self.root}/metrics")).text
+        match = re.search(r"^llamacpp:prompt_tokens_total (\S+)$", text, re.MULTILINE)
+        assert match, "llama-server's /metrics has no prompt_tokens_total"
+        return float(match.group(1))
+
+    async def count_tokens(self, text: str) -> int:
+        """How many tokens the model's own tokenizer makes of `text` (`/tokenize`)."""
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = await client.post(f"{self.root}/tokenize", json={"content": text})
+        return len(answer.json()["tokens"])
+
     async def tokens_predicted(self) -> float:
         """The server's own count of generated tokens (`llamacpp:tokens_predicted_total`)."""
         async with httpx.AsyncClient(timeout=10) as client:

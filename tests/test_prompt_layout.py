@@ -44,7 +44,7 @@ def turns_with_part(answer_status: str = "completed") -> list[TurnView]:
     part = ShownPart(SHOWN_AT, (rex(),)).to_json()
     return [
         TurnView(role="user", status="completed", content="what's my dog called?", id=1, seq=1),
-        TurnView(role="assistant", status=answer_status, content="Rex.", id=2, seq=2, meta={"shown": part}),
+        TurnView(role="assistant", status=answer_status, content="Rex.", id=2, seq=2, prompt_part=part),
         TurnView(role="user", status="completed", content="and my cat?", id=3, seq=3),
     ]
 

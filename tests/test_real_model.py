@@ -320,6 +320,39 @@ async def _render(real_model: RealModel, messages: list[dict[str, Any]], tools: 
     return str(answer.json()["prompt"])
 
 
+async def test_the_next_message_is_read_from_the_servers_prompt_cache(
+    start_server: Any, real_model: RealModel
+) -> None:
+    """With memory on, a conversation's next reply costs the server only what is new.
+
+    Found: the memory block sat in the system message, before the history, so every reply's
+    different memories made llama-server read the whole prompt again (420-620 tokens per
+    reply with a short history). Now the server processes at most the previous reply and
+    the new message with its part (memories and time); the earlier message keeps its part.
+    """
+    settings = real_model.settings(max_tool_steps=0, memory_tool="off", query_rewrite="heuristic")
+    server: LiveServer = await start_server(**settings)
+    async with asyncio.timeout(TEST_SECONDS * 2), server.client() as client:
+        facts = await new_conversation(client, "About me")
+        await send(client, facts, "My sister Ingrid lives in Reykjavik and keeps honeybees.", **NO_MEMORY)
+        cid = await new_conversation(client)
+        first, _ = await send(client, cid, "Where does my sister Ingrid live?")
+        assert any(e.event == EventName.MEMORY_RETRIEVED and e.data["items"] for e in first)
+        await real_model.wait_idle(60)
+        before = await real_model.prompt_tokens()
+        second, _ = await send(client, cid, "What does Ingrid keep there?")
+        await real_model.wait_idle(60)
+        processed = await real_model.prompt_tokens() - before
+        messages = (await client.get(f"/v1/conversations/{cid}/context")).json()["messages"]
+    assert second[-1].event == EventName.TURN_COMPLETED
+    assert "Ingrid lives in Reykjavik" in messages[1]["content"]  # the first message kept its block
+    new = await real_model.count_tokens(messages[2]["content"] + messages[3]["content"])
+    whole = await real_model.count_tokens("".join(m["content"] or "" for m in messages[:4]))
+    # The template frames each message with a few tokens (role, start and end markers).
+    assert processed <= new + 16, (processed, new, whole)
+    assert processed < whole / 2
+
+
 def test_the_command_takes_a_running_openai_compatible_server(real_model: RealModel) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "chat_api.cli", "local-model", "start", "--url", real_model.base_url],

@@ -18,7 +18,7 @@ from memory.prompt.context import BuiltContext, ContextBudget, PromptWindow, pro
 from memory.prompt.templates import PromptSet
 from memory.recall.found import FoundMemory
 from memory.recall.recaller import Recaller
-from memory.record.turns import store_shown_part
+from memory.record.turns import note_reply_memory
 from memory.storage.db import Database
 
 
@@ -40,6 +40,8 @@ class Prompter:
         window = await self.window_for(reply.conversation_id)
         if request.memory_scope != "none":
             await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
+        else:
+            reply.memory_use = "off"
         return window
 
     async def window_for(self, conversation_id: uuid.UUID) -> PromptWindow:
@@ -65,9 +67,10 @@ class Prompter:
         if window is None:
             window = await self.window_for(reply.conversation_id)
         built = self.prompt(window, reply.memories)
-        if built.new_part is not None and reply.turn_id == reply.id:
-            async with self.db.transaction() as session:
-                await store_shown_part(session, reply.id, built.new_part.to_json())
+        first_step = reply.turn_id == reply.id
+        part = built.new_part.to_json() if built.new_part is not None and first_step else None
+        async with self.db.transaction() as session:
+            await note_reply_memory(session, reply.turn_id, reply.memory_use, part)
         messages = built.messages
         if reply.instructions:
             # Inside the one system message (some chat templates take no second one).

@@ -76,6 +76,7 @@ async def recall_for_reply(
         observe_recall("timeout")
         log.warning("memory recall for reply %s took longer than %gs; replying without it", reply.id, timeout)
         message = f"memory recall took longer than {timeout:g}s; the reply goes on without memory"
+        reply.memory_use = "unavailable"
         reply.publish(
             EventName.MEMORY_RETRIEVED, _without_memory(user_text, scope, "memory_timeout", message)
         )
@@ -84,6 +85,7 @@ async def recall_for_reply(
         # Memory is an aid: the reply goes on without it, and the client is told why.
         log.exception("memory recall failed for reply %s", reply.id)
         observe_recall("error")
+        reply.memory_use = "unavailable"
         reply.publish(
             EventName.MEMORY_RETRIEVED,
             _without_memory(user_text, scope, "memory_unavailable", type(exc).__name__),

@@ -61,6 +61,9 @@ class Reply:
         self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
         self.memories: list[FoundMemory] = []  # recalled once per reply, shown to every step
+        # Whether the reply is made with memory: on (recall ran, even if it found nothing), off
+        # (the user turned it off), unavailable (recall failed or timed out). Not remembered unless on.
+        self.memory_use = "on"
         self.stop_requested = asyncio.Event()
         self.stop_reason: StopReason | None = None
         self.finished = asyncio.Event()

@@ -77,7 +77,7 @@ class TurnView:
     # User turns: images and files sent with the message ({"type": "image", "url"} or
     # {"type": "file", "filename", "data" | "url"}), given to the model as content parts.
     attachments: tuple[Mapping[str, Any], ...] = ()
-    meta: Mapping[str, Any] | None = None
+    prompt_part: Mapping[str, Any] | None = None  # a reply's first turn: what its prompt showed
 
     @classmethod
     def from_row(cls, turn: Turn) -> TurnView:
@@ -95,7 +95,7 @@ class TurnView:
             created_at=turn.created_at,
             conversation_id=turn.conversation_id,
             attachments=_attachments(turn.meta),
-            meta=turn.meta if isinstance(turn.meta, Mapping) else None,
+            prompt_part=turn.prompt_part if isinstance(turn.prompt_part, Mapping) else None,
         )
 
 
@@ -179,10 +179,6 @@ class PromptMemory(Protocol):
     def score(self) -> float: ...
 
 
-# Where a reply's part of its prompt is kept: `metadata.shown` of the reply's first assistant turn.
-SHOWN_KEY = "shown"
-
-
 @dataclass(frozen=True, slots=True)
 class ShownMemory:
     """A memory as a reply's prompt showed it, kept to show it again with that message."""
@@ -254,9 +250,8 @@ class ShownPart:
         return {"now": self.now, "memories": [m.to_json() for m in self.memories]}
 
     @classmethod
-    def from_meta(cls, meta: Mapping[str, Any] | None) -> ShownPart | None:
+    def stored(cls, data: Mapping[str, Any] | None) -> ShownPart | None:
         """The part stored on a reply's first assistant turn, or None (none stored, or unreadable)."""
-        data = (meta or {}).get(SHOWN_KEY)
         if not isinstance(data, Mapping):
             return None
         try:
@@ -269,7 +264,7 @@ def _shown_memories(turns: Sequence[TurnView]) -> list[ShownMemory]:
     """Every memory a stored part among `turns` showed (to check which still exist)."""
     shown: list[ShownMemory] = []
     for turn in turns:
-        part = ShownPart.from_meta(turn.meta) if turn.role == "assistant" else None
+        part = ShownPart.stored(turn.prompt_part) if turn.role == "assistant" else None
         if part is not None:
             shown.extend(part.memories)
     return shown
@@ -462,7 +457,7 @@ def _select_window(
             answer = turns[position] if position < len(turns) else None
             if unit is not None and answer is not None and answer.role == "assistant":
                 if answer.status in _KNOWN_STATUSES:
-                    shown = ShownPart.from_meta(answer.meta)
+                    shown = ShownPart.stored(answer.prompt_part)
                     _replay_part(unit, shown, prompts, budget, alive, dropped, turn.conversation_id)
         else:
             dropped["unknown_role"] += 1

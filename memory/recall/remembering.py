@@ -19,6 +19,18 @@ from functools import lru_cache
 
 from memory.recall.redaction import redact
 
+# The memory use of an assistant turn whose words are remembered: its reply was made with
+# memory. A reply made with memory off (or with recall failed) could not know the user, so
+# what it says about them is invented ("The car that you drive is a Honda Accord."); it
+# stays in the chat and is never remembered. Turns from before this rule have no value (None).
+REMEMBERED_MEMORY_USES = frozenset({"on"})
+
+
+def is_remembered_reply(role: str, memory_use: str | None) -> bool:
+    """False for an assistant turn made without memory (the indexer and recall both ask this)."""
+    return role != "assistant" or memory_use is None or memory_use in REMEMBERED_MEMORY_USES
+
+
 # Regex fragments, not plain strings: laughter and drawn-out words come in any length.
 ENGLISH_PHRASES = (
     r"hi+",

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.recall.found import FoundMemory
 from memory.recall.fusion import DEFAULT_FUSION, CandidateSignals, Fusion, NeighbourSignals, is_question
 from memory.recall.keywords import photo_caption, query_terms, search_terms
+from memory.recall.remembering import REMEMBERED_MEMORY_USES
 from memory.record.outbox import RECORDED_ROLES, RECORDED_STATUSES
 
 UNINDEXED_LIMIT = 32
@@ -45,6 +46,8 @@ CROSS JOIN LATERAL (
       AND t.seq > GREATEST(c.indexed_seq, c.memory_forgotten_seq)
       AND t.role = ANY(:roles) AND t.status = ANY(:statuses)
       AND t.content <> '' AND t.id <> ALL(:exclude_turn_ids) AND t.deleted_at IS NULL
+      -- The remembering rule (memory.recall.remembering.is_remembered_reply), as the indexer applies it.
+      AND (t.role <> 'assistant' OR t.memory_use IS NULL OR t.memory_use = ANY(:remembered_uses))
       -- Only the active branch: a regenerated-away answer or an edited-away message is not memory.
       AND EXISTS (SELECT 1 FROM unnest(b.lineage_ids, b.lineage_max_seqs) AS l(branch_id, max_seq)
                   WHERE l.branch_id = t.branch_id AND t.seq <= l.max_seq)
@@ -102,6 +105,7 @@ async def load_unindexed_turns(
         "user_id": user_id,
         "roles": sorted(RECORDED_ROLES),
         "statuses": sorted(RECORDED_STATUSES),
+        "remembered_uses": sorted(REMEMBERED_MEMORY_USES),
         "exclude_turn_ids": list(exclude_turn_ids),
         "limit": limit,
     }

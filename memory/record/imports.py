@@ -288,6 +288,7 @@ class _NewTurn:
     meta: dict[str, Any] | None
     created_at: datetime
     completed_at: datetime
+    memory_use: str | None = None  # imported history: remembered as imported
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,7 @@ def turn_payload(turn: Turn) -> dict[str, Any]:
         "completed_at": _iso(turn.completed_at),
         "external_id": turn.external_id,
         "metadata": turn.meta,
+        "memory_use": turn.memory_use,
     }
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -51,6 +50,7 @@ PROMPT_COLUMNS = (
     Turn.created_at,
     Turn.conversation_id,
     column("meta", JSONB),  # turns.metadata, named as the model's attribute
+    Turn.prompt_part,
 )
 
 
@@ -59,7 +59,7 @@ PROMPT_COLUMNS = (
 RECENT_TURNS = text(
     """
     SELECT t.role, t.status, t.content, t.tool_calls, t.tool_call_id, t.name, t.seq, t.id, t.created_at,
-           t.conversation_id, t.metadata AS meta
+           t.conversation_id, t.metadata AS meta, t.prompt_part
     FROM conversations c
     JOIN branches b ON b.id = c.active_branch_id
     CROSS JOIN LATERAL unnest(b.lineage_ids, b.lineage_max_seqs) AS l(branch_id, max_seq)
@@ -82,24 +82,19 @@ async def recent_turn_rows(session: AsyncSession, conversation_id: uuid.UUID, li
     return list(reversed(rows.all()))
 
 
-SET_SHOWN_PART = text(
-    """
-    UPDATE turns
-    SET metadata = COALESCE(metadata, '{}'::jsonb) || jsonb_build_object('shown', CAST(:shown AS jsonb))
-    WHERE id = :turn_id
-    """
-)
+async def note_reply_memory(
+    session: AsyncSession, turn_id: uuid.UUID, memory_use: str, prompt_part: dict[str, Any] | None = None
+) -> None:
+    """Record on an assistant turn whether its reply used memory, and (first turn) the part it showed.
 
-
-async def store_shown_part(session: AsyncSession, turn_id: uuid.UUID, shown: dict[str, Any]) -> None:
-    """Keep the part a reply's prompt showed before its user's words, on the reply's first turn.
-
-    Later prompts show that user message with the same part (`memory.prompt.context`), so
-    the conversation's prompt only grows at its end and a model server's cache holds.
+    Later prompts show the reply's user message with that part (`memory.prompt.context`), so
+    the conversation's prompt only grows at its end and a model server's cache holds; the
+    remembering rule reads `memory_use` (`memory.record.outbox`, the not-yet-indexed search).
     """
-    await session.execute(
-        SET_SHOWN_PART, {"turn_id": turn_id, "shown": json.dumps(shown, ensure_ascii=False)}
-    )
+    values: dict[str, Any] = {"memory_use": memory_use}
+    if prompt_part is not None:
+        values["prompt_part"] = prompt_part
+    await session.execute(update(Turn).where(Turn.id == turn_id).values(**values))
 
 
 async def reply_turns(session: AsyncSession, reply_id: uuid.UUID) -> list[Turn]:

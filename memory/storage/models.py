@@ -133,6 +133,10 @@ class Turn(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
     external_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB, nullable=True)
+    # A reply's first assistant turn: the part its prompt showed before the user's words.
+    prompt_part: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
+    # An assistant turn: whether its reply was made with memory (on | off | unavailable).
+    memory_use: Mapped[str | None] = mapped_column(String(16), nullable=True)
     last_event_id: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -1,0 +1,61 @@
+"""What is remembered of a reply: not what the assistant said with memory off.
+
+Found with a real small model: a reply made without memory invented the user's car ("The
+car that you drive is a Honda Accord."), was indexed, and was later recalled first, above
+the user's own "My car is a 2009 Volvo.". Such replies stay in the chat; they are neither
+indexed nor found before indexing. A reply made with memory on stays remembered.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+
+from memory.storage.models import OutboxRow, Turn
+from tests.conftest import LiveServer
+from tests.support import new_conversation
+from tests.test_memory_recall import index_outbox, retrieved, say
+
+STATEMENT = "My car is a 2009 Volvo estate in dark green."
+QUESTION = "Which Volvo car do I drive?"
+
+
+async def test_a_reply_made_with_memory_off_is_never_remembered(
+    start_server: Any, make_settings: Any
+) -> None:
+    server: LiveServer = await start_server()
+    db = server.services.db
+    async with server.client() as client:
+        off = await new_conversation(client, "Cars")
+        await say(client, off, STATEMENT, memory_scope="none")  # the demo model repeats it: "You said: …"
+        on = await new_conversation(client, "More cars")
+        await say(client, on, "Tell me about Volvo estate cars in dark green.")
+
+        def assistant_roles(found: dict[str, Any]) -> list[str]:
+            return [item["conversation_id"] for item in found["items"] if item["role"] == "assistant"]
+
+        # Before indexing: the user's statement is found, the memory-off reply is not.
+        before = retrieved(await say(client, await new_conversation(client), QUESTION))
+        assert STATEMENT in [item["text"] for item in before["items"]]
+        assert off not in assistant_roles(before) and on in assistant_roles(before)
+
+        result = await index_outbox(db, make_settings())
+        assert result.skipped["made_without_memory"] == 1
+        after = retrieved(await say(client, await new_conversation(client), QUESTION))
+        assert STATEMENT in [item["text"] for item in after["items"]]
+        assert off not in assistant_roles(after) and on in assistant_roles(after)
+    async with db.transaction() as session:
+        uses = dict(
+            (
+                await session.execute(
+                    select(Turn.conversation_id, Turn.memory_use).where(Turn.role == "assistant")
+                )
+            )
+            .tuples()
+            .all()
+        )
+        payloads = list((await session.execute(select(OutboxRow.payload))).scalars())
+    assert uses[uuid.UUID(off)] == "off" and uses[uuid.UUID(on)] == "on"
+    assert any(p["memory_use"] == "off" for p in payloads) and any(p["memory_use"] == "on" for p in payloads)
