@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from chat_api.cli.local_model import MODEL_FILE, rewrite_tool_call_template, server_binary
+from chat_api.cli.serve import model_name
+from memory.config import get_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,16 +95,30 @@ def test_a_url_that_is_not_an_openai_server_is_refused(tmp_path: Path) -> None:
 
 
 def test_status_and_stop_without_a_server(tmp_path: Path) -> None:
+    """Found: `env $(chatmem local-model status) make run` silently ran the demo model."""
     status = run("status", "--dir", str(tmp_path), env=_env())
     assert (
         status.returncode == 1
-        and status.stdout == ""
+        and status.stdout == "local-model-not-running\n"
         and "not running" in status.stderr
         and "Traceback" not in status.stderr
     )
+    # What the README recipe does with it: env refuses to run anything.
+    recipe = subprocess.run(
+        ["env", *status.stdout.split(), "true"], capture_output=True, text=True, check=False
+    )
+    assert recipe.returncode != 0 and "local-model-not-running" in recipe.stderr
     stop = run("stop", "--dir", str(tmp_path), env=_env())
     assert stop.returncode == 0 and "not running" in stop.stdout
 
 
 def _env() -> dict[str, str]:
     return {**os.environ, "LOG_LEVEL": "WARNING"}
+
+
+def test_the_banner_names_the_model_replies_come_from() -> None:
+    local = get_settings(
+        llm_provider="openai", llm_base_url="http://127.0.0.1:8090/v1", llm_model="qwen-small"
+    )
+    assert model_name(local) == "qwen-small at http://127.0.0.1:8090/v1"
+    assert "not a real LLM" in model_name(get_settings(llm_provider="demo"))

@@ -454,12 +454,18 @@ def cmd_stop(args: argparse.Namespace) -> None:
     print(f"local-model: stopped (pid {running.pid})")
 
 
+NOT_RUNNING = "local-model-not-running"
+
+
 def cmd_status(args: argparse.Namespace) -> None:
     """`chatmem local-model status`: running or not; the settings when running (exit 1 when not)."""
     home: Path = (args.dir or default_dir()).expanduser()
     running = read_state(home)
     if running is None:
-        # stderr: `env $(chatmem local-model status) …` must not take this line for settings.
+        # stdout gets one word that is not an assignment: `env $(chatmem local-model status) make
+        # run` then fails ("env: 'local-model-not-running': No such file or directory") instead
+        # of silently starting chatmem on the demo model.
+        print(NOT_RUNNING)
         print("local-model: not running", file=sys.stderr)
         sys.exit(1)
     _print_settings(running)

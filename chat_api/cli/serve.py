@@ -189,10 +189,9 @@ def cmd_up(args: argparse.Namespace) -> None:
         )
         token = issue_token(secret, DEFAULT_TENANT, DEFAULT_USER)
         shown_host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0") else settings.host
-        model_note = " (offline demo model, not a real LLM)" if settings.llm_provider == "demo" else ""
         banner = (
             f"chatmem is up: http://{shown_host}:{settings.port}  (API docs: /docs)\n"
-            f"model: {settings.llm_provider}{model_note}\n"
+            f"model: {model_name(settings)}\n"
             f"access token (tenant {DEFAULT_TENANT!r}, user {DEFAULT_USER!r}):\n{token}\n"
             "Ctrl-C stops everything, including the embedded Postgres."
         )
@@ -222,6 +221,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     _serve(
         settings,
         workers,
-        f"chatmem serving on http://{settings.host}:{settings.port}",
+        f"chatmem serving on http://{settings.host}:{settings.port} (model: {model_name(settings)})",
         processes=args.workers,
     )
+
+
+def model_name(settings: Settings) -> str:
+    """The model replies come from, as the banner names it."""
+    if settings.llm_provider == "demo":
+        return "demo (offline demo model, not a real LLM)"
+    return f"{settings.llm_model} at {settings.llm_base_url or 'the OpenAI API'}"
