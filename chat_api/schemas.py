@@ -34,18 +34,25 @@ BoundedJsonObject = Annotated[dict[str, Any], AfterValidator(_within_bounds)]
 
 class ConversationCreate(Strict):
     title: str = Field("", max_length=500)
-    memory_mode: MemoryMode = "persistent"
+    memory_mode: MemoryMode = Field(
+        "persistent", description="Remember this chat (persistent) or not (none)."
+    )
+    use_memory: bool = Field(
+        True, description="Use memory in this chat: its replies recall long-term memory."
+    )
 
 
 class ConversationUpdate(Strict):
     title: str | None = Field(None, max_length=500)
     memory_mode: MemoryMode | None = None
+    use_memory: bool | None = None
 
 
 class ConversationOut(BaseModel):
     id: uuid.UUID
     title: str
     memory_mode: str
+    use_memory: bool
     created_at: datetime
     updated_at: datetime
     turn_count: int = Field(description="Turns stored so far (the last sequence number).")
@@ -59,6 +66,7 @@ class ConversationOut(BaseModel):
             id=c.id,
             title=c.title,
             memory_mode=c.memory_mode,
+            use_memory=c.use_memory,
             created_at=c.created_at,
             updated_at=c.updated_at,
             turn_count=c.next_seq - 1,

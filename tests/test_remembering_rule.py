@@ -8,13 +8,16 @@ indexed nor found before indexing. A reply made with memory on stays remembered.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 from sqlalchemy import select
 
+from memory.events import EventName
 from memory.storage.models import OutboxRow, Turn
 from tests.conftest import LiveServer
+from tests.fake_openai import Reply
 from tests.support import new_conversation
 from tests.test_memory_recall import index_outbox, retrieved, say
 
@@ -47,15 +50,44 @@ async def test_a_reply_made_with_memory_off_is_never_remembered(
         assert STATEMENT in [item["text"] for item in after["items"]]
         assert off not in assistant_roles(after) and on in assistant_roles(after)
     async with db.transaction() as session:
-        uses = dict(
-            (
-                await session.execute(
-                    select(Turn.conversation_id, Turn.memory_use).where(Turn.role == "assistant")
-                )
-            )
-            .tuples()
-            .all()
+        rows = await session.execute(
+            select(Turn.conversation_id, Turn.memory_use).where(Turn.role == "assistant")
         )
+        uses = {conversation: use for conversation, use in rows}
         payloads = list((await session.execute(select(OutboxRow.payload))).scalars())
     assert uses[uuid.UUID(off)] == "off" and uses[uuid.UUID(on)] == "on"
     assert any(p["memory_use"] == "off" for p in payloads) and any(p["memory_use"] == "on" for p in payloads)
+
+
+async def test_use_memory_off_recalls_nothing_and_its_replies_are_not_remembered(
+    start_server: Any, fake_openai: Any
+) -> None:
+    """'Use memory in this chat' (read) is its own switch beside memory_mode ('remember this chat')."""
+    server: LiveServer = await start_server(
+        llm_provider="openai", llm_base_url=fake_openai.base_url, llm_api_key="test", memory_tool="on"
+    )
+    async with server.client() as client:
+        facts = await new_conversation(client, "Cars")
+        fake_openai.script(Reply(text="Noted."), Reply(text="A Volvo."), Reply(text="I cannot know."))
+        await say(client, facts, STATEMENT, memory_scope="none")
+        used = await new_conversation(client)
+        with_memory = await say(client, used, QUESTION)
+        assert STATEMENT in [item["text"] for item in retrieved(with_memory)["items"]]
+
+        created = await client.post("/v1/conversations", json={"title": "private", "use_memory": False})
+        assert created.status_code == 201 and created.json()["use_memory"] is False
+        private = created.json()["id"]
+        events = await say(client, private, QUESTION)
+        assert not [e for e in events if e.event == EventName.MEMORY_RETRIEVED]
+        request = fake_openai.requests[-1]
+        assert STATEMENT not in json.dumps(request.messages)
+        assert "recall_memory" not in [t["function"]["name"] for t in request.tools or ()]
+        patched = await client.patch(f"/v1/conversations/{private}", json={"use_memory": True})
+        assert patched.json()["use_memory"] is True and patched.json()["memory_mode"] == "persistent"
+    async with server.services.db.transaction() as session:
+        rows = await session.execute(
+            select(Turn.memory_use).where(
+                Turn.conversation_id == uuid.UUID(private), Turn.role == "assistant"
+            )
+        )
+        assert list(rows.scalars()) == ["off"]

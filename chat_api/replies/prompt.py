@@ -38,7 +38,7 @@ class Prompter:
     async def prepare(self, reply: Reply, request: ReplyRequest) -> PromptWindow:
         """Read the prompt window, recall long-term memory with it and announce it; returns the window."""
         window = await self.window_for(reply.conversation_id)
-        if request.memory_scope != "none":
+        if request.memory_scope != "none" and window.use_memory:
             await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
         else:
             reply.memory_use = "off"

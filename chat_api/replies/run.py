@@ -208,7 +208,7 @@ class ReplyRunner:
             messages = await self.prompter.messages(reply, window if step == 0 else None)
             if answer_now:
                 messages = _told_to_answer(messages)
-            tools = self._tool_schemas(reply, request, final=final, answer_now=answer_now)
+            tools = self._tool_schemas(reply, final=final, answer_now=answer_now)
             offered = {tool["function"]["name"] for tool in tools or ()}
             as_text = TextualCalls()
             upstream = self.provider.stream(messages, tools, _step_options(reply, step))
@@ -258,9 +258,7 @@ class ReplyRunner:
             answer_now = repeats_only
             step += 1
 
-    def _tool_schemas(
-        self, reply: Reply, request: ReplyRequest, *, final: bool, answer_now: bool
-    ) -> list[dict[str, Any]] | None:
+    def _tool_schemas(self, reply: Reply, *, final: bool, answer_now: bool) -> list[dict[str, Any]] | None:
         """The tools offered in one step: the server's and the client's (a client's shadows the server's).
 
         The server's are offered while it may still run them: not in the final step, not at all
@@ -273,7 +271,7 @@ class ReplyRunner:
         client = {tool["function"]["name"] for tool in reply.client_tools}
         server: list[dict[str, Any]] = []
         if not final:
-            memory_off = self.settings.memory_tool == "off" or request.memory_scope == "none"
+            memory_off = self.settings.memory_tool == "off" or reply.memory_use != "on"
             schemas: list[dict[str, Any]] = [dict(schema) for schema in self.tools.schemas()]
             server = [
                 schema

@@ -30,7 +30,7 @@ async def create_conversation(
     check_text(body.title, field="title", allow_empty=True)
     async with services.db.transaction() as session:
         conversation = await repo.create_conversation(
-            session, owner, title=body.title, memory_mode=body.memory_mode
+            session, owner, title=body.title, memory_mode=body.memory_mode, use_memory=body.use_memory
         )
     return ConversationOut.of(conversation)
 
@@ -63,7 +63,12 @@ async def update_conversation(
         check_text(body.title, field="title", allow_empty=True)
     async with services.db.transaction() as session:
         conversation = await repo.update_conversation(
-            session, owner, conversation_id, title=body.title, memory_mode=body.memory_mode
+            session,
+            owner,
+            conversation_id,
+            title=body.title,
+            memory_mode=body.memory_mode,
+            use_memory=body.use_memory,
         )
     return ConversationOut.of(conversation)
 

@@ -569,6 +569,8 @@ class PromptWindow:
     parts: dict[int, str] = field(default_factory=dict)
     # The memories those parts show (by turn id): a new block does not show them again.
     shown_turn_ids: frozenset[str] = frozenset()
+    # The conversation's "use memory in this chat" switch, read with the turns.
+    use_memory: bool = True
 
 
 def build_window(
@@ -578,6 +580,7 @@ def build_window(
     budget: ContextBudget,
     now: datetime | None = None,
     alive: Collection[tuple[str, int]] | None = None,
+    use_memory: bool = True,
 ) -> PromptWindow:
     """The recent window the next prompt shows, within what the budget leaves after system and memory.
 
@@ -604,7 +607,15 @@ def build_window(
         turn_ids.extend(unit.turn_ids)
     current_conversation = turns[-1].conversation_id if turns else None
     return PromptWindow(
-        messages, turn_ids, window_tokens, dict(dropped), current_conversation, now, parts, frozenset(shown)
+        messages,
+        turn_ids,
+        window_tokens,
+        dict(dropped),
+        current_conversation,
+        now,
+        parts,
+        frozenset(shown),
+        use_memory,
     )
 
 
@@ -649,7 +660,8 @@ async def read_window(
                 },
             )
             alive = {(row.turn_id, row.chunk_index) for row in found}
-    return build_window(turns, prompts=prompts, budget=budget, alive=alive)
+    use_memory = bool(rows[-1].use_memory) if rows else True
+    return build_window(turns, prompts=prompts, budget=budget, alive=alive, use_memory=use_memory)
 
 
 def prompt_from_window(

@@ -32,7 +32,12 @@ def _owned(owner: Owner):  # type: ignore[no-untyped-def]
 
 
 async def create_conversation(
-    session: AsyncSession, owner: Owner, *, title: str = "", memory_mode: str = "persistent"
+    session: AsyncSession,
+    owner: Owner,
+    *,
+    title: str = "",
+    memory_mode: str = "persistent",
+    use_memory: bool = True,
 ) -> Conversation:
     """Create a conversation owned by `owner`."""
     conversation = Conversation(
@@ -41,6 +46,7 @@ async def create_conversation(
         user_id=owner.user_id,
         title=title,
         memory_mode=memory_mode,
+        use_memory=use_memory,
     )
     session.add(conversation)
     await session.flush()
@@ -108,13 +114,16 @@ async def update_conversation(
     *,
     title: str | None = None,
     memory_mode: str | None = None,
+    use_memory: bool | None = None,
 ) -> Conversation:
-    """Rename and/or change the memory mode."""
+    """Rename and/or change whether the chat is remembered (memory_mode) and uses memory."""
     conversation = await get_conversation(session, owner, conversation_id, for_update=True)
     if title is not None:
         conversation.title = title
     if memory_mode is not None:
         conversation.memory_mode = memory_mode
+    if use_memory is not None:
+        conversation.use_memory = use_memory
     conversation.updated_at = func.now()
     await session.flush()
     await session.refresh(conversation)

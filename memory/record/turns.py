@@ -51,6 +51,7 @@ PROMPT_COLUMNS = (
     Turn.conversation_id,
     column("meta", JSONB),  # turns.metadata, named as the model's attribute
     Turn.prompt_part,
+    Conversation.use_memory,
 )
 
 
@@ -59,7 +60,7 @@ PROMPT_COLUMNS = (
 RECENT_TURNS = text(
     """
     SELECT t.role, t.status, t.content, t.tool_calls, t.tool_call_id, t.name, t.seq, t.id, t.created_at,
-           t.conversation_id, t.metadata AS meta, t.prompt_part
+           t.conversation_id, t.metadata AS meta, t.prompt_part, c.use_memory
     FROM conversations c
     JOIN branches b ON b.id = c.active_branch_id
     CROSS JOIN LATERAL unnest(b.lineage_ids, b.lineage_max_seqs) AS l(branch_id, max_seq)

@@ -57,6 +57,8 @@ class Conversation(Base):
     indexed_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Turns up to this seq were forgotten (DELETE /v1/memory): never indexed, never recalled.
     memory_forgotten_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # "Use memory in this chat": replies here recall memory (memory_mode says whether it is remembered).
+    use_memory: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sql_text("true"))
     active_reply_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
     # The branch new turns go to and prompts read (memory/record/branches.py). Its root branch has
     # the conversation's id; a trigger (migration 0005) fills both in for any INSERT.

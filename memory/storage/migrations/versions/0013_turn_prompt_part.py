@@ -1,4 +1,4 @@
-"""Turns keep what their reply's prompt showed before the user's words, and whether memory was used
+"""Turns keep what their reply's prompt showed and whether memory was used; "use memory in this chat"
 
 Revision ID: 0013
 Revises: 0012
@@ -21,8 +21,13 @@ def upgrade() -> None:
     op.add_column("turns", sa.Column("prompt_part", JSONB(), nullable=True))
     # On every assistant turn: on | off | unavailable (the remembering rule reads it).
     op.add_column("turns", sa.Column("memory_use", sa.String(16), nullable=True))
+    # "Use memory in this chat" (read), beside memory_mode ("remember this chat", write).
+    op.add_column(
+        "conversations", sa.Column("use_memory", sa.Boolean(), nullable=False, server_default=sa.true())
+    )
 
 
 def downgrade() -> None:
+    op.drop_column("conversations", "use_memory")
     op.drop_column("turns", "memory_use")
     op.drop_column("turns", "prompt_part")
