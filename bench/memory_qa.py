@@ -128,7 +128,7 @@ async def ask(
     started = time.perf_counter()
     first: float | None = None
     texts: dict[str, str] = {}
-    calls = 0
+    calls: set[tuple[str, int]] = set()  # (turn, index): each call once, not each of its deltas
     memories: list[str] = []
     event = ""
     async with client.stream(
@@ -147,8 +147,8 @@ async def ask(
                 first = time.perf_counter() - started
             if event == "message.delta":
                 texts[data["turn_id"]] = texts.get(data["turn_id"], "") + data["text"]
-            elif event == "tool_call.delta" and data.get("name"):
-                calls += 1
+            elif event == "tool_call.delta":
+                calls.add((data["turn_id"], data["index"]))
             elif event == "memory.retrieved":
                 memories = [item["text"] for item in data.get("items", [])]
     await model.wait_idle()
@@ -159,7 +159,7 @@ async def ask(
         "ttft_s": first,
         "prompt_tokens": None if before is None or after is None else after - before,
         "tool_text": any(TOOL_TEXT.search(t) for t in texts.values()),
-        "tool_calls": calls,
+        "tool_calls": len(calls),
         "memories": memories,
     }
 
