@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
+from chat_api.providers.demo import REPLY_PART  # the part as the shipped templates write it
 from memory.config import get_settings
 from memory.prompt.context import BuiltContext, ContextBudget, TurnView, build_context
 from memory.prompt.templates import PromptSet, load_prompts
@@ -53,12 +53,6 @@ def build(turns: list[TurnView], prompts: PromptSet = EN, **budget: Any) -> Buil
     built = build_context(turns, prompts=prompts, budget=ContextBudget(**budget), memory=memory, now=NOW)
     assert check_chat_messages(built.messages) is None, check_chat_messages(built.messages)
     return built
-
-
-# The reply's part (memories and the time, or the time alone) before the latest user's words.
-REPLY_PART = re.compile(
-    r"^(?:<memories>.*?</memories>|\(Current time: [^)]*\)|（当前时间：[^）]*）)\s*", re.DOTALL
-)
 
 
 def words_of(content: str) -> str:

@@ -119,7 +119,7 @@ def _arguments_for(tool: dict[str, Any], user_text: str) -> str:
 
 # The reply's part the context builder puts before the latest user's words (memories and
 # the time, or the time alone, in either shipped language).
-_REPLY_PART = re.compile(
+REPLY_PART = re.compile(
     r"^(?:<memories>.*?</memories>|\(Current time: [^)]*\)|（当前时间：[^）]*）)\s*", re.DOTALL
 )
 
@@ -127,13 +127,13 @@ _REPLY_PART = re.compile(
 def _user_words(messages: Sequence[dict[str, Any]]) -> str:
     """The latest user message's own words, without the reply's part."""
     user = _last(messages, "user")
-    return _REPLY_PART.sub("", _text(user), count=1) if user else ""
+    return REPLY_PART.sub("", _text(user), count=1) if user else ""
 
 
 def _memories(messages: Sequence[dict[str, Any]]) -> list[str]:
     """Lines of the memory block the context builder put before the latest user's words."""
     user = _last(messages, "user")
-    found = _REPLY_PART.match(_text(user)) if user else None
+    found = REPLY_PART.match(_text(user)) if user else None
     if found is None:
         return []
     return [ln[2:].strip() for ln in found.group(0).splitlines() if ln.startswith("- ")]
