@@ -73,13 +73,12 @@ async def test_an_image_reaches_the_model_as_a_content_part(
     )
     assert response.output_text == "a pixel", response.error
     [sent] = fake_openai.requests
-    assert sent.messages[-1] == {
-        "role": "user",
-        "content": [
-            {"type": "text", "text": "what is this?"},
-            {"type": "image_url", "image_url": {"url": PIXEL, "detail": "low"}},
-        ],
-    }
+    # The reply's own part (the time, any memories) goes before the user's words in their
+    # message; the image follows the words as the client sent it.
+    text_part, image_part = sent.messages[-1]["content"]
+    assert sent.messages[-1]["role"] == "user"
+    assert text_part["type"] == "text" and text_part["text"].endswith("what is this?")
+    assert image_part == {"type": "image_url", "image_url": {"url": PIXEL, "detail": "low"}}
 
 
 async def test_closing_a_response_stream_closes_the_models_stream(
