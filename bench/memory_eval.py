@@ -303,7 +303,7 @@ async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
     for index, (name, overrides) in enumerate(configs.items()):
         # The first server also runs the indexer that loads the data; later ones only answer.
         async with Server(database_url, with_workers=index == 0, **env, **overrides) as server:
-            if index == 0:
+            if index == 0 and not args.no_load:
                 loading = await load(server.url, args.data, data.sample_ids)
             runs[name] = await ask_all(server.url, data.questions)
         if args.cv:
@@ -345,6 +345,11 @@ def main() -> None:
     parser.add_argument("--cv", action="store_true", help="cross-validate the --grid configurations")
     parser.add_argument(
         "--grid", nargs="*", default=[], help="NAME=v1,v2: query-time settings to try with --cv"
+    )
+    parser.add_argument(
+        "--no-load",
+        action="store_true",
+        help="the slice is already in --database-url: only ask (latency A/B)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results/memory_eval.json"))
     parser.add_argument(
