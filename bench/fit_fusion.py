@@ -1,23 +1,32 @@
-"""Fit the learned fusion's weights on the LoCoMo slice, and cross-validate them against RRF.
+"""Fit the learned fusion's weights on both kinds of chat, and measure how they generalise.
 
 The data goes in the way a user's does: a real `chatmem serve --with-workers` imports
 every LoCoMo conversation in both layouts (``memory_eval.load``: one user per LoCoMo
-conversation, its own indexer). The server is then stopped and, for every question of
-categories 1-4, this script asks the product's own ``memory.recall.index_search.search_candidates``
-(the statement the search runs) for the candidates and their signals, and builds the
-features with ``memory.recall.fusion.fusion_features``: what is fitted is what runs.
-A candidate is positive when its ``external_id`` (the dia id) is evidence.
+conversation) and the LongMemEval slice pooled in one user (``longmemeval_eval.load``:
+one conversation per session). The server is then stopped and, for every question
+(LoCoMo categories 1-4, every LongMemEval question), this script asks the product's own
+``memory.recall.index_search.search_candidates`` (the statement the search runs) for the
+candidates and their signals, and builds the features with
+``memory.recall.fusion.fusion_features``: what is fitted is what runs. A candidate is
+positive when its ``external_id`` is evidence.
 
-The model is a logistic regression on standardised features (L2, C = 1, Newton's
-method in numpy; no scikit-learn). Cross-validation: for each of the 10 ways to pick
-3 of the 5 conversations, fit on their questions (both layouts) and rank the other two
-conversations' questions with the product's dedupe (``best_distinct``), beside RRF
-(the product's fallback) on the same candidates. Printed as a table and written as JSON:
-mean over splits of held-out recall@1/5/10/20 per layout and per category, and an
-ablation by feature group. ``--write`` fits on all five conversations and writes
-``memory/recall/fusion_weights.py``.
+The model is a logistic regression on standardised features (L2, C = 1, Newton's method
+in numpy; no scikit-learn), LongMemEval rows weighted ``LME_WEIGHT`` (50 questions beside
+760 x 2 LoCoMo ones: unweighted, one kind of chat would drown the other). Measured, each
+with the product's de-duplication (``best_distinct``) and RRF beside it:
 
-    python bench/fit_fusion.py --data ../shared/bench/locomo_dev.json --depth 50 100 --write
+- joint cross-validation (the figure quoted): 5 folds, fold i holds out LoCoMo
+  conversation i (both layouts) and a fifth of the LongMemEval questions with their
+  sessions, fitted on the rest;
+- within each benchmark: LoCoMo fitted on 3 conversations and measured on the other 2
+  (10 splits); LongMemEval 5 folds by question;
+- across: fitted on all of LoCoMo, measured on LongMemEval, and the other way round;
+- an ablation: the joint cross-validation without each group of signals.
+
+``--write`` fits on everything and writes ``memory/recall/fusion_weights.py``.
+
+    python bench/fit_fusion.py --data ../shared/bench/locomo_dev.json \
+        --lme-data ../shared/bench/longmemeval_dev.json --cache /tmp/fit.pickle --write
 """
 
 from __future__ import annotations
@@ -27,114 +36,119 @@ import asyncio
 import itertools
 import pickle
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import longmemeval_eval as lme
 import numpy as np
 from common import ROOT, Server, database, write_json
-from memory_eval import (
-    ADVERSARIAL,
-    CATEGORIES,
-    KS,
-    LAYOUTS,
-    RATE_LIMIT_PER_MINUTE,
-    Question,
-    load_questions,
-    tenant_of,
-)
+from memory_eval import ADVERSARIAL, CATEGORIES, KS, LAYOUTS, RATE_LIMIT_PER_MINUTE, load_questions, tenant_of
 from memory_eval import load as load_both_layouts
 
 from memory.config import default_embedding_model
 from memory.recall.embeddings import SentenceTransformerEmbedder
 from memory.recall.found import FoundMemory, best_distinct
-from memory.recall.fusion import FEATURE_NAMES, RRF_FEATURE, SQUARED, fusion_features, linear_scores
+from memory.recall.fusion import FEATURE_NAMES, RRF_FEATURE, fusion_features, linear_scores
 from memory.recall.index_search import search_candidates
 from memory.storage.db import Database
 
-# The memory API's k (memory_eval asks for 20) plus the overfetch of memory.recall.search.
+# The memory API's k (the evals ask for 20) plus the overfetch of memory.recall.search.
 RANKED = 25
 L2_C = 1.0
+LME_WEIGHT = 5.0
+FOLDS = 5
 TUNING_CONVERSATIONS = 3
+LME = "longmemeval"
 WEIGHTS_MODULE = ROOT / "memory" / "recall" / "fusion_weights.py"
-# Ablation: feature groups added one after another.
+
+
+def _names(*prefixes: str) -> list[str]:
+    return [n for n in FEATURE_NAMES if n.removesuffix("_squared").startswith(prefixes)]
+
+
+# Ablation: each group left out of the joint cross-validation in turn (its squares too).
 GROUPS = {
-    "scores": [
-        "cosine",
-        "cosine_below_best",
-        "vector_rank_reciprocal",
-        "bm25_of_best",
-        "keyword_rank_reciprocal",
-        "keyword_matched",
-        "rrf",
-    ],
-    "neighbours": [
-        "previous_cosine",
-        "previous_bm25_of_best",
-        "previous_rrf",
-        "next_cosine",
-        "next_bm25_of_best",
-        "next_rrf",
-        "neighbour_rrf_max",
-    ],
-    "priors": ["speaker_named", "has_caption", "is_question", "previous_is_question"],
-    "squares": [f"{name}_squared" for name in SQUARED],
+    "who said it (model_reply_unasked)": _names("model_reply_unasked"),
+    "neighbours": _names("previous_", "next_", "neighbour_"),
+    "day context": _names("day_best"),
+    "answer types": _names("when_time", "count_number", "where_place", "who_name"),
+    "recency": _names("recency"),
+    "length": _names("log_length"),
+    "speaker named, caption (LoCoMo only)": _names("speaker_named", "has_caption"),
+    "squares": [n for n in FEATURE_NAMES if n.endswith("_squared")],
 }
 
 
 @dataclass
 class Asked:
-    """One question in one layout: its candidates, their features and labels."""
+    """One question (in one LoCoMo layout, or of LongMemEval): its candidates, features, labels."""
 
-    question: Question
-    layout: str
+    bench: str  # "locomo-conversation", "locomo-session" or "longmemeval"
+    unit: str  # what a fold holds out: the LoCoMo conversation, or the LongMemEval question
+    group: str  # LoCoMo category or LongMemEval question type
+    evidence: set[str]
     hits: list[FoundMemory]
     features: np.ndarray
     labels: np.ndarray
 
-    def found(self, scores: np.ndarray) -> list[str]:
-        scored = [replace(h, score=float(s)) for h, s in zip(self.hits, scores, strict=True)]
-        ranked = best_distinct(scored, RANKED)
-        return [str(h.external_id) for h in ranked]
+    @property
+    def is_lme(self) -> bool:
+        return self.bench == LME
 
     def recalls(self, scores: np.ndarray) -> dict[int, float]:
         """Recall@k for every k of KS, of the ranking these scores give."""
-        found, evidence = self.found(scores), set(self.question.evidence)
-        return {k: len(set(found[:k]) & evidence) / len(evidence) for k in KS}
+        scored = [replace(h, score=float(s)) for h, s in zip(self.hits, scores, strict=True)]
+        found = [str(h.external_id) for h in best_distinct(scored, RANKED)]
+        return {k: len(set(found[:k]) & self.evidence) / len(self.evidence) for k in KS}
 
 
-async def collect(database_url: str, questions: Sequence[Question], depth: int) -> list[Asked]:
-    """Candidates and features of every question in both layouts, through the product's search."""
+async def _ask(
+    db: Database, tenant: str, user: str, text: str, vector: Sequence[float], depth: int
+) -> tuple[list[FoundMemory], np.ndarray]:
+    async with db.transaction() as session:
+        candidates = await search_candidates(
+            session,
+            tenant_id=tenant,
+            user_id=user,
+            query_text=text,
+            query_embedding=vector,
+            index_id=1,  # the loaded rows' generation
+            depth=depth,
+        )
+    return [c.memory for c in candidates], fusion_features([c.signals for c in candidates], text)
+
+
+async def collect(
+    database_url: str, questions: Sequence[Any], pool: lme.Pool | None, depth: int
+) -> list[Asked]:
+    """Candidates and features of every question, through the product's search."""
     embedder = SentenceTransformerEmbedder(default_embedding_model())
     await asyncio.to_thread(embedder.load, threads=1)
-    texts = [q.text.strip() for q in questions]
+    lme_questions = pool.questions if pool else []
+    texts = [q.text.strip() for q in questions] + [q.text.strip() for q in lme_questions]
     vectors = await asyncio.to_thread(embedder.encode_sync, texts)
     db = Database(database_url, pool_size=2)
     asked = []
+
+    def add(
+        bench: str, unit: str, group: str, evidence: set[str], found: tuple[list[FoundMemory], np.ndarray]
+    ) -> None:
+        hits, features = found
+        labels = np.array([1.0 if h.external_id in evidence else 0.0 for h in hits])
+        asked.append(Asked(bench, unit, group, evidence, hits, features, labels))
+
     try:
         for layout in LAYOUTS:
-            for question, text, vector in zip(questions, texts, vectors, strict=True):
-                async with db.transaction() as session:
-                    candidates = await search_candidates(
-                        session,
-                        tenant_id=tenant_of(layout),
-                        user_id=question.sample_id,
-                        query_text=text,
-                        query_embedding=vector,
-                        index_id=1,  # the loaded rows' generation
-                        depth=depth,
-                    )
-                evidence = set(question.evidence)
-                asked.append(
-                    Asked(
-                        question,
-                        layout,
-                        [c.memory for c in candidates],
-                        fusion_features([c.signals for c in candidates], text),
-                        np.array([1.0 if c.memory.external_id in evidence else 0.0 for c in candidates]),
-                    )
-                )
+            for q, text, vector in zip(questions, texts, vectors, strict=False):
+                found = await _ask(db, tenant_of(layout), q.sample_id, text, vector, depth)
+                add(f"locomo-{layout}", q.sample_id, CATEGORIES[q.category], set(q.evidence), found)
+        for q, text, vector in zip(
+            lme_questions, texts[len(questions) :], vectors[len(questions) :], strict=True
+        ):
+            found = await _ask(db, lme.TENANT, lme.USER, text, vector, depth)
+            add(LME, q.question_id, q.type, q.evidence, found)
     finally:
         await db.dispose()
     return asked
@@ -159,9 +173,10 @@ class Model:
 
 
 def fit(asked: Sequence[Asked], columns: list[int]) -> Model:
-    """L2-regularised logistic regression (C = L2_C) on standardised features, by Newton's method."""
+    """Weighted L2-regularised logistic regression (C = L2_C) on standardised features, by Newton's method."""
     x = np.concatenate([a.features[:, columns] for a in asked])
     y = np.concatenate([a.labels for a in asked])
+    w = np.concatenate([np.full(len(a.labels), LME_WEIGHT if a.is_lme else 1.0) for a in asked])
     means = x.mean(axis=0)
     scales = x.std(axis=0)
     scales[scales == 0] = 1.0
@@ -171,8 +186,8 @@ def fit(asked: Sequence[Asked], columns: list[int]) -> Model:
     penalty[-1] = 0.0  # the intercept is not shrunk
     for _ in range(50):
         p = 1.0 / (1.0 + np.exp(-(design @ theta)))
-        gradient = design.T @ (p - y) + penalty * theta
-        hessian = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty)
+        gradient = design.T @ (w * (p - y)) + penalty * theta
+        hessian = (design * (w * p * (1 - p))[:, None]).T @ design + np.diag(penalty)
         step = np.linalg.solve(hessian, gradient)
         theta -= step
         if np.abs(step).max() < 1e-8:
@@ -184,64 +199,109 @@ def rrf_scores(a: Asked) -> np.ndarray:
     return np.array([RRF_FEATURE.rrf(h.vector_rank, h.keyword_rank) for h in a.hits])
 
 
-def table(asked: Sequence[Asked], scores: Sequence[np.ndarray]) -> dict[str, dict[str, float]]:
-    """Recall@k overall (categories 1-4) and per category."""
-    out: dict[str, dict[str, float]] = {}
-    measured = [(a.question.category, a.recalls(s)) for a, s in zip(asked, scores, strict=True)]
+Scorer = Callable[[Asked], np.ndarray]
+
+
+def scorer_of(model: Model) -> Scorer:
+    return lambda a: model.scores(a.features)
+
+
+def table(asked: Sequence[Asked], scorer: Scorer) -> dict[str, dict[str, float]]:
+    """Recall@k overall and per category / question type, rounded."""
+    measured = [(a.group, a.recalls(scorer(a))) for a in asked]
     groups = {"overall": [r for _, r in measured]}
-    for number, name in CATEGORIES.items():
-        groups[name] = [r for category, r in measured if category == number]
-    for name, members in groups.items():
-        out[name] = {f"R@{k}": statistics.fmean(r[k] for r in members) if members else 0.0 for k in KS}
-        out[name]["n"] = len(members)
+    for name in sorted({g for g, _ in measured}):
+        groups[name] = [r for g, r in measured if g == name]
+    return {
+        name: {f"R@{k}": round(statistics.fmean(r[k] for r in members), 3) for k in KS} | {"n": len(members)}
+        for name, members in groups.items()
+    }
+
+
+def both_tables(asked: Sequence[Asked], scorer: Scorer) -> dict[str, Any]:
+    """LoCoMo (both layouts together) and LongMemEval, each its own table."""
+    locomo = [a for a in asked if not a.is_lme]
+    out = {}
+    if locomo:
+        out["locomo"] = table(locomo, scorer)
+    if any(a.is_lme for a in asked):
+        out[LME] = table([a for a in asked if a.is_lme], scorer)
     return out
 
 
-def mean_tables(tables: Sequence[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+def lme_folds(asked: Sequence[Asked]) -> list[set[str]]:
+    units = sorted({a.unit for a in asked if a.is_lme})
+    np.random.default_rng(0).shuffle(units)
+    return [set(units[i::FOLDS]) for i in range(FOLDS)]
+
+
+def held_out(asked: Sequence[Asked], columns: list[int], folds: list[tuple[set[str], set[str]]]) -> Scorer:
+    """Scores of every question from the fit that did not see it: folds are (LoCoMo units, LME units)."""
+    predicted: dict[int, np.ndarray] = {}
+    for locomo_units, lme_units in folds:
+        test = [a for a in asked if a.unit in (lme_units if a.is_lme else locomo_units)]
+        if not test:
+            continue
+        train = [a for a in asked if a.unit not in (lme_units if a.is_lme else locomo_units)]
+        model = fit(train, columns)
+        for a in test:
+            predicted[id(a)] = model.scores(a.features)
+    return lambda a: predicted[id(a)]
+
+
+def joint_cv(asked: Sequence[Asked], columns: list[int]) -> dict[str, Any]:
+    conversations = sorted({a.unit for a in asked if not a.is_lme})
+    lme_units = lme_folds(asked)
+    folds = [({conversations[i]} if i < len(conversations) else set(), lme_units[i]) for i in range(FOLDS)]
+    held_conversations = set().union(*(units for units, _ in folds))
+    mine = [a for a in asked if a.is_lme or a.unit in held_conversations]
+    return both_tables(mine, held_out(asked, columns, folds))
+
+
+def within_cv(asked: Sequence[Asked], columns: list[int]) -> dict[str, Any]:
+    """LoCoMo: fitted on 3 conversations, measured on 2 (mean of the splits); LongMemEval: 5 folds."""
+    out: dict[str, Any] = {}
+    locomo = [a for a in asked if not a.is_lme]
+    conversations = sorted({a.unit for a in locomo})
+    if len(conversations) > 1:
+        tables = []
+        for tune in itertools.combinations(conversations, min(TUNING_CONVERSATIONS, len(conversations) - 1)):
+            model = fit([a for a in locomo if a.unit in tune], columns)
+            tables.append(table([a for a in locomo if a.unit not in tune], scorer_of(model)))
+        out["locomo"] = {
+            group: {
+                key: round(statistics.fmean(t[group][key] for t in tables), 3) for key in tables[0][group]
+            }
+            for group in tables[0]
+        }
+    only_lme = [a for a in asked if a.is_lme]
+    if only_lme:
+        folds: list[tuple[set[str], set[str]]] = [(set(), units) for units in lme_folds(only_lme)]
+        out[LME] = table(only_lme, held_out(only_lme, columns, folds))
+    return out
+
+
+def across(asked: Sequence[Asked], columns: list[int]) -> dict[str, Any]:
+    """Fitted on one benchmark, measured on the other."""
+    locomo = [a for a in asked if not a.is_lme]
+    only_lme = [a for a in asked if a.is_lme]
+    if not locomo or not only_lme:
+        return {}
+    to_lme, to_locomo = fit(locomo, columns), fit(only_lme, columns)
     return {
-        group: {key: round(statistics.fmean(t[group][key] for t in tables), 3) for key in tables[0][group]}
-        for group in tables[0]
+        "locomo_to_longmemeval": {LME: table(only_lme, scorer_of(to_lme))},
+        "longmemeval_to_locomo": {"locomo": table(locomo, scorer_of(to_locomo))},
     }
 
 
-def cross_validate(asked: Sequence[Asked], sample_ids: list[str], columns: list[int]) -> dict[str, Any]:
-    """Mean over the 10 splits (3 tuning / 2 held-out conversations) of held-out recall, per layout."""
-    per_layout: dict[str, dict[str, list[dict[str, dict[str, float]]]]] = {
-        layout: {"rrf": [], "learned": []} for layout in (*LAYOUTS, "both")
-    }
-    splits = []
-    # Three of five conversations; fewer when a small run loads fewer (bench/run_small.py).
-    for tune in itertools.combinations(sample_ids, min(TUNING_CONVERSATIONS, len(sample_ids) - 1)):
-        model = fit([a for a in asked if a.question.sample_id in tune], columns)
-        held = [a for a in asked if a.question.sample_id not in tune]
-        split: dict[str, Any] = {"tune": list(tune)}
-        for layout in (*LAYOUTS, "both"):
-            mine = [a for a in held if layout in ("both", a.layout)]
-            for method, scores in (
-                ("rrf", [rrf_scores(a) for a in mine]),
-                ("learned", [model.scores(a.features) for a in mine]),
-            ):
-                result = table(mine, scores)
-                per_layout[layout][method].append(result)
-                split[f"{layout}_{method}"] = {k: round(v, 3) for k, v in result["overall"].items()}
-        splits.append(split)
-    return {
-        "mean": {
-            layout: {method: mean_tables(results) for method, results in methods.items()}
-            for layout, methods in per_layout.items()
-        },
-        "splits": splits,
-    }
+def line(tables: dict[str, Any]) -> str:
+    return "  ".join(
+        f"{bench} " + "/".join(f"{t['overall'][f'R@{k}']:.3f}" for k in (1, 5, 10))
+        for bench, t in tables.items()
+    )
 
 
-def write_weights(
-    model: Model,
-    *,
-    depth: int,
-    questions: int,
-    conversations: list[str],
-    held_out: dict[str, dict[str, float]],
-) -> None:
+def write_weights(model: Model, *, depth: int, counts: dict[str, int], cv: dict[str, Any]) -> None:
     """memory/recall/fusion_weights.py: the fitted formula as named constants."""
 
     def block(name: str, values: np.ndarray) -> str:
@@ -251,12 +311,13 @@ def write_weights(
     text = f'''"""The fitted formula of memory/recall/fusion.py: standardise, weigh, add.
 
 Written by ``bench/fit_fusion.py --write``; do not edit by hand. Fitted by L2-regularised
-logistic regression (C = {L2_C}) on the LoCoMo slice (../shared/bench/locomo_dev.json:
-conversations {", ".join(conversations)}; {questions} questions of categories 1-4, each
-in both import layouts), one row per candidate of the product's search (dense and keyword
-top {depth}), labelled by whether the turn is evidence. Held-out recall (fitted on three
-conversations, measured on the other two, mean of all ten splits, both layouts):
-{held_out_line(held_out)}.
+logistic regression (C = {L2_C}) on both kinds of chat: the LoCoMo slice (two people;
+{counts["locomo"]} question-layouts, categories 1-4, both import layouts) and the LongMemEval
+slice (a user and an assistant; {counts[LME]} questions pooled in one user, rows weighted
+{LME_WEIGHT}), one row per candidate of the product's search (dense and keyword top {depth}),
+labelled by whether the turn is evidence. Joint cross-validation (each fold holds out one
+LoCoMo conversation and a fifth of the LongMemEval questions), R@1/R@5/R@10:
+{line(cv)}.
 A feature's score is ``(value - MEANS[name]) / SCALES[name] * WEIGHTS[name]``.
 """
 
@@ -269,33 +330,17 @@ INTERCEPT = {model.intercept!r}
     print(f"wrote {WEIGHTS_MODULE}")
 
 
-def held_out_line(held_out: dict[str, dict[str, float]]) -> str:
-    """'RRF R@5 0.640 R@10 0.733; learned R@5 0.715 R@10 0.794' from a cross-validation's mean."""
-    return "; ".join(
-        f"{method} " + " ".join(f"R@{k} {held_out[method]['overall'][f'R@{k}']:.3f}" for k in (5, 10))
-        for method in ("rrf", "learned")
-    )
-
-
-def print_cv(label: str, cv: dict[str, Any]) -> None:
-    print(f"\n{label}: held-out mean of 10 splits (3 tuning / 2 held-out conversations)")
-    header = f"{'layout':<13}{'set':<13}{'method':<9}" + "".join(f"{'R@' + str(k):>7}" for k in KS)
-    print(header)
-    for layout, methods in cv["mean"].items():
-        for group in ("overall", *CATEGORIES.values()):
-            for method in ("rrf", "learned"):
-                row = methods[method][group]
-                print(f"{layout:<13}{group:<13}{method:<9}" + "".join(f"{row[f'R@{k}']:>7.3f}" for k in KS))
-
-
-async def collect_all(args: argparse.Namespace, questions: list[Question], sample_ids: list[str]) -> Any:
-    """Load the slice into a fresh database and collect every depth's candidates (or read --cache)."""
+async def collect_all(
+    args: argparse.Namespace, questions: list[Any], sample_ids: list[str], pool: lme.Pool
+) -> Any:
+    """Load both slices into a fresh database and collect every depth's candidates (or read --cache)."""
     if args.cache and args.cache.exists():
         return pickle.loads(args.cache.read_bytes())
     with database(args.database_url) as url:
         async with Server(url, with_workers=True, rate_limit_per_minute=RATE_LIMIT_PER_MINUTE) as server:
-            loading = await load_both_layouts(server.url, args.data, sample_ids)
-        collected = (loading, {depth: await collect(url, questions, depth) for depth in args.depth})
+            loading: dict[str, float] = await load_both_layouts(server.url, args.data, sample_ids)
+            loading[LME] = await lme.load(server.url, pool)
+        collected = (loading, {depth: await collect(url, questions, pool, depth) for depth in args.depth})
     if args.cache:
         args.cache.write_bytes(pickle.dumps(collected))
     return collected
@@ -304,54 +349,55 @@ async def collect_all(args: argparse.Namespace, questions: list[Question], sampl
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     data = load_questions(args.data, args.limit_conversations)
     questions = [q for q in data.questions if q.category != ADVERSARIAL]
-    loading, by_depth = await collect_all(args, questions, data.sample_ids)
+    pool = lme.load_pool(args.lme_data, args.lme_limit_questions)
+    loading, by_depth = await collect_all(args, questions, data.sample_ids, pool)
     every = list(range(len(FEATURE_NAMES)))
     result: dict[str, Any] = {
         "benchmark": "fit_fusion",
-        "data": str(args.data),
+        "data": [str(args.data), str(args.lme_data)],
         "conversations": data.sample_ids,
-        "questions": len(questions),
+        "questions": {"locomo": len(questions), LME: len(pool.questions)},
+        "lme_weight": LME_WEIGHT,
         "load_seconds": loading,
         "features": list(FEATURE_NAMES),
         "by_depth": {},
     }
     for depth in args.depth:
         asked = by_depth[depth]
-        positives = [a for a in asked if a.labels.any()]
-        coverage = statistics.fmean(
-            len({h.external_id for h, y in zip(a.hits, a.labels, strict=True) if y})
-            / len(a.question.evidence)
-            for a in asked
-        )
-        print(
-            f"\ndepth {depth}: {statistics.fmean(len(a.hits) for a in asked):.0f} candidates per question,"
-            f" evidence among them {coverage:.3f} ({len(positives)} of {len(asked)} with any)"
-        )
-        cv = cross_validate(asked, data.sample_ids, every)
-        print_cv(f"depth {depth}, all {len(FEATURE_NAMES)} features", cv)
-        ablation = {}
-        columns: list[int] = []
-        for group, names in GROUPS.items():
-            columns = columns + [FEATURE_NAMES.index(n) for n in names]
-            means = cross_validate(asked, data.sample_ids, columns)["mean"]["both"]["learned"]["overall"]
-            ablation[f"+ {group}"] = means
-            print(
-                f"ablation, depth {depth}, up to {group}: "
-                + " ".join(f"R@{k} {means[f'R@{k}']:.3f}" for k in KS)
+        coverage = {
+            bench: round(
+                statistics.fmean(
+                    len({h.external_id for h, y in zip(a.hits, a.labels, strict=True) if y}) / len(a.evidence)
+                    for a in asked
+                    if a.is_lme == (bench == LME)
+                ),
+                3,
             )
-        result["by_depth"][str(depth)] = {
-            "candidate_evidence_coverage": round(coverage, 3),
-            "cv": cv,
-            "ablation": ablation,
+            for bench in ("locomo", LME)
         }
+        print(f"\ndepth {depth}: evidence among the candidates {coverage}")
+        measured: dict[str, Any] = {
+            "candidate_evidence_coverage": coverage,
+            "rrf": both_tables(asked, rrf_scores),
+            "joint_cv": joint_cv(asked, every),
+        }
+        print(f"rrf (no fit)        {line(measured['rrf'])}", flush=True)
+        print(f"joint cv            {line(measured['joint_cv'])}", flush=True)
         if args.write and depth == args.depth[0]:
-            write_weights(
-                fit(asked, every),
-                depth=depth,
-                questions=len(questions),
-                conversations=data.sample_ids,
-                held_out=cv["mean"]["both"],
-            )
+            counts = {"locomo": sum(not a.is_lme for a in asked), LME: sum(a.is_lme for a in asked)}
+            write_weights(fit(asked, every), depth=depth, counts=counts, cv=measured["joint_cv"])
+        measured["within_cv"] = within_cv(asked, every)
+        measured["across"] = across(asked, every)
+        measured["ablation_joint_cv"] = {}
+        print(f"within-benchmark cv {line(measured['within_cv'])}", flush=True)
+        for name, tables in measured["across"].items():
+            print(f"{name:<20}{line(tables)}", flush=True)
+        if args.ablation:
+            for group, names in GROUPS.items():
+                columns = [i for i, n in enumerate(FEATURE_NAMES) if n not in names]
+                measured["ablation_joint_cv"][group] = joint_cv(asked, columns)
+                print(f"joint cv - {group}: {line(measured['ablation_joint_cv'][group])}", flush=True)
+        result["by_depth"][str(depth)] = measured
     return result
 
 
@@ -362,8 +408,13 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "bench" / "locomo_dev.json")
     parser.add_argument("--limit-conversations", type=int, default=0)
     parser.add_argument(
-        "--depth", type=int, nargs="+", default=[50], help="candidates of each list (the first is written)"
+        "--lme-data", type=Path, default=ROOT.parent / "shared" / "bench" / "longmemeval_dev.json"
     )
+    parser.add_argument("--lme-limit-questions", type=int, default=0)
+    parser.add_argument(
+        "--depth", type=int, nargs="+", default=[100], help="candidates of each list (the first is written)"
+    )
+    parser.add_argument("--ablation", action="store_true", help="joint cross-validation without each group")
     parser.add_argument(
         "--write", action="store_true", help="write memory/recall/fusion_weights.py (first depth)"
     )

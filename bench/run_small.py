@@ -18,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCOMO = ROOT.parent / "shared" / "bench" / "locomo_dev.json"
+LONGMEMEVAL = ROOT.parent / "shared" / "bench" / "longmemeval_dev.json"
 
 SMALL_RUNS: dict[str, list[str]] = {
     "context_build": ["--turns", "200", "--iterations", "20"],
@@ -29,10 +30,20 @@ SMALL_RUNS: dict[str, list[str]] = {
     "load_streams": ["--streams", "4"],
     "capacity": ["--rates", "2", "--seconds", "2", "--users", "2", "--all-rates"],
     "memory_eval": ["--limit-conversations", "1", "--data", str(LOCOMO)],
-    "fit_fusion": ["--limit-conversations", "2", "--data", str(LOCOMO)],
+    "longmemeval_eval": ["--limit-questions", "4", "--data", str(LONGMEMEVAL)],
+    "fit_fusion": [
+        "--limit-conversations",
+        "2",
+        "--data",
+        str(LOCOMO),
+        "--lme-limit-questions",
+        "5",
+        "--lme-data",
+        str(LONGMEMEVAL),
+    ],
 }
-# The benchmarks that read the LoCoMo slice (skipped where it is not).
-NEEDS_LOCOMO = ("memory_eval", "fit_fusion")
+# The benchmarks that read the LoCoMo and LongMemEval slices (skipped where they are not).
+NEEDS_LOCOMO = ("memory_eval", "fit_fusion", "longmemeval_eval")
 
 
 def run_small(out_dir: Path, only: list[str] | None = None) -> dict[str, float]:
@@ -41,8 +52,8 @@ def run_small(out_dir: Path, only: list[str] | None = None) -> dict[str, float]:
     for name, args in SMALL_RUNS.items():
         if only and name not in only:
             continue
-        if name in NEEDS_LOCOMO and not LOCOMO.exists():
-            print(f"skip {name}: {LOCOMO} not found")
+        if name in NEEDS_LOCOMO and not (LOCOMO.exists() and LONGMEMEVAL.exists()):
+            print(f"skip {name}: the benchmark slices are not there")
             continue
         out = out_dir / f"{name}.json"
         started = time.monotonic()

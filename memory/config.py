@@ -311,7 +311,7 @@ class RecallSettings(BaseSettings):
         10.0, gt=0, description="k of the reciprocal rank fusion (small: the top counts more; RRF only)."
     )
     memory_candidates: int = Field(
-        50, ge=1, le=1000, description="Candidates each ranking (dense, keyword) contributes to the fusion."
+        100, ge=1, le=1000, description="Candidates each ranking (dense, keyword) contributes to the fusion."
     )
     recall_timeout_seconds: float = Field(
         3.0,

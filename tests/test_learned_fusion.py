@@ -13,7 +13,14 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, insert
 
 from memory.recall.embeddings import HashEmbedder
-from memory.recall.fusion import FEATURE_NAMES, Fusion, fusion_features, is_question, named_speakers
+from memory.recall.fusion import (
+    FEATURE_NAMES,
+    Fusion,
+    fusion_features,
+    is_model_reply,
+    is_question,
+    named_speakers,
+)
 from memory.recall.index_search import search_candidates, search_index
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.unindexed import UnindexedTurn, score_unindexed
@@ -28,14 +35,16 @@ LEARNED = Fusion(method="learned")
 
 async def remember_conversation(
     db: Database,
-    turns: list[tuple[str, str]],
+    turns: list[tuple[str | None, str]],
     *,
     user_id: str = "u1",
     metadata: dict[int, dict[str, str]] | None = None,
+    roles: list[str] | None = None,
 ) -> list[uuid.UUID]:
     """One conversation of (speaker, content) turns, indexed as the indexer would; the turn ids.
 
-    ``metadata`` maps a turn's position (0-based) to its stored metadata.
+    ``metadata`` maps a turn's position (0-based) to its stored metadata; ``roles`` gives
+    each turn's role (default: user and assistant in turn, as a LoCoMo import has them).
     """
     conversation_id = uuid.uuid4()
     ids = []
@@ -56,7 +65,7 @@ async def remember_conversation(
                     turn_id=turn_id,
                     chunk_index=0,
                     turn_seq=seq,
-                    role="user" if seq % 2 else "assistant",
+                    role=roles[seq - 1] if roles else ("user" if seq % 2 else "assistant"),
                     name=name,
                     text=text,
                     search_terms=func.to_tsvector("simple", memory_search_terms(text, previous=previous)),
@@ -65,9 +74,16 @@ async def remember_conversation(
                     meta=meta,
                 )
             )
-            previous = f"{name}: {content}"
+            previous = f"{name}: {content}" if name else content
             ids.append(turn_id)
     return ids
+
+
+async def remember_chat(db: Database, turns: list[tuple[str, str]]) -> list[uuid.UUID]:
+    """A user-assistant chat: (role, content) turns with no speaker names."""
+    return await remember_conversation(
+        db, [(None, content) for _, content in turns], roles=[role for role, _ in turns]
+    )
 
 
 async def search(db: Database, query: str, fusion: Fusion = LEARNED, k: int = 5) -> list:
@@ -134,9 +150,14 @@ async def test_a_reply_right_after_a_matching_question_is_found(db: Database) ->
     assert reply.signals.previous.bm25 > 0 and reply.signals.previous.cosine > 0
     assert reply.signals.next is not None and not reply.signals.next.is_question
     features = dict(
-        zip(FEATURE_NAMES, fusion_features([c.signals for c in candidates], question)[0], strict=True)
+        zip(
+            FEATURE_NAMES,
+            fusion_features([c.signals for c in candidates], question)[candidates.index(reply)],
+            strict=True,
+        )
     )
-    assert features["previous_is_question"] in (0.0, 1.0)
+    assert features["previous_person_is_question"] == 1.0  # a named speaker's turn: a person's
+    assert features["previous_model_is_question"] == 0.0
     hits = await search(db, question, k=2)
     assert ids[1] in [h.turn_id for h in hits]
 
@@ -234,3 +255,85 @@ async def test_a_long_reply_quoting_a_fact_does_not_outrank_the_statement() -> N
     hits = score_unindexed(turns, vectors, query, query_vector, LEARNED)
     best = max(hits, key=lambda h: h.score)
     assert best.turn_id == turns[0].turn_id, [(h.text[:20], h.score) for h in hits]
+
+
+async def test_the_users_own_statement_outranks_an_assistant_turn_contradicting_it(db: Database) -> None:
+    """The role signal: what the user said about themselves beats what a model said about them.
+
+    The model's reply shares more of the question's words ("drive") than the statement does.
+    """
+    ids = await remember_chat(
+        db,
+        [
+            ("user", "My car is a 2009 Volvo."),
+            ("assistant", "The car that you drive is a Honda Accord, a reliable car to drive every day."),
+            ("user", "I had pasta for dinner yesterday."),
+            ("assistant", "Pasta is a good choice for a quick dinner."),
+        ],
+    )
+    hits = await search(db, "What car do I drive?")
+    assert hits[0].turn_id == ids[0], [h.text for h in hits]
+    reply = next(h for h in hits if h.turn_id == ids[1])
+    assert reply.keyword_rank == 1  # by its words alone the model's reply would come first
+
+
+async def test_a_model_reply_counts_as_such_unless_the_query_asks_what_the_assistant_said(
+    db: Database,
+) -> None:
+    await remember_chat(
+        db,
+        [
+            ("user", "Can you recommend a hiking trail near Porto?"),
+            ("assistant", "I recommend the Paiva Walkways, a hiking trail near Porto."),
+        ],
+    )
+    column = FEATURE_NAMES.index("model_reply_unasked")
+    for query, expected in (
+        ("Which hiking trail near Porto do I like?", [0.0, 1.0]),
+        ("Which hiking trail near Porto did you recommend?", [0.0, 0.0]),
+    ):
+        (vector,) = await EMBEDDER.embed([query])
+        async with db.transaction() as session:
+            candidates = await search_candidates(
+                session, tenant_id="t1", user_id="u1", query_text=query, query_embedding=vector, depth=5
+            )
+        by_role = sorted(candidates, key=lambda c: c.memory.role != "user")
+        features = fusion_features([c.signals for c in by_role], query)
+        assert list(features[:, column]) == expected, query
+    # A named assistant (one of two people in an imported chat) is a person, not a model.
+    assert not is_model_reply("assistant", "Caroline") and is_model_reply("assistant", None)
+
+
+async def test_the_users_question_ranks_below_the_users_statement(db: Database) -> None:
+    """Same words, one a question: the statement answers, the question only asks."""
+    ids = await remember_chat(
+        db,
+        [
+            ("user", "Where is my sister living these days?"),
+            ("assistant", "I do not know, you have not told me."),
+            ("user", "My sister is living in Porto these days."),
+            ("assistant", "Porto is a lovely city."),
+        ],
+    )
+    hits = await search(db, "Which city is my sister living in these days?")
+    ranks = [h.turn_id for h in hits]
+    assert ranks.index(ids[2]) < ranks.index(ids[0]), [h.text for h in hits]
+
+
+async def test_stopwords_stay_out_of_the_keyword_candidates(db: Database) -> None:
+    """Words in nearly every row (what, did, I) never make a row a keyword candidate."""
+    ids = await remember_chat(
+        db,
+        [
+            *(("user", f"What did I say about the weather on day {i}?") for i in range(6)),
+            ("user", "I drive a Volvo."),
+        ],
+    )
+    query = "What did I drive?"
+    (vector,) = await EMBEDDER.embed([query])
+    async with db.transaction() as session:
+        candidates = await search_candidates(
+            session, tenant_id="t1", user_id="u1", query_text=query, query_embedding=vector, depth=100
+        )
+    assert len(candidates) == len(ids)  # every row is a dense candidate
+    assert {c.memory.turn_id for c in candidates if c.memory.keyword_rank is not None} == {ids[-1]}

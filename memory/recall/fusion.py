@@ -7,17 +7,24 @@ statement only fetches ranks and signals):
 - ``rrf``: weighted reciprocal rank fusion of the two ranks, kept so operators can fall
   back to it. Its formula, ``Fusion.rrf``, is also one of the learned formula's signals.
 
-Reciprocal rank fusion sees only two ranks. On LoCoMo (``bench/fit_fusion.py``) three
-things it cannot express carry most of the evidence it misses:
+Reciprocal rank fusion sees only two ranks. Measured on two kinds of chat, LoCoMo (two
+people) and LongMemEval (a user and an assistant; ``bench/fit_fusion.py``), what it cannot
+express carries most of the evidence it misses:
 
 - the score *values* (a cosine of 0.62 next to a best of 0.64 is not "rank 7");
-- the neighbouring turns: the answer is often the reply right after the turn that
-  matches the question ("What did you research?" / "Adoption agencies."), so the
-  previous and next turn's scores are features of a candidate;
-- priors: the question names this turn's speaker; the turn shared a captioned image;
-  whether it (or the turn before it) is itself a question. Not its length: LoCoMo's
-  evidence turns are longer than most, but a model's replies are longer still, and a
-  length prior ranked a long reply quoting a fact above the user's own statement of it.
+- who said it: in a user-assistant chat the evidence is the user's own words, while the
+  model's long replies repeat the topic (and the fact) at length. A model's reply (role
+  assistant, no speaker name) is a signal unless the query asks what the assistant said;
+  so is a turn being a question (the user's question is not the user's statement);
+- the neighbouring turns, split by author: after a person's question comes its answer
+  ("What did you research?" / "Adoption agencies."), while a model's reply next to a user
+  statement only restates it, so the two get separate weights;
+- the best candidate of the same conversation and day (a session about the topic);
+- answer types (a "when" question and a memory with a time word; "how many" and a
+  number; "where"/"who" and a name), and recency (more so when the query asks for the
+  current value of something that changed);
+- priors only LoCoMo has, kept because they are zero where absent: the question names
+  this turn's speaker; the turn shared a captioned image.
 
 Every signal comes from the search statement (``memory.recall.index_search``) or the
 candidate's own row; the speaker names are the ``name`` values of the user's own
@@ -30,9 +37,12 @@ it thresholds the RRF score.
 
 from __future__ import annotations
 
+import math
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 import numpy as np
@@ -60,7 +70,7 @@ class Fusion:
     keyword_weight: float = 1.5
     vector_weight: float = 1.0
     rrf_k: float = 10.0
-    candidates: int = 50
+    candidates: int = 100
 
     def rrf(self, vector_rank: int | None, keyword_rank: int | None) -> float:
         """Weighted reciprocal rank fusion of two ranks, normalised so first in both is 1.0."""
@@ -84,7 +94,14 @@ DEFAULT_FUSION = Fusion()
 RRF_FEATURE = Fusion(method="rrf", keyword_weight=1.5, vector_weight=1.0, rrf_k=10.0)
 
 
+_NEIGHBOUR_SIGNALS = tuple(
+    f"{side}_{author}_{score}"
+    for side in ("previous", "next")
+    for author in ("person", "model")
+    for score in ("cosine", "bm25_of_best", "rrf")
+)
 SIGNALS: tuple[str, ...] = (
+    # the candidate's own match
     "cosine",
     "cosine_below_best",
     "vector_rank_reciprocal",
@@ -92,25 +109,86 @@ SIGNALS: tuple[str, ...] = (
     "keyword_rank_reciprocal",
     "keyword_matched",
     "rrf",
-    "previous_cosine",
-    "previous_bm25_of_best",
-    "previous_rrf",
-    "next_cosine",
-    "next_bm25_of_best",
-    "next_rrf",
-    "neighbour_rrf_max",
+    "log_length",
+    "is_question",
+    # its neighbours, split by author: a person's turn (the question a reply answers) and a
+    # model's reply (which restates what the user just said) mean different things
+    *_NEIGHBOUR_SIGNALS,
+    "previous_person_is_question",
+    "previous_model_is_question",
+    "neighbour_person_rrf_max",
+    "neighbour_model_rrf_max",
+    # who said it: a model's reply, when the query does not ask what the assistant said
+    "model_reply_unasked",
+    # the best candidate of the same conversation and day (a session about the topic)
+    "day_best_cosine",
+    "day_best_bm25_of_best",
+    # answer types: the question asks when / how many / where / who and the memory has one
+    "when_time",
+    "count_number",
+    "where_place",
+    "who_name",
+    # newer memories of a fact that changed; more so when the query asks for the current value
+    "recency",
+    "recency_asked",
+    # zero where absent (user-assistant chats): the query names the speaker; a shared photo
     "speaker_named",
     "has_caption",
-    "is_question",
-    "previous_is_question",
 )
-_YES_NO = {"keyword_matched", "speaker_named", "has_caption", "is_question", "previous_is_question"}
+_YES_NO = {
+    "keyword_matched",
+    "is_question",
+    "previous_person_is_question",
+    "previous_model_is_question",
+    "model_reply_unasked",
+    "when_time",
+    "count_number",
+    "where_place",
+    "who_name",
+    "speaker_named",
+    "has_caption",
+}
 # Every signal that is not yes/no also enters squared, so the formula can bend: a cosine
-# just below the best counts for more than a straight line gives it (held out on LoCoMo,
-# bench/fit_fusion.py: R@10 0.792 -> 0.802).
+# just below the best counts for more than a straight line gives it.
 SQUARED: tuple[str, ...] = tuple(name for name in SIGNALS if name not in _YES_NO)
 FEATURE_NAMES: tuple[str, ...] = SIGNALS + tuple(f"{name}_squared" for name in SQUARED)
 _SQUARED_COLUMNS = [SIGNALS.index(name) for name in SQUARED]
+
+# The query asks about the assistant's own words: then a model's reply is what is wanted.
+_ASKS_ASSISTANT = re.compile(
+    r"\byou (?:\w+ )?(?:said|told|mentioned|recommended|suggested|gave|provided|listed|shared|wrote"
+    r"|explained|described|remind|recommend|suggest)|remind me"
+    r"|our (?:previous |last |earlier )?(?:conversation|chat|discussion)",
+    re.IGNORECASE,
+)
+_ASKS_WHEN = re.compile(
+    r"\bwhen\b|what (?:date|time|year|month|day)|which (?:year|month|day|date)|how long ago"
+    r"|how (?:many|much) (?:days|weeks|months|years)",
+    re.IGNORECASE,
+)
+_ASKS_COUNT = re.compile(r"\bhow (?:many|much|often|long|old)\b|\bnumber of\b|\btotal\b", re.IGNORECASE)
+_ASKS_WHERE = re.compile(
+    r"\bwhere\b|which (?:city|country|place|state|town|restaurant|store|shop)", re.IGNORECASE
+)
+_ASKS_WHO = re.compile(r"\bwho(?:m|se)?\b|\bwhat(?:'s| is) the name\b", re.IGNORECASE)
+_ASKS_CURRENT = re.compile(
+    r"\b(?:current(?:ly)?|now|so far|most recent(?:ly)?|latest|last time|these days|still)\b", re.IGNORECASE
+)
+_TIME_WORDS = re.compile(
+    r"\b(?:yesterday|today|tonight|tomorrow|ago|last (?:week|month|year|night|weekend|time)"
+    r"|next (?:week|month|year)|this (?:week|month|year|weekend|morning|evening)"
+    r"|(?:mon|tues|wednes|thurs|fri|satur|sun)days?"
+    r"|january|february|march|april|may|june|july|august|september|october|november|december"
+    r"|\d{4}|\d+(?:st|nd|rd|th)|weeks?|months?|years?|days?|weekend|recently|since)\b",
+    re.IGNORECASE,
+)
+_NUMBER_WORDS = re.compile(
+    r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty"
+    r"|hundred|thousand|dozen|once|twice|first|second|third|half)\b",
+    re.IGNORECASE,
+)
+# A capitalised word inside a sentence: a name or a place.
+_NAME_INSIDE = re.compile(r"(?<=[a-z,;:] )[A-Z][a-z]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +200,8 @@ class NeighbourSignals:
     vector_rank: int | None
     keyword_rank: int | None
     is_question: bool
+    # The neighbour is a model's reply (``is_model_reply``), not a person's turn.
+    by_model: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +220,27 @@ class CandidateSignals:
     has_caption: bool
     previous: NeighbourSignals | None
     next: NeighbourSignals | None
+    role: str = "user"
+    conversation_id: uuid.UUID | None = None
+    created_at: datetime | None = None
 
 
 def is_question(text: str) -> bool:
     """The text ends with a question mark."""
     return _QUESTION.search(text) is not None
+
+
+def is_model_reply(role: str, name: str | None) -> bool:
+    """A reply by the assistant (a model): role assistant and no speaker name.
+
+    An assistant turn with a name is a person (an import of a chat between two people).
+    """
+    return role == "assistant" and not (name or "").strip()
+
+
+def asks_about_assistant(query_text: str) -> bool:
+    """The query asks what the assistant said ("what did you recommend", "remind me")."""
+    return _ASKS_ASSISTANT.search(query_text) is not None
 
 
 def _reciprocal(rank: int | None) -> float:
@@ -160,6 +256,24 @@ def named_speakers(query_text: str, names: Sequence[str | None]) -> set[str]:
     return found
 
 
+def _neighbour_values(
+    neighbour: NeighbourSignals | None, best_bm25: float
+) -> tuple[tuple[float, float, float], tuple[float, float, float], float, float]:
+    """(person cosine/bm25/rrf, model cosine/bm25/rrf, person is question, model is question)."""
+    zero = (0.0, 0.0, 0.0)
+    if neighbour is None:
+        return zero, zero, 0.0, 0.0
+    values = (
+        neighbour.cosine,
+        neighbour.bm25 / best_bm25,
+        RRF_FEATURE.rrf(neighbour.vector_rank, neighbour.keyword_rank),
+    )
+    question = 1.0 if neighbour.is_question else 0.0
+    if neighbour.by_model:
+        return zero, values, 0.0, question
+    return values, zero, question, 0.0
+
+
 def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> np.ndarray:
     """One row of ``FEATURE_NAMES`` per candidate (raw, not standardised)."""
     if not candidates:
@@ -169,11 +283,28 @@ def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> 
     named = named_speakers(query_text, [c.name for c in candidates])
     # Only a question about one person says whose turn the answer is likely to be.
     speaker = next(iter(named)) if len(named) == 1 else None
+    asks_assistant = asks_about_assistant(query_text)
+    asks_when = _ASKS_WHEN.search(query_text) is not None
+    asks_count = _ASKS_COUNT.search(query_text) is not None
+    asks_where = _ASKS_WHERE.search(query_text) is not None
+    asks_who = _ASKS_WHO.search(query_text) is not None
+    asks_current = _ASKS_CURRENT.search(query_text) is not None
+    # The best candidate of each conversation and day, and the span of the candidates' dates.
+    day_best: dict[tuple[object, object], tuple[float, float]] = {}
+    for c in candidates:
+        key = _day(c)
+        cosine, bm25 = day_best.get(key, (-1.0, 0.0))
+        day_best[key] = (max(cosine, c.cosine), max(bm25, c.bm25))
+    stamps = [c.created_at.timestamp() for c in candidates if c.created_at is not None]
+    oldest, newest = (min(stamps), max(stamps)) if stamps else (0.0, 0.0)
     rows = []
     for c in candidates:
-        previous, following = c.previous, c.next
-        previous_rrf = RRF_FEATURE.rrf(previous.vector_rank, previous.keyword_rank) if previous else 0.0
-        next_rrf = RRF_FEATURE.rrf(following.vector_rank, following.keyword_rank) if following else 0.0
+        p_person, p_model, p_person_q, p_model_q = _neighbour_values(c.previous, best_bm25)
+        n_person, n_model, _, _ = _neighbour_values(c.next, best_bm25)
+        stamp = c.created_at.timestamp() if c.created_at is not None else oldest
+        recency = (stamp - oldest) / max(newest - oldest, 1.0)
+        day_cosine, day_bm25 = day_best[_day(c)]
+        has_name = _NAME_INSIDE.search(c.text) is not None
         rows.append(
             (
                 c.cosine,
@@ -183,21 +314,35 @@ def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> 
                 _reciprocal(c.keyword_rank),
                 1.0 if c.bm25 > 0 else 0.0,
                 RRF_FEATURE.rrf(c.vector_rank, c.keyword_rank),
-                previous.cosine if previous else 0.0,
-                previous.bm25 / best_bm25 if previous else 0.0,
-                previous_rrf,
-                following.cosine if following else 0.0,
-                following.bm25 / best_bm25 if following else 0.0,
-                next_rrf,
-                max(previous_rrf, next_rrf),
+                math.log1p(len(c.text)),
+                1.0 if is_question(c.text) else 0.0,
+                *p_person,
+                *p_model,
+                *n_person,
+                *n_model,
+                p_person_q,
+                p_model_q,
+                max(p_person[2], n_person[2]),
+                max(p_model[2], n_model[2]),
+                1.0 if is_model_reply(c.role, c.name) and not asks_assistant else 0.0,
+                day_cosine - best_cosine,
+                day_bm25 / best_bm25,
+                1.0 if asks_when and _TIME_WORDS.search(c.text) else 0.0,
+                1.0 if asks_count and _NUMBER_WORDS.search(c.text) else 0.0,
+                1.0 if asks_where and has_name else 0.0,
+                1.0 if asks_who and has_name else 0.0,
+                recency,
+                recency if asks_current else 0.0,
                 1.0 if speaker is not None and (c.name or "").strip().lower() == speaker.lower() else 0.0,
                 1.0 if c.has_caption else 0.0,
-                1.0 if is_question(c.text) else 0.0,
-                1.0 if previous is not None and previous.is_question else 0.0,
             )
         )
     signals = np.asarray(rows, dtype=float)
     return np.hstack([signals, signals[:, _SQUARED_COLUMNS] ** 2])
+
+
+def _day(c: CandidateSignals) -> tuple[object, object]:
+    return (c.conversation_id, c.created_at.date() if c.created_at is not None else None)
 
 
 def linear_scores(

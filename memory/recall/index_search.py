@@ -35,7 +35,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import NotFound
 from memory.recall.found import FoundMemory, best_distinct
-from memory.recall.fusion import DEFAULT_FUSION, QUESTION_PATTERN, CandidateSignals, Fusion, NeighbourSignals
+from memory.recall.fusion import (
+    DEFAULT_FUSION,
+    QUESTION_PATTERN,
+    CandidateSignals,
+    Fusion,
+    NeighbourSignals,
+    is_model_reply,
+)
 from memory.recall.keywords import photo_caption, query_terms
 from memory.storage.models import EMBEDDING_DIM
 from memory.storage.tenancy import TENANT_ROLE, current_tenant
@@ -156,9 +163,11 @@ SELECT c.turn_id, c.conversation_id, c.chunk_index, c.role, c.name, c.text, c.tu
        p.id IS NOT NULL AS has_previous, 1 - (p.embedding <=> :embedding) AS previous_cosine,
        coalesce(pk.score, 0) AS previous_bm25, pc.vector_rank AS previous_vector_rank,
        pc.keyword_rank AS previous_keyword_rank, p.text ~ :question_pattern AS previous_is_question,
+       p.role AS previous_role, p.name AS previous_name,
        x.id IS NOT NULL AS has_next, 1 - (x.embedding <=> :embedding) AS next_cosine,
        coalesce(xk.score, 0) AS next_bm25, xc.vector_rank AS next_vector_rank,
-       xc.keyword_rank AS next_keyword_rank, x.text ~ :question_pattern AS next_is_question
+       xc.keyword_rank AS next_keyword_rank, x.text ~ :question_pattern AS next_is_question,
+       x.role AS next_role, x.name AS next_name
 FROM candidate_rows c
 LEFT JOIN keyword_scored ck ON ck.id = c.id
 LEFT JOIN neighbours n ON n.turn_id = c.turn_id
@@ -297,6 +306,7 @@ def _neighbour(row: Any, side: str) -> NeighbourSignals | None:
         vector_rank=getattr(row, f"{side}_vector_rank"),
         keyword_rank=getattr(row, f"{side}_keyword_rank"),
         is_question=bool(getattr(row, f"{side}_is_question")),
+        by_model=is_model_reply(getattr(row, f"{side}_role"), getattr(row, f"{side}_name")),
     )
 
 
@@ -325,5 +335,8 @@ def _candidate(row: Any) -> Candidate:
         has_caption=photo_caption(row.metadata) is not None,
         previous=_neighbour(row, "previous"),
         next=_neighbour(row, "next"),
+        role=row.role,
+        conversation_id=row.conversation_id,
+        created_at=row.turn_created_at,
     )
     return Candidate(memory, signals)

@@ -27,7 +27,14 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.recall.found import FoundMemory
-from memory.recall.fusion import DEFAULT_FUSION, CandidateSignals, Fusion, NeighbourSignals, is_question
+from memory.recall.fusion import (
+    DEFAULT_FUSION,
+    CandidateSignals,
+    Fusion,
+    NeighbourSignals,
+    is_model_reply,
+    is_question,
+)
 from memory.recall.keywords import photo_caption, query_terms, search_terms
 from memory.recall.remembering import REMEMBERED_MEMORY_USES
 from memory.record.outbox import RECORDED_ROLES, RECORDED_STATUSES
@@ -201,6 +208,7 @@ def score_unindexed(
             by_vector.get(id(other)),
             by_keyword.get(id(other)),
             is_question(other.text),
+            by_model=is_model_reply(other.role, other.name),
         )
 
     signals = [
@@ -214,6 +222,9 @@ def score_unindexed(
             has_caption=photo_caption(turn.metadata) is not None,
             previous=neighbour(turn, -1),
             next=neighbour(turn, 1),
+            role=turn.role,
+            conversation_id=turn.conversation_id,
+            created_at=turn.created_at,
         )
         for turn, similarity, matches in scored
     ]
