@@ -221,7 +221,9 @@ def print_table(title: str, table: dict[str, dict[str, float]]) -> None:
 async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
     pool = load_pool(args.data, args.limit_questions)
     questions = pool.questions
-    async with Server(database_url, with_workers=True, rate_limit_per_minute=RATE_LIMIT_PER_MINUTE) as server:
+    async with Server(
+        database_url, with_workers=not args.no_load, rate_limit_per_minute=RATE_LIMIT_PER_MINUTE
+    ) as server:
         load_seconds = 0.0 if args.no_load else await load(server.url, pool)
         found, seconds = await ask_all(server.url, questions)
     ms = [s * 1000 for s in seconds]
