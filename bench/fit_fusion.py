@@ -391,7 +391,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         measured["ablation_joint_cv"] = {}
         print(f"within-benchmark cv {line(measured['within_cv'])}", flush=True)
         for name, tables in measured["across"].items():
-            print(f"{name:<20}{line(tables)}", flush=True)
+            print(f"{name:<22}{line(tables)}", flush=True)
         if args.ablation:
             for group, names in GROUPS.items():
                 columns = [i for i, n in enumerate(FEATURE_NAMES) if n not in names]

@@ -275,6 +275,7 @@ async def test_the_users_own_statement_outranks_an_assistant_turn_contradicting_
     assert hits[0].turn_id == ids[0], [h.text for h in hits]
     reply = next(h for h in hits if h.turn_id == ids[1])
     assert reply.keyword_rank == 1  # by its words alone the model's reply would come first
+    assert (await search(db, "What car do I drive?", RRF))[0].turn_id == ids[1]  # and by the ranks alone
 
 
 async def test_a_model_reply_counts_as_such_unless_the_query_asks_what_the_assistant_said(
@@ -318,6 +319,8 @@ async def test_the_users_question_ranks_below_the_users_statement(db: Database) 
     hits = await search(db, "Which city is my sister living in these days?")
     ranks = [h.turn_id for h in hits]
     assert ranks.index(ids[2]) < ranks.index(ids[0]), [h.text for h in hits]
+    by_ranks = [h.turn_id for h in await search(db, "Which city is my sister living in these days?", RRF)]
+    assert by_ranks.index(ids[0]) < by_ranks.index(ids[2])  # the ranks alone put the question first
 
 
 async def test_stopwords_stay_out_of_the_keyword_candidates(db: Database) -> None:
