@@ -296,7 +296,13 @@ async def test_a_model_reply_counts_as_such_unless_the_query_asks_what_the_assis
         (vector,) = await EMBEDDER.embed([query])
         async with db.transaction() as session:
             candidates = await search_candidates(
-                session, tenant_id="t1", user_id="u1", query_text=query, query_embedding=vector, depth=5
+                session,
+                tenant_id="t1",
+                user_id="u1",
+                query_text=query,
+                query_embedding=vector,
+                index_id=1,
+                depth=5,
             )
         by_role = sorted(candidates, key=lambda c: c.memory.role != "user")
         features = fusion_features([c.signals for c in by_role], query)
@@ -336,7 +342,13 @@ async def test_stopwords_stay_out_of_the_keyword_candidates(db: Database) -> Non
     (vector,) = await EMBEDDER.embed([query])
     async with db.transaction() as session:
         candidates = await search_candidates(
-            session, tenant_id="t1", user_id="u1", query_text=query, query_embedding=vector, depth=100
+            session,
+            tenant_id="t1",
+            user_id="u1",
+            query_text=query,
+            query_embedding=vector,
+            index_id=1,
+            depth=100,
         )
     assert len(candidates) == len(ids)  # every row is a dense candidate
     assert {c.memory.turn_id for c in candidates if c.memory.keyword_rank is not None} == {ids[-1]}
