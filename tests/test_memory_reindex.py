@@ -128,7 +128,7 @@ async def test_reindex_under_live_traffic_loses_no_memory_and_never_answers_from
             embedded = Embedded("my locker code is 4242 now", list(vector), "locker code 4242", generation.id)
             await correct_item(session, OWNER, edited.id, embedded)
             await forget_item(session, OWNER, forgotten.id)
-        for i in (0, 20, 39):
+        for i in (0, 20, 38):  # user turns: a model's reply ranks below what the user said
             generation = await serving.generation()
             answered_from.append(generation.id)
             assert (await found_turns(db, serving, f"locker code climbing gym number {i}"))[0] == before[i]
@@ -151,7 +151,8 @@ async def test_reindex_under_live_traffic_loses_no_memory_and_never_answers_from
     assert old_rows <= new_rows and {r[0] for r in new_rows} >= {*before, *during, *after}
     assert (edited.turn_id, 0, "my locker code is 4242 now", True) in new_rows
     assert (forgotten.turn_id, 0, "", False) in new_rows
-    for i, turn_id in [(0, before[0]), (39, before[39]), (103, during[3]), (200, after[0])]:
+    # User turns (a model's reply ranks below what the user said).
+    for i, turn_id in [(0, before[0]), (38, before[38]), (102, during[2]), (200, after[0])]:
         assert (await found_turns(db, serving, f"locker code climbing gym number {i}"))[0] == turn_id
     # The old generation's rows go after the grace period.
     assert await reindex.purge_retired(db, older_than_seconds=0) == len(old_rows)
