@@ -146,6 +146,21 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> Ope
     return OpenAIError(400, message, param=param, code=code)
 
 
+def _previous_response(value: str | None) -> uuid.UUID | None:
+    """The reply a `previous_response_id` names; 404 in OpenAI's words when it names none."""
+    if value is None:
+        return None
+    previous = parse_response_id(value)
+    if previous is None:
+        raise OpenAIError(
+            404,
+            f"Previous response with id '{value}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    return previous
+
+
 def parse_request(raw: object, served_models: Sequence[str]) -> ResponsesRequest:
     """Validate a body; OpenAIError (400/404) says what is wrong, before anything is stored."""
     if not isinstance(raw, dict):
@@ -170,16 +185,7 @@ def parse_request(raw: object, served_models: Sequence[str]) -> ResponsesRequest
         raise _bad(f"tool_choice names `{body.tool_choice.name}`, which is not in tools", "tool_choice")
     if body.tool_choice == "required" and not names:
         raise _bad("tool_choice `required` needs at least one function tool", "tool_choice")
-    previous = None
-    if body.previous_response_id is not None:
-        previous = parse_response_id(body.previous_response_id)
-        if previous is None:
-            raise OpenAIError(
-                404,
-                f"Previous response with id '{body.previous_response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
+    previous = _previous_response(body.previous_response_id)
     conversation = _conversation(body.conversation)
     if previous is not None and conversation is not None:
         raise _bad("previous_response_id and conversation cannot be used together", "conversation")
@@ -363,16 +369,7 @@ def parse_compaction(raw: object, served_models: Sequence[str]) -> CompactionReq
         raise OpenAIError(
             404, f"The model `{body.model}` does not exist", param="model", code="model_not_found"
         )
-    previous = None
-    if body.previous_response_id is not None:
-        previous = parse_response_id(body.previous_response_id)
-        if previous is None:
-            raise OpenAIError(
-                404,
-                f"Previous response with id '{body.previous_response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
+    previous = _previous_response(body.previous_response_id)
     value = raw.get("input")
     items = input_items(value) if value is not None else []
     compacted = compaction_point(items)
