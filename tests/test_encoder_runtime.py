@@ -107,3 +107,25 @@ def test_without_openvino_the_encoder_falls_back_to_torch_and_says_so(
     assert len(model.encode_sync(["a fact"])[0]) == 384
     # Its twin (the in-process indexer's copy) does not try OpenVINO again.
     assert model.twin().runtime == "torch"
+
+
+def test_loading_the_encoder_prints_no_library_chatter(capfd: pytest.CaptureFixture[str]) -> None:
+    """A start printed optimum's "could not infer whether the model was already converted …
+    expected str, bytes or os.PathLike object, not NoneType" and transformers' load report:
+    noise an operator reads as a fault. Their warnings are dropped while loading, then restored.
+    """
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    for runtime in ("openvino", "torch"):
+        model = SentenceTransformerEmbedder(
+            default_embedding_model(), runtime=runtime, cache_root=cache_root()
+        )
+        model.load(threads=1)
+        assert model.runtime == runtime
+    printed = capfd.readouterr()
+    chatter = printed.err + printed.out
+    assert "Could not infer" not in chatter and "LOAD REPORT" not in chatter
+    assert "PathLike" not in chatter and "Loading weights" not in chatter
+    assert transformers_logging.get_verbosity() == verbosity
+    assert transformers_logging.is_progress_bar_enabled()

@@ -243,10 +243,13 @@ class SentenceTransformerEmbedder:
                 return
         from sentence_transformers import SentenceTransformer
 
-        self._use(SentenceTransformer(self.model_name_or_path, device="cpu"))
+        from memory.recall.encoder_cache import quiet_model_loading
+
+        with quiet_model_loading():
+            self._use(SentenceTransformer(self.model_name_or_path, device="cpu"))
 
     def _load_openvino(self, local: Path, threads: int) -> Any:
-        from memory.recall.encoder_cache import openvino_export
+        from memory.recall.encoder_cache import openvino_export, quiet_model_loading
 
         if self.cache_root is None:
             raise ValueError("no cache directory for the OpenVINO export")
@@ -254,12 +257,13 @@ class SentenceTransformerEmbedder:
         from sentence_transformers import SentenceTransformer
 
         ov_config = {"INFERENCE_NUM_THREADS": str(threads)} if threads > 0 else {}
-        model = SentenceTransformer(
-            str(folder),
-            backend="openvino",
-            device="cpu",
-            model_kwargs={"file_name": "openvino/openvino_model.xml", "ov_config": ov_config},
-        )
+        with quiet_model_loading():
+            model = SentenceTransformer(
+                str(folder),
+                backend="openvino",
+                device="cpu",
+                model_kwargs={"file_name": "openvino/openvino_model.xml", "ov_config": ov_config},
+            )
         self.graph_sha256 = graph_sha256
         return model
 

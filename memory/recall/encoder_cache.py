@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,46 @@ def _manifest_ok(target: Path, source_sha256: str) -> bool:
 
 
 @contextlib.contextmanager
+def quiet_model_loading() -> Iterator[None]:
+    """Keep the libraries' chatter about converting or loading the model out of the log.
+
+    optimum-intel warns that it "could not infer whether the model was already converted"
+    (offline, it looks for a hub cache even when given a folder); transformers prints a load
+    report, deprecation notes and progress bars; sentence-transformers advises saving the
+    export, which this module does. Both optimum and transformers write to stderr through
+    handlers of their own, so their verbosity is lowered, not the process's log level. Only
+    their warnings are dropped, only while a model is converted or loaded: errors still show,
+    and a failure still raises to the caller, which logs it.
+    """
+    from transformers.utils import logging as transformers_logging
+
+    libraries: list[Any] = [transformers_logging]
+    with contextlib.suppress(ImportError):  # optimum comes with the OpenVINO runtime only
+        from optimum.utils import logging as optimum_logging
+
+        libraries.append(optimum_logging)
+    verbosities = [library.get_verbosity() for library in libraries]
+    advice = logging.getLogger("sentence_transformers.backend")
+    advice_level = advice.level
+    bars = transformers_logging.is_progress_bar_enabled()
+    for library in libraries:
+        library.set_verbosity_error()
+    advice.setLevel(logging.ERROR)
+    transformers_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            # The tracer warns about arguments this model does not use (cache_position, loss_type).
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for library, verbosity in zip(libraries, verbosities, strict=True):
+            library.set_verbosity(verbosity)
+        advice.setLevel(advice_level)
+        if bars:
+            transformers_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
 def _locked(cache_root: Path) -> Iterator[None]:
     cache_root.mkdir(parents=True, exist_ok=True)
     with (cache_root / ".lock").open("w") as lock:
@@ -97,9 +138,7 @@ def _export(model_path: Path, into: Path) -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from sentence_transformers import SentenceTransformer
 
-    with warnings.catch_warnings():
-        # The tracer warns about arguments this model does not use (cache_position, loss_type).
-        warnings.simplefilter("ignore")
+    with quiet_model_loading():
         model = SentenceTransformer(
             str(model_path), backend="openvino", device="cpu", model_kwargs={"export": True}
         )
