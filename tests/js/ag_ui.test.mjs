@@ -11,8 +11,8 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { HttpAgent, runHttpRequest, transformHttpEventStream } from '@ag-ui/client';
+import { BASE, call as callAs, until } from './chatmem.mjs';
 
-const BASE = process.env.CHATMEM_URL;
 // A second `chatmem serve` on the same database: stop and connect work from any replica.
 const REPLICA = process.env.CHATMEM_REPLICA_URL;
 const TOKEN = process.env.CHATMEM_TOKEN;
@@ -101,21 +101,7 @@ async function run(agent, parameters = {}) {
   return { ...seen, result };
 }
 
-async function call(method, path, { token = TOKEN, body, raw, base = BASE } = {}) {
-  const response = await fetch(`${base}${path}`, {
-    method,
-    headers: { Authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-    body: raw ?? (body === undefined ? undefined : JSON.stringify(body)),
-  });
-  const text = await response.text();
-  let parsed = text;
-  try {
-    parsed = JSON.parse(text);
-  } catch {
-    // an SSE body
-  }
-  return { status: response.status, type: response.headers.get('content-type'), body: parsed };
-}
+const call = (method, path, { token = TOKEN, ...rest } = {}) => callAs(method, path, { token, ...rest });
 
 // The stored thread: chatmem's own record of it (the AI SDK view of the same conversation
 // carries each reply's stored status).
@@ -136,13 +122,6 @@ async function snapshotOf(threadId, token = TOKEN) {
 // Messages as plain JSON (no undefined keys), for comparing what the client built with a snapshot.
 const plain = (messages) => JSON.parse(JSON.stringify(messages));
 
-async function until(condition, what, ms = 15_000) {
-  const deadline = Date.now() + ms;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-}
 
 const assistantText = (messages) =>
   messages.filter((m) => m.role === 'assistant').map((m) => m.content ?? '').join('');

@@ -13,8 +13,8 @@ import {
   readUIMessageStream,
   validateUIMessages,
 } from 'ai';
+import { BASE, call as callAs, until } from './chatmem.mjs';
 
-const BASE = process.env.CHATMEM_URL;
 const TOKEN = process.env.CHATMEM_TOKEN;
 const OTHER_USER = process.env.CHATMEM_OTHER_USER_TOKEN;
 const OTHER_TENANT = process.env.CHATMEM_OTHER_TENANT_TOKEN;
@@ -56,23 +56,8 @@ function newChat(options = {}) {
   return new Chat({ id: generateId(), transport: transport(), ...options });
 }
 
-async function until(condition, what, ms = 15_000) {
-  const deadline = Date.now() + ms;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-}
 
-async function call(method, path, { token = TOKEN, body } = {}) {
-  const response = await fetch(`${BASE}${path}`, {
-    method,
-    headers: { Authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await response.text();
-  return { status: response.status, body: text ? JSON.parse(text) : null };
-}
+const call = (method, path, { token = TOKEN, ...rest } = {}) => callAs(method, path, { token, ...rest });
 
 // The stored history, as the SDK would load it on a reload (and validated by the SDK).
 async function stored(chatId, token = TOKEN) {
@@ -157,7 +142,7 @@ test('stop mid-reply: the stream ends with abort, and the stored text is what th
   const read = collect(stream);
   await until(() => read.chunks.filter((c) => c.type === 'text-delta').length >= 5, 'some text');
   const stop = await call('POST', `/v1/ai-sdk/chat/${chatId}/stop`, { body: {} });
-  assert.deepEqual(stop, { status: 200, body: { success: true } });
+  assert.deepEqual(stop, { status: 200, type: 'application/json', body: { success: true } });
   const chunks = await read.done;
   const message = await read.message;
   assert.equal(chunks.at(-1).type, 'abort');

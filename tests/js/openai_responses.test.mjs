@@ -4,11 +4,12 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import OpenAI from 'openai';
+import { BASE, storedTurns as storedTurnsWith } from './chatmem.mjs';
 
-const base = process.env.CHATMEM_URL;
-const key = process.env.CHATMEM_KEY;
+const key = process.env.CHATMEM_KEY; // chatmem's own API accepts the same key
 const MODEL = 'chatmem-demo';
-const client = new OpenAI({ baseURL: `${base}/openai/v1`, apiKey: key, maxRetries: 0, timeout: 30_000 });
+const storedTurns = (conversationId) => storedTurnsWith(conversationId, key);
+const client = new OpenAI({ baseURL: `${BASE}/openai/v1`, apiKey: key, maxRetries: 0, timeout: 30_000 });
 const WEATHER = {
   type: 'function',
   name: 'get_weather',
@@ -17,19 +18,6 @@ const WEATHER = {
   strict: false,
 };
 
-async function storedTurns(conversationId) {
-  const deadline = Date.now() + 20_000;
-  for (;;) {
-    const response = await fetch(`${base}/v1/conversations/${conversationId}/turns`, {
-      headers: { Authorization: `Bearer ${key}` },
-    });
-    assert.equal(response.status, 200);
-    const { items } = await response.json();
-    if (!items.some((t) => t.status === 'streaming')) return items;
-    assert.ok(Date.now() < deadline, 'the reply did not end in time');
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
-}
 
 test('responses: streamed events are numbered and the stored reply is the text received', async () => {
   const { data: stream, response } = await client.responses
