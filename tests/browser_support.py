@@ -162,6 +162,17 @@ def served_example(example: Path) -> Iterator[str]:
         proc.communicate(timeout=10)
 
 
+def example_up(example_url: str) -> ChatmemUp:
+    """`chatmem up` as an example page needs it: the page's origin allowed, `transfer_funds`
+    waiting for approval, and replies slow enough to stop mid-way."""
+    return ChatmemUp(
+        CORS_ORIGINS=f'["{example_url}"]',
+        TOOL_MODULES='["tests.approval_tools"]',
+        TOOLS_REQUIRING_APPROVAL='["transfer_funds"]',
+        DEMO_TOKENS_PER_SECOND=40,
+    )
+
+
 @contextmanager
 def launch_chromium() -> Iterator[Browser]:
     """Debian's Chromium, headless, through Playwright."""

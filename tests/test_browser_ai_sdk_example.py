@@ -18,6 +18,7 @@ from tests.browser_support import (
     browser_missing,
     example_reply_text,
     example_send,
+    example_up,
     served_example,
     stored_chat_reply,
     stored_text,
@@ -49,12 +50,7 @@ def example_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def server(example_url: str) -> Iterator[ChatmemUp]:
-    with ChatmemUp(
-        CORS_ORIGINS=f'["{example_url}"]',
-        TOOL_MODULES='["tests.approval_tools"]',
-        TOOLS_REQUIRING_APPROVAL='["transfer_funds"]',
-        DEMO_TOKENS_PER_SECOND=40,
-    ) as up:
+    with example_up(example_url) as up:
         yield up
 
 
