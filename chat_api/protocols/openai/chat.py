@@ -20,7 +20,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -29,6 +29,8 @@ from memory.events import TERMINAL_NAMES, Event, EventName, ToolCallDeltaData, T
 MAX_TOOLS = 128
 # Between the texts of two model steps (a server tool ran in between): one answer to the client.
 STEP_SEPARATOR = "\n\n"
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
 class OpenAIError(Exception):
@@ -54,6 +56,34 @@ class OpenAIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    """A 400 in OpenAI's shape, naming the parameter at fault."""
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def validated(schema: type[BodyT], raw: object) -> BodyT:
+    """A request body read as `schema`; its first problem is a 400 naming the parameter."""
+    if not isinstance(raw, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()))
+        raise bad_request(f"{param}: {first.get('msg', 'invalid')}", param or None) from None
+
+
+def check_served(model: str, served_models: Sequence[str]) -> None:
+    """A model this server does not serve is a 404 `model_not_found`, as OpenAI answers it."""
+    if model not in served_models:
+        raise OpenAIError(
+            404,
+            f"The model `{model}` does not exist; this server serves: {', '.join(served_models)}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def error_body(
@@ -205,21 +235,8 @@ def _text(message: _Message, index: int) -> str:
 
 def parse_request(raw: object, served_models: Sequence[str]) -> ChatRequest:
     """Validate a request body; OpenAIError (400/404) says what is wrong, before anything is stored."""
-    if not isinstance(raw, dict):
-        raise OpenAIError(400, "the request body must be a JSON object")
-    try:
-        request = _Request.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ()))
-        raise OpenAIError(400, f"{param}: {first.get('msg', 'invalid')}", param=param or None) from None
-    if request.model not in served_models:
-        raise OpenAIError(
-            404,
-            f"The model `{request.model}` does not exist; this server serves: {', '.join(served_models)}",
-            param="model",
-            code="model_not_found",
-        )
+    request = validated(_Request, raw)
+    check_served(request.model, served_models)
     if request.n is not None and request.n != 1:
         raise OpenAIError(400, "only n=1 is supported", param="n")
     kept = [(i, m) for i, m in enumerate(request.messages) if m.role not in ("system", "developer")]

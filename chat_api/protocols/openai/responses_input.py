@@ -13,15 +13,11 @@ import base64
 import uuid
 from typing import Any
 
-from chat_api.protocols.openai.chat import ClientMessage, OpenAIError
+from chat_api.protocols.openai.chat import ClientMessage, bad_request
 
 MAX_ATTACHMENTS = 8
 # Image and file parts whose bytes chatmem keeps must be data: URLs or http(s) URLs.
 URL_SCHEMES = ("data:", "https://", "http://")
-
-
-def _bad(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)
 
 
 COMPACTION_PREFIX = "chatmem.compaction."
@@ -48,11 +44,11 @@ def parse_compaction_token(value: str) -> uuid.UUID | None:
 
 def input_items(value: str | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     if value is None:
-        raise _bad("input is required", "input")
+        raise bad_request("input is required", "input")
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": value}]
     if not value:
-        raise _bad("input must hold at least one item", "input")
+        raise bad_request("input must hold at least one item", "input")
     return value
 
 
@@ -62,11 +58,13 @@ def compaction_point(items: list[dict[str, Any]]) -> uuid.UUID | None:
     if "compaction" not in kinds:
         return None
     if kinds.index("compaction") != 0 or kinds.count("compaction") > 1:
-        raise _bad("a compaction item must be the first input item, and the only one", "input")
+        raise bad_request("a compaction item must be the first input item, and the only one", "input")
     content = items[0].get("encrypted_content")
     turn = parse_compaction_token(content) if isinstance(content, str) else None
     if turn is None:
-        raise _bad("input[0] is not a compaction item made by this server", "input[0].encrypted_content")
+        raise bad_request(
+            "input[0] is not a compaction item made by this server", "input[0].encrypted_content"
+        )
     return turn
 
 
@@ -93,7 +91,7 @@ def input_messages(
     attachments: tuple[dict[str, Any], ...] = ()
     for index, item in enumerate(items):
         if not isinstance(item, dict):
-            raise _bad(f"input[{index}] must be an object", f"input[{index}]")
+            raise bad_request(f"input[{index}] must be an object", f"input[{index}]")
         kind = item.get("type") or "message"
         if kind == "message":
             role = item.get("role")
@@ -106,7 +104,7 @@ def input_messages(
             elif role == "assistant":
                 messages.append(ClientMessage("assistant", text))
             else:
-                raise _bad(
+                raise bad_request(
                     f"input[{index}].role must be user, assistant, system or developer",
                     f"input[{index}].role",
                 )
@@ -122,7 +120,9 @@ def input_messages(
         elif kind == "reasoning":
             continue
         else:
-            raise _bad(f"input[{index}]: items of type {kind!r} are not supported", f"input[{index}].type")
+            raise bad_request(
+                f"input[{index}]: items of type {kind!r} are not supported", f"input[{index}].type"
+            )
     return messages, system, attachments
 
 
@@ -131,7 +131,9 @@ def _content(content: object, index: int) -> tuple[str, tuple[dict[str, Any], ..
     if isinstance(content, str):
         return content, ()
     if not isinstance(content, list):
-        raise _bad(f"input[{index}].content must be a string or a list of parts", f"input[{index}].content")
+        raise bad_request(
+            f"input[{index}].content must be a string or a list of parts", f"input[{index}].content"
+        )
     texts: list[str] = []
     parts: list[dict[str, Any]] = []
     for position, part in enumerate(content):
@@ -140,16 +142,16 @@ def _content(content: object, index: int) -> tuple[str, tuple[dict[str, Any], ..
         if kind in ("input_text", "output_text", "text", "refusal"):
             value = part.get("text") if kind != "refusal" else part.get("refusal")
             if not isinstance(value, str):
-                raise _bad(f"{where}.text must be a string", f"{where}.text")
+                raise bad_request(f"{where}.text must be a string", f"{where}.text")
             texts.append(value)
         elif kind == "input_image":
             parts.append(_image(part, where))
         elif kind == "input_file":
             parts.append(_file(part, where))
         else:
-            raise _bad(f"{where}: content parts of type {kind!r} are not supported", f"{where}.type")
+            raise bad_request(f"{where}: content parts of type {kind!r} are not supported", f"{where}.type")
     if len(parts) > MAX_ATTACHMENTS:
-        raise _bad(
+        raise bad_request(
             f"input[{index}]: at most {MAX_ATTACHMENTS} images and files per message",
             f"input[{index}].content",
         )
@@ -159,27 +161,27 @@ def _content(content: object, index: int) -> tuple[str, tuple[dict[str, Any], ..
 def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
     url = part.get("image_url")
     if part.get("file_id") is not None and url is None:
-        raise _bad(
+        raise bad_request(
             f"{where}: file_id needs the Files API, which chatmem does not have; send image_url",
             f"{where}.file_id",
         )
     if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
-        raise _bad(f"{where}.image_url must be a data: URL or an http(s) URL", f"{where}.image_url")
+        raise bad_request(f"{where}.image_url must be a data: URL or an http(s) URL", f"{where}.image_url")
     detail = part.get("detail") or "auto"
     if detail not in ("low", "high", "auto"):
-        raise _bad(f"{where}.detail must be low, high or auto", f"{where}.detail")
+        raise bad_request(f"{where}.detail must be low, high or auto", f"{where}.detail")
     return {"type": "image", "url": url, "detail": detail}
 
 
 def _file(part: dict[str, Any], where: str) -> dict[str, Any]:
     data, url, name = part.get("file_data"), part.get("file_url"), part.get("filename")
     if part.get("file_id") is not None and data is None and url is None:
-        raise _bad(
+        raise bad_request(
             f"{where}: file_id needs the Files API, which chatmem does not have; send file_data",
             f"{where}.file_id",
         )
     if name is not None and (not isinstance(name, str) or len(name) > 256):
-        raise _bad(f"{where}.filename must be a string of at most 256 characters", f"{where}.filename")
+        raise bad_request(f"{where}.filename must be a string of at most 256 characters", f"{where}.filename")
     if isinstance(data, str) and data:
         if not data.startswith("data:"):
             # The API also takes bare base64; keep one form.
@@ -187,26 +189,32 @@ def _file(part: dict[str, Any], where: str) -> dict[str, Any]:
         return {"type": "file", "filename": name or "file", "data": data}
     if isinstance(url, str) and url.startswith(URL_SCHEMES[1:]):
         return {"type": "file", "filename": name or url.rsplit("/", 1)[-1] or "file", "url": url}
-    raise _bad(f"{where} needs file_data (base64 or a data: URL) or an http(s) file_url", where)
+    raise bad_request(f"{where} needs file_data (base64 or a data: URL) or an http(s) file_url", where)
 
 
 def _function_call(item: dict[str, Any], index: int) -> dict[str, str]:
     call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
     if not isinstance(call_id, str) or not 1 <= len(call_id) <= 128:
-        raise _bad(f"input[{index}].call_id must be a string of 1-128 characters", f"input[{index}].call_id")
+        raise bad_request(
+            f"input[{index}].call_id must be a string of 1-128 characters", f"input[{index}].call_id"
+        )
     if not isinstance(name, str) or not name:
-        raise _bad(f"input[{index}].name is required", f"input[{index}].name")
+        raise bad_request(f"input[{index}].name is required", f"input[{index}].name")
     if not isinstance(arguments, str):
-        raise _bad(f"input[{index}].arguments must be a string", f"input[{index}].arguments")
+        raise bad_request(f"input[{index}].arguments must be a string", f"input[{index}].arguments")
     return {"id": call_id, "name": name, "arguments": arguments}
 
 
 def _function_output(item: dict[str, Any], index: int) -> ClientMessage:
     call_id, output = item.get("call_id"), item.get("output")
     if not isinstance(call_id, str) or not 1 <= len(call_id) <= 128:
-        raise _bad(f"input[{index}].call_id must be a string of 1-128 characters", f"input[{index}].call_id")
+        raise bad_request(
+            f"input[{index}].call_id must be a string of 1-128 characters", f"input[{index}].call_id"
+        )
     if isinstance(output, list):
         output, _ = _content(output, index)
     if not isinstance(output, str):
-        raise _bad(f"input[{index}].output must be a string or content parts", f"input[{index}].output")
+        raise bad_request(
+            f"input[{index}].output must be a string or content parts", f"input[{index}].output"
+        )
     return ClientMessage("tool", output, tool_call_id=call_id)

@@ -27,7 +27,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from chat_api.protocols.openai.chat import MAX_TOOLS, ChatRequest, ClientMessage, OpenAIError
+from chat_api.protocols.openai.chat import (
+    MAX_TOOLS,
+    ChatRequest,
+    ClientMessage,
+    OpenAIError,
+    bad_request,
+    check_served,
+    validated,
+)
 from chat_api.protocols.openai.responses_input import (
     compaction_point,
     input_items,
@@ -142,10 +150,6 @@ class ResponsesRequest:
     echo: dict[str, Any] = field(default_factory=dict)  # the request fields a response object repeats
 
 
-def _bad(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)
-
-
 def _previous_response(value: str | None) -> uuid.UUID | None:
     """The reply a `previous_response_id` names; 404 in OpenAI's words when it names none."""
     if value is None:
@@ -163,38 +167,29 @@ def _previous_response(value: str | None) -> uuid.UUID | None:
 
 def parse_request(raw: object, served_models: Sequence[str]) -> ResponsesRequest:
     """Validate a body; OpenAIError (400/404) says what is wrong, before anything is stored."""
-    if not isinstance(raw, dict):
-        raise _bad("the request body must be a JSON object")
-    try:
-        body = _Body.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ()))
-        raise _bad(f"{param}: {first.get('msg', 'invalid')}", param or None) from None
-    if body.model not in served_models:
-        raise OpenAIError(
-            404,
-            f"The model `{body.model}` does not exist; this server serves: {', '.join(served_models)}",
-            param="model",
-            code="model_not_found",
-        )
+    body = validated(_Body, raw)
+    check_served(body.model, served_models)
     _check_metadata(body.metadata)
     tools = _function_tools(body.tools or [])
     names = {tool["name"] for tool in tools}
     if isinstance(body.tool_choice, _NamedChoice) and body.tool_choice.name not in names:
-        raise _bad(f"tool_choice names `{body.tool_choice.name}`, which is not in tools", "tool_choice")
+        raise bad_request(
+            f"tool_choice names `{body.tool_choice.name}`, which is not in tools", "tool_choice"
+        )
     if body.tool_choice == "required" and not names:
-        raise _bad("tool_choice `required` needs at least one function tool", "tool_choice")
+        raise bad_request("tool_choice `required` needs at least one function tool", "tool_choice")
     previous = _previous_response(body.previous_response_id)
     conversation = _conversation(body.conversation)
     if previous is not None and conversation is not None:
-        raise _bad("previous_response_id and conversation cannot be used together", "conversation")
+        raise bad_request("previous_response_id and conversation cannot be used together", "conversation")
     if body.background and not body.store:
-        raise _bad("background responses must be stored (store: true)", "background")
+        raise bad_request("background responses must be stored (store: true)", "background")
     items = input_items(body.input)
     compacted = compaction_point(items)
     if compacted is not None and (previous is not None or conversation is not None):
-        raise _bad("a compaction item starts a chain: send it without previous_response_id", "input[0]")
+        raise bad_request(
+            "a compaction item starts a chain: send it without previous_response_id", "input[0]"
+        )
     messages, system, attachments = input_messages(items[1:] if compacted is not None else items)
     instructions = "\n\n".join(part for part in (body.instructions, *system) if part) or None
     continuing = previous is not None or conversation is not None or compacted is not None
@@ -226,10 +221,10 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
     if metadata is None:
         return
     if len(metadata) > MAX_METADATA_KEYS:
-        raise _bad(f"metadata holds at most {MAX_METADATA_KEYS} keys", "metadata")
+        raise bad_request(f"metadata holds at most {MAX_METADATA_KEYS} keys", "metadata")
     for key, value in metadata.items():
         if len(key) > 64 or len(value) > MAX_METADATA_VALUE_CHARS:
-            raise _bad(
+            raise bad_request(
                 f"metadata keys hold at most 64 characters and values {MAX_METADATA_VALUE_CHARS}", "metadata"
             )
 
@@ -238,7 +233,7 @@ def _function_tools(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     tools = []
     for index, tool in enumerate(raw):
         if tool.get("type") != "function":
-            raise _bad(
+            raise bad_request(
                 f"tools[{index}]: only function tools are supported (got {tool.get('type')!r})",
                 f"tools[{index}].type",
                 "unsupported_tool",
@@ -248,7 +243,9 @@ def _function_tools(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
-            raise _bad(f"tools[{index}].{where}: {first.get('msg')}", f"tools[{index}].{where}") from None
+            raise bad_request(
+                f"tools[{index}].{where}: {first.get('msg')}", f"tools[{index}].{where}"
+            ) from None
         tools.append(
             {
                 "type": "function",
@@ -278,25 +275,25 @@ def _chat(
 ) -> ChatRequest:
     """The chat-completions form of the input: history, then a user message or tool results."""
     if not messages:
-        raise _bad("input must hold a user message or function_call_output items", "input")
+        raise bad_request("input must hold a user message or function_call_output items", "input")
     last = messages[-1]
     if last.role == "user":
         history, prompt, results = messages[:-1], last.text, []
         if not prompt.strip() and not continuing:
-            raise _bad("the last user message is empty", "input")
+            raise bad_request("the last user message is empty", "input")
     elif last.role == "tool":
         start = len(messages)
         while start > 0 and messages[start - 1].role == "tool":
             start -= 1
         history, prompt, results = messages[:start], None, messages[start:]
         if not continuing and (not history or not history[-1].tool_calls):
-            raise _bad(
+            raise bad_request(
                 "function_call_output items must follow the function_call they answer "
                 "(or name the response that made it in previous_response_id)",
                 "input",
             )
     else:
-        raise _bad("the last input item must be a user message or a function_call_output", "input")
+        raise bad_request("the last input item must be a user message or a function_call_output", "input")
     return ChatRequest(
         model=body.model,
         history=tuple(history),
@@ -355,25 +352,17 @@ class CompactionRequest:
 def parse_compaction(raw: object, served_models: Sequence[str]) -> CompactionRequest:
     """Validate a compaction body (the create body's `model`, `input`, `previous_response_id`)."""
     if not isinstance(raw, dict):
-        raise _bad("the request body must be a JSON object")
+        raise bad_request("the request body must be a JSON object")
     if "model" not in raw:
-        raise _bad("model: Field required", "model")
+        raise bad_request("model: Field required", "model")
     asked = {key: raw[key] for key in ("model", "previous_response_id", "instructions") if key in raw}
-    try:
-        body = _Body.model_validate(asked)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ()))
-        raise _bad(f"{param}: {first.get('msg', 'invalid')}", param or None) from None
-    if body.model not in served_models:
-        raise OpenAIError(
-            404, f"The model `{body.model}` does not exist", param="model", code="model_not_found"
-        )
+    body = validated(_Body, asked)
+    check_served(body.model, served_models)
     previous = _previous_response(body.previous_response_id)
     value = raw.get("input")
     items = input_items(value) if value is not None else []
     compacted = compaction_point(items)
     messages, _system, _attachments = input_messages(items[1:] if compacted is not None else items)
     if previous is None and compacted is None and not messages:
-        raise _bad("there is nothing to compact: send input or previous_response_id", "input")
+        raise bad_request("there is nothing to compact: send input or previous_response_id", "input")
     return CompactionRequest(body.model, tuple(messages), previous, compacted)
