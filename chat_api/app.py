@@ -213,6 +213,7 @@ def create_app(
                 task.cancel()
             await chat_provider.aclose()
             await db.dispose()
+            metrics.process_exited()
             await upkeep_db.dispose()
 
     app = FastAPI(

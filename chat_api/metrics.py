@@ -8,13 +8,32 @@ series count stays bounded.
 
 The outbox gauges are read from the database when /metrics is scraped (see
 `chat_api/observability.py`); the indexer's own metrics are in `indexer/metrics.py`.
+
+Under `serve --workers N` every process writes its samples to prometheus_client's
+multiprocess files (PROMETHEUS_MULTIPROC_DIR), and a scrape of any worker sums them, so one
+port answers for all of its processes (`exposition`). Gauges of this process's own state
+declare how they combine; the state read from the database is not per process and is kept
+out of those files (`DatabaseState`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Seconds; from a fast in-process demo reply to a slow model with tools.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -60,7 +79,9 @@ APPROVAL_DECISIONS = Counter(
     "Decisions on tool calls that waited for a person, by decision and by whom (user/timeout).",
     ["decision", "by"],
 )
-OPEN_STREAMS = Gauge("chatmem_open_streams", "SSE responses open in this process.")
+OPEN_STREAMS = Gauge(
+    "chatmem_open_streams", "SSE responses open (over the live processes).", multiprocess_mode="livesum"
+)
 RATE_LIMITED = Counter("chatmem_rate_limited_total", "Requests answered 429, by limit.", ["limit"])
 HTTP_REQUESTS = Counter(
     "chatmem_http_requests_total",
@@ -73,28 +94,12 @@ HTTP_LATENCY = Histogram(
     ["route"],
     buckets=LATENCY_BUCKETS,
 )
-OUTBOX_BACKLOG = Gauge(
-    "chatmem_outbox_backlog", "Finished turns not yet handed on (unpublished to Kafka, or unconsumed)."
-)
-OUTBOX_OLDEST_AGE = Gauge(
-    "chatmem_outbox_oldest_age_seconds", "Age of the oldest outbox row not yet handed on (0 when empty)."
-)
-MEMORY_INDEX_ACTIVE = Gauge(
-    "chatmem_memory_index_active",
-    "1 for the searched generation of the memory index.",
-    ["generation", "runtime"],
-)
-MEMORY_INDEX_BUILD_ROWS = Gauge(
-    "chatmem_memory_index_build_rows",
-    "A rebuild of the memory index (`chatmem memory reindex`): rows to copy (total) and copied (done).",
-    ["generation", "runtime", "kind"],
-)
 ENCODER = Gauge(
     "chatmem_encoder_info",
     "1 for the runtime this process encodes text with; `requested` differs from `runtime` after a fallback.",
     ["requested", "runtime"],
+    multiprocess_mode="livemax",
 )
-DEAD_LETTERS_STORED = Gauge("chatmem_dead_letters", "Rows in the dead_letters table.")
 
 # Token kinds copied from the provider's usage; anything else a provider reports is ignored.
 USAGE_KINDS = ("prompt_tokens", "completion_tokens")
@@ -156,21 +161,82 @@ def observe_request(route: str, status: int, seconds: float) -> None:
     HTTP_LATENCY.labels(route=route).observe(max(seconds, 0.0))
 
 
+class DatabaseState(Collector):
+    """Gauges of the whole deployment, read from the database when /metrics is scraped.
+
+    They are the same whichever process reads them, so they are kept in this process's
+    memory and reported by the scraped process, never summed over workers.
+    """
+
+    def __init__(self) -> None:
+        self.backlog = 0
+        self.oldest_age = 0.0
+        self.dead_letters = 0
+        self.generations: list[tuple[int, str, str | None, int, int]] = []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "chatmem_outbox_backlog",
+            "Finished turns not yet handed on (unpublished to Kafka, or unconsumed).",
+            value=self.backlog,
+        )
+        yield GaugeMetricFamily(
+            "chatmem_outbox_oldest_age_seconds",
+            "Age of the oldest outbox row not yet handed on (0 when empty).",
+            value=self.oldest_age,
+        )
+        yield GaugeMetricFamily(
+            "chatmem_dead_letters", "Rows in the dead_letters table.", value=self.dead_letters
+        )
+        active = GaugeMetricFamily(
+            "chatmem_memory_index_active",
+            "1 for the searched generation of the memory index.",
+            labels=["generation", "runtime"],
+        )
+        build = GaugeMetricFamily(
+            "chatmem_memory_index_build_rows",
+            "A rebuild of the memory index (`chatmem memory reindex`): rows to copy (total), copied (done).",
+            labels=["generation", "runtime", "kind"],
+        )
+        for generation, state, runtime, done, total in self.generations:
+            labels = [str(generation), runtime or ""]
+            if state == "active":
+                active.add_metric(labels, 1)
+            else:
+                build.add_metric([*labels, "total"], total)
+                build.add_metric([*labels, "done"], done)
+        yield active
+        yield build
+
+
+DATABASE_STATE = DatabaseState()
+REGISTRY.register(DATABASE_STATE)
+
+
 def set_memory_indexes(generations: list[tuple[int, str, str | None, int, int]]) -> None:
     """Publish the active and building generations: (id, state, runtime, rows done, rows total)."""
-    MEMORY_INDEX_ACTIVE.clear()
-    MEMORY_INDEX_BUILD_ROWS.clear()
-    for generation, state, runtime, done, total in generations:
-        labels = {"generation": str(generation), "runtime": runtime or ""}
-        if state == "active":
-            MEMORY_INDEX_ACTIVE.labels(**labels).set(1)
-        else:
-            MEMORY_INDEX_BUILD_ROWS.labels(**labels, kind="total").set(total)
-            MEMORY_INDEX_BUILD_ROWS.labels(**labels, kind="done").set(done)
+    DATABASE_STATE.generations = list(generations)
 
 
 def set_outbox_state(backlog: int, oldest_age_seconds: float, dead_letters: int) -> None:
     """Publish the outbox backlog, its oldest row's age and the dead-letter count read at scrape time."""
-    OUTBOX_BACKLOG.set(backlog)
-    OUTBOX_OLDEST_AGE.set(max(oldest_age_seconds, 0.0))
-    DEAD_LETTERS_STORED.set(dead_letters)
+    DATABASE_STATE.backlog = backlog
+    DATABASE_STATE.oldest_age = max(oldest_age_seconds, 0.0)
+    DATABASE_STATE.dead_letters = dead_letters
+
+
+def exposition() -> bytes:
+    """The text a scrape returns: this process's metrics, or under `serve --workers N` those of
+    every process of the server (summed as each metric declares) and the database state."""
+    if not os.environ.get(MULTIPROCESS_DIR_ENV):
+        return generate_latest()
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    registry.register(DATABASE_STATE)
+    return generate_latest(registry)
+
+
+def process_exited() -> None:
+    """Drop this process's live gauges from the shared files (its open streams, its encoder)."""
+    if os.environ.get(MULTIPROCESS_DIR_ENV):
+        multiprocess.mark_process_dead(os.getpid())

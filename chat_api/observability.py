@@ -31,7 +31,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -260,7 +260,7 @@ def install_observability(app: FastAPI, settings: Settings) -> None:
     @app.get("/metrics", include_in_schema=False)
     async def prometheus_metrics(request: Request) -> Response:
         await gauges.refresh(request)
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     # Added last, so it is the outermost middleware: it sees every response, 413s and 429s included.
     app.add_middleware(RequestLog)

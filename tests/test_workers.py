@@ -180,3 +180,36 @@ async def test_up_with_two_workers_serves_indexes_and_stops_everything(tmp_path:
         output = await asyncio.to_thread(proc.communicate, timeout=120)
     assert proc.returncode == 0, output[0][-2000:]
     assert not (data_dir / "pg" / "postmaster.pid").exists()  # the embedded Postgres stopped too
+
+
+def _scraped(text: str, name: str, **labels: str) -> list[float]:
+    """The values of the samples of `name` with `labels` in a scrape (read by prometheus_client)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    ]
+
+
+async def test_metrics_of_either_worker_count_the_requests_of_both(pg_url: str) -> None:
+    """A scrape reaches one worker; it reported that worker's requests only, so every figure of
+    a `--workers 2` server was about half of the truth, and which half depended on the scrape."""
+    async with two_workers(pg_url) as url:
+        a, b = await one_client_per_worker(url)
+        try:
+            for client, times in ((a, 3), (b, 2)):
+                for _ in range(times):
+                    assert (await client.get("/v1/conversations")).status_code == 200
+            listed = {"route": "/v1/conversations", "status": "200"}
+            for client in (a, b):
+                scrape = (await client.get("/metrics")).text
+                assert _scraped(scrape, "chatmem_http_requests_total", **listed) == [5.0]
+                # The database's state is reported once, not once per worker.
+                assert len(_scraped(scrape, "chatmem_outbox_backlog")) == 1
+                assert _scraped(scrape, "chatmem_encoder_info", runtime="openvino") == [1.0]
+        finally:
+            await a.aclose()
+            await b.aclose()

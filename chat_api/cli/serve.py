@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -82,6 +86,8 @@ def _serve_processes(
         os.environ["JWT_SECRET"] = settings.jwt_secret.get_secret_value()
     if ui_token:
         os.environ[WORKER_UI_TOKEN_ENV] = ui_token
+    # Every process of the server writes its metrics where a scrape of any worker reads them all.
+    metrics_dir = _shared_metrics_dir(settings)
     children: list[subprocess.Popen[bytes]] = []
     if with_indexer:
         command = [sys.executable, "-m", "chat_api.cli"]
@@ -111,6 +117,35 @@ def _serve_processes(
                 child.wait(20)
             except subprocess.TimeoutExpired:
                 child.kill()
+        if metrics_dir.owned:
+            shutil.rmtree(metrics_dir.path, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _MetricsDir:
+    path: Path
+    owned: bool  # made for this run (removed at exit), not the operator's own directory
+
+
+def _shared_metrics_dir(settings: Settings) -> _MetricsDir:
+    """PROMETHEUS_MULTIPROC_DIR for the server's processes, emptied of an earlier run's files.
+
+    An operator's own directory is used and kept; otherwise one is made under DATA_DIR for
+    this run. Set before the processes start: prometheus_client reads it at import.
+    """
+    from chat_api.metrics import MULTIPROCESS_DIR_ENV
+
+    given = os.environ.get(MULTIPROCESS_DIR_ENV)
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob("*.db"):
+            stale.unlink(missing_ok=True)
+        return _MetricsDir(path, owned=False)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="metrics-", dir=settings.data_dir))
+    os.environ[MULTIPROCESS_DIR_ENV] = str(path)
+    return _MetricsDir(path, owned=True)
 
 
 def _announce_when_ready(settings: Settings, banner: str) -> None:
