@@ -193,7 +193,14 @@ class ContextSettings(BaseSettings):
     """What goes into a prompt."""
 
     prompt_language: Literal["en", "zh"] = Field("en", description="Prompt template set.")
-    context_max_turns: int = Field(10, ge=1, description="Recent window: most turns in the prompt.")
+    context_max_turns: int = Field(
+        10,
+        ge=1,
+        description=(
+            "Recent window: most turns in the prompt. Once full, it holds between half and all"
+            " of them: its start moves in half-window steps, so the history stays a cached prefix."
+        ),
+    )
     context_max_tokens: int = Field(6000, ge=100, description="Recent window: most tokens in the prompt.")
     reply_reserve_tokens: int = Field(1024, ge=0, description="Tokens kept free for the reply.")
     memory_reserve_tokens: int = Field(800, ge=0, description="Tokens kept for the memory block.")

@@ -317,6 +317,23 @@ def test_window_keeps_at_most_max_turns_counting_a_tool_group_as_one() -> None:
     assert built.dropped["older_turns_outside_window"] == 2
 
 
+def test_a_full_window_keeps_its_start_for_several_replies_so_the_history_stays_cached() -> None:
+    """Once a conversation outgrew the window, every reply dropped its oldest unit: the history
+    at the front of the prompt changed with every reply and a model server re-read all of it."""
+    exchanges = [(user(f"question {i}"), assistant(f"answer {i}")) for i in range(40)]
+    moves, previous = 0, None
+    for i in range(12, 40):
+        turns = history(*(t for pair in exchanges[:i] for t in pair), user(f"question {i}"))
+        shown = window(build(turns, max_turns=10))
+        assert 5 <= len(shown) <= 10 and shown[-1] == ("user", f"question {i}")
+        if previous is not None and shown[: len(previous) - 1] != previous[:-1]:
+            moves += 1  # the history this reply's prompt starts with is not the last one's
+        previous = shown
+    # Half a window is five turns, two and a half exchanges: the start moves on every
+    # second or third reply, not on every one (27 before).
+    assert moves <= 11
+
+
 def test_token_budget_drops_oldest_and_never_splits_a_call_from_its_result() -> None:
     words = " ".join(["word"] * 200)
     turns = history(

@@ -416,8 +416,17 @@ def _select_window(
     dropped: Counter[str],
     alive: Collection[tuple[str, int]] | None,
 ) -> tuple[list[_Unit], int]:
-    """Units newest first, and their tokens."""
+    """Units newest first, and their tokens.
+
+    Once the conversation is longer than the window, its start is sticky: it may begin only at
+    a turn whose `seq` is at or past a boundary that moves in steps of half the window
+    (`_sticky_start`), so the history in front of the newest turns stays the same prompt prefix
+    for several replies and a model server reads it from its cache, instead of re-reading the
+    whole history after every reply because the oldest unit slid out.
+    """
     units: list[_Unit] = []
+    first_seqs: list[int] = []  # each unit's first turn
+    current = 0  # units of the current exchange (the latest user message and what follows it)
     used = 0
     in_current_exchange = True
     # Completed tool results newer than the walk's position, by the call id they answer.
@@ -466,14 +475,35 @@ def _select_window(
                 dropped["over_token_budget"] += 1
                 break
             units.append(unit)
+            first_seqs.append(turn.seq)
             used += unit.tokens
+            current += in_current_exchange
             in_current_exchange = in_current_exchange and not unit.is_user
         position -= 1
     if pending:
         dropped["tool_result_orphaned"] += len(pending)
     if position > 0:
         dropped["older_turns_outside_window"] += position
+        kept = _sticky_start(first_seqs, current, budget.max_turns)
+        for unit in units[kept:]:
+            dropped["older_turns_outside_window"] += len(unit.turn_ids)
+            used -= unit.tokens
+        del units[kept:]
     return units, used
+
+
+def _sticky_start(first_seqs: Sequence[int], current: int, max_turns: int) -> int:
+    """How many of the units (newest first) a cut window keeps: those from the first boundary
+    (a multiple of half the window, in turns) at or after the oldest unit that fitted, but
+    never fewer than half the window nor the current exchange. A pure function of the stored
+    turns, so consecutive replies agree on the start without any state: it moves once per
+    half window. (A window the token budget holds to fewer units keeps them all.)"""
+    step = max(1, max_turns // 2)
+    boundary = -(-first_seqs[-1] // step) * step  # the oldest fitting unit's seq, rounded up
+    kept = len(first_seqs)
+    while kept > max(current, step) and first_seqs[kept - 1] < boundary:
+        kept -= 1
+    return kept
 
 
 def _replay_part(
