@@ -28,6 +28,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from indexer.chunking import chunk_text
+from indexer.metrics import TimedEmbedder
 from memory.config import Settings
 from memory.recall.embeddings import Embedder
 from memory.recall.index import generation_of, write_guard
@@ -338,7 +339,9 @@ class IndexPipeline:
         chunks = await asyncio.to_thread(self._chunks, wanted, previous)
         # The vectors and the rows they go into belong to one generation (memory/recall/index.py).
         generation = await generation_of(self._embedder, self._db)
-        vectors = await self._embed(generation.embedder, [c.memory_text for c in chunks])
+        # Timed here, around the generation's own encoder: a wrapper around the MemoryIndex
+        # would hide the generation from generation_of (and record the wrapper as the encoder).
+        vectors = await self._embed(TimedEmbedder(generation.embedder), [c.memory_text for c in chunks])
         rows = await asyncio.to_thread(self._rows, chunks, vectors)
         for row in rows:
             row["index_id"] = generation.id

@@ -113,7 +113,7 @@ class IndexerWorker:
         backoff_max_seconds: float = 30.0,
     ) -> None:
         self.settings = settings
-        self.pipeline = IndexPipeline(db, metrics.TimedEmbedder(embedder), settings)
+        self.pipeline = IndexPipeline(db, embedder, settings)
         self.consumer = consumer if consumer is not None else make_consumer(db, settings)
         self._backoff_base = backoff_base_seconds
         self._backoff_max = backoff_max_seconds

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from indexer.pipeline import IndexPipeline
+from indexer.worker import IndexerWorker
 from memory.recall import reindex
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.index import IndexChanged, MemoryIndex, spec_key, spec_of
@@ -24,6 +25,7 @@ from memory.recall.search import recall_memories
 from memory.record.conversations import Owner
 from memory.record.outbox import turn_payload
 from memory.storage.db import Database
+from tests.support import wait_until
 from tests.test_indexer import chat_turns, test_settings
 
 OWNER = Owner("tenant-a", "user-a")
@@ -236,3 +238,28 @@ def test_the_reindex_command_rebuilds_with_the_configured_runtime_and_switches(p
     asyncio.run(check())
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert "already built by torch" in again.stdout
+
+
+async def test_the_indexer_worker_records_its_encoder_not_its_timing_wrapper_as_the_generation(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: the worker wrapped the MemoryIndex in a timing wrapper, so the pipeline did not
+    # see the index: the first batch took the empty generation over in the wrapper's name, and a
+    # restarted process then refused an index "built by TimedEmbedder".
+    index = MemoryIndex(db, NEW)
+    await index.start()
+    await chat_turns(db, [fact(i) for i in range(4)])
+    worker = IndexerWorker(db, test_settings(pg_url), index)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await wait_until(lambda: worker.stats["indexed_turns"] == 4, 30, "the turns to be indexed")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    async with db.transaction() as session:
+        key = (
+            await session.execute(text("SELECT spec_key FROM memory_indexes WHERE state = 'active'"))
+        ).scalar()
+    assert key == spec_key(spec_of(NEW))
+    assert (await MemoryIndex(db, NEW).start()).id == (await index.generation()).id  # a restart takes it
