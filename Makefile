@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test check lint typecheck bench-small browser-deps js-deps docs clean local-model
+.PHONY: run test check lint typecheck bench-small browser-deps js-deps embedding-server-deps docs clean local-model
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,11 +28,23 @@ local-model: $(VENV)/.installed
 	$(BIN)/chatmem local-model start
 
 ## Install the test dependencies (headless Chromium, the JS protocol clients) and run lint, mypy and every test.
-test: $(VENV)/.installed-test browser-deps js-deps
+test: $(VENV)/.installed-test browser-deps js-deps embedding-server-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy chat_api memory indexer
 	HF_HUB_OFFLINE=1 $(BIN)/pytest
+
+# A real embedding server (infinity-emb) for the tests of EMBEDDING_BASE_URL, in its own venv: it pins
+# numpy<2 and sentence-transformers<4, which chatmem's venv cannot hold. torch is pinned first, as above.
+EMBEDDING_SERVER_VENV := .venv-embedding-server
+embedding-server-deps: $(EMBEDDING_SERVER_VENV)/.installed
+
+$(EMBEDDING_SERVER_VENV)/.installed: scripts/embedding-server-requirements.txt
+	$(PYTHON) -m venv $(EMBEDDING_SERVER_VENV)
+	$(EMBEDDING_SERVER_VENV)/bin/pip install --quiet --upgrade pip
+	$(EMBEDDING_SERVER_VENV)/bin/pip install --quiet torch==2.13.0
+	$(EMBEDDING_SERVER_VENV)/bin/pip install --quiet -r scripts/embedding-server-requirements.txt
+	touch $@
 
 browser-deps:
 	@bash scripts/install-browser.sh || echo "warning: headless Chromium could not be installed; browser tests will be skipped"
@@ -64,4 +76,4 @@ docs: $(VENV)/.installed
 	$(BIN)/python -m chat_api.cli.settings_doc --write README.md
 
 clean:
-	rm -rf $(VENV) tests/js/node_modules examples/ai-sdk-react/node_modules examples/ag-ui-assistant-ui/node_modules .pytest_cache .ruff_cache .mypy_cache test-artifacts bench/results
+	rm -rf $(VENV) $(EMBEDDING_SERVER_VENV) tests/js/node_modules examples/ai-sdk-react/node_modules examples/ag-ui-assistant-ui/node_modules .pytest_cache .ruff_cache .mypy_cache test-artifacts bench/results

@@ -212,6 +212,9 @@ def create_app(
             for task in loops:
                 task.cancel()
             await chat_provider.aclose()
+            close_encoder = getattr(encoder, "aclose", None)  # an embedding service's connections
+            if close_encoder is not None:
+                await close_encoder()
             await db.dispose()
             metrics.process_exited()
             await upkeep_db.dispose()

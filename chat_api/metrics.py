@@ -71,7 +71,8 @@ REWRITE_LATENCY = Histogram(
 )
 RECALLS = Counter(
     "chatmem_recalls_total",
-    "Memory recalls before a reply, by outcome (ok, timeout: past RECALL_TIMEOUT_SECONDS, error).",
+    "Memory recalls before a reply, by outcome (ok, timeout: past RECALL_TIMEOUT_SECONDS, error, "
+    "keywords_only: the embedding service did not answer).",
     ["outcome"],
 )
 APPROVAL_DECISIONS = Counter(
@@ -141,7 +142,7 @@ def observe_retrieval(seconds: float) -> None:
 
 
 def observe_recall(outcome: str) -> None:
-    """Count one recall before a reply; `outcome` is ok, timeout or error."""
+    """Count one recall before a reply; `outcome` is ok, timeout, error or keywords_only."""
     RECALLS.labels(outcome=outcome).inc()
 
 

@@ -31,6 +31,7 @@ import asyncpg
 from sqlalchemy import exc as sa_exc
 
 from memory.config import Settings
+from memory.recall.embedding_service import EmbeddingServiceError
 from memory.recall.embeddings import Embedder, load_embedder
 from memory.recall.index import IndexChanged, open_index
 from memory.storage.db import Database
@@ -64,7 +65,7 @@ _TRANSIENT_ASYNCPG = (
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for outages worth retrying the whole batch for (database or broker unavailable)."""
+    """True for outages worth retrying the whole batch for (database, broker or embedding service away)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -76,6 +77,10 @@ def is_transient(exc: BaseException) -> bool:
         if isinstance(current, _TRANSIENT_ASYNCPG) or is_kafka_error(current):
             return True
         if isinstance(current, IndexChanged):  # a reindex switched: encode again for the new generation
+            return True
+        # The embedding service is away or misconfigured: no turn is at fault, so none is
+        # dead-lettered; the batch goes back and is tried again (a refusal was logged loudly).
+        if isinstance(current, EmbeddingServiceError):
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -136,7 +141,11 @@ class IndexerWorker:
                 except Exception as exc:
                     if not is_transient(exc) and not isinstance(exc, _BatchUnavailable):
                         raise
-                    log.warning("indexer: database or broker unavailable, retrying in %.1fs: %r", delay, exc)
+                    log.warning(
+                        "indexer: database, broker or embedding service unavailable, retrying in %.1fs: %r",
+                        delay,
+                        exc,
+                    )
                     self.stats["retried_batches"] += 1
                     metrics.RETRIED_BATCHES.inc()
                     try:

@@ -262,6 +262,34 @@ class IndexerSettings(BaseSettings):
             "a core to the event loop and Postgres; more stall each other when the cores are busy."
         ),
     )
+    embedding_base_url: str | None = Field(
+        None,
+        description=(
+            "An OpenAI-compatible embedding service (`…/v1`: text-embeddings-inference, vLLM, infinity, "
+            "llama-server --embeddings, Ollama, OpenAI). Set: every query and indexer batch is encoded "
+            "there and no local model is loaded; its vectors form their own index generation "
+            "(moving to or from a service is a `chatmem memory reindex`)."
+        ),
+    )
+    embedding_api_key: SecretStr | None = Field(None, description="API key of the embedding service.")
+    embedding_service_model: str | None = Field(
+        None, description="Model name sent to the embedding service (required with EMBEDDING_BASE_URL)."
+    )
+    embedding_service_batch_size: int = Field(
+        32, ge=1, le=2048, description="Texts per request to the embedding service."
+    )
+    embedding_service_timeout_seconds: float = Field(
+        10.0, gt=0, description="Timeout of one request to the embedding service."
+    )
+    embedding_service_retries: int = Field(
+        4,
+        ge=0,
+        description=(
+            "Retries of an indexer request to the embedding service (backoff with jitter, Retry-After "
+            "honoured) on connection errors, timeouts, 408/409/429/5xx; a reply's recall retries at most "
+            "once inside RECALL_TIMEOUT_SECONDS. Other 4xx are not retried."
+        ),
+    )
     indexer_batch_size: int = Field(
         32,
         ge=1,
@@ -294,6 +322,12 @@ class IndexerSettings(BaseSettings):
     low_information_extra: list[str] = Field(
         default_factory=list, description="More phrases not worth remembering."
     )
+
+    @model_validator(mode="after")
+    def _check_embedding_service(self) -> Self:
+        if self.embedding_base_url and not self.embedding_service_model:
+            raise ValueError("EMBEDDING_BASE_URL needs EMBEDDING_SERVICE_MODEL (the model it serves)")
+        return self
 
 
 class RecallSettings(BaseSettings):

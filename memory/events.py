@@ -78,6 +78,14 @@ class StopReason(StrEnum):
 USER_STOP_REASONS = frozenset({StopReason.USER, StopReason.NEW_MESSAGE, StopReason.CLIENT_DISCONNECTED})
 
 
+class RecallError(StrEnum):
+    """Why a reply's recall went on without (part of) memory: `memory.retrieved`'s `error.code`."""
+
+    MEMORY_TIMEOUT = "memory_timeout"  # past RECALL_TIMEOUT_SECONDS: no items
+    MEMORY_UNAVAILABLE = "memory_unavailable"  # recall failed: no items
+    EMBEDDING_UNAVAILABLE = "embedding_unavailable"  # the embedding service did not answer: keyword hits only
+
+
 class EventName(StrEnum):
     """The name of each event a reply's log can hold."""
 

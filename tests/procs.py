@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -45,8 +45,9 @@ async def hand_index_to_the_real_encoder(pg_url: str) -> None:
 class ServerProcess:
     """`chatmem serve` in a subprocess against the test database."""
 
-    def __init__(self, pg_url: str, **env: Any) -> None:
+    def __init__(self, pg_url: str, *, args: Sequence[str] = (), **env: Any) -> None:
         self.port = free_port()
+        self.args = list(args)  # more `chatmem serve` options, e.g. --with-workers
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.env = {
             **os.environ,
@@ -62,7 +63,10 @@ class ServerProcess:
     async def start(self) -> None:
         await hand_index_to_the_real_encoder(self.env["DATABASE_URL"])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chat_api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            [
+                *(sys.executable, "-m", "chat_api.cli", "serve"),
+                *("--host", "127.0.0.1", "--port", str(self.port), *self.args),
+            ],
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -99,8 +103,10 @@ class ServerProcess:
 
 
 @asynccontextmanager
-async def server_process(pg_url: str, **env: Any) -> AsyncIterator[ServerProcess]:
-    proc = ServerProcess(pg_url, **env)
+async def server_process(
+    pg_url: str, *, args: Sequence[str] = (), **env: Any
+) -> AsyncIterator[ServerProcess]:
+    proc = ServerProcess(pg_url, args=args, **env)
     try:
         # Also when it does not start in time: a server left running outlives the test run.
         await proc.start()

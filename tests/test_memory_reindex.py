@@ -68,10 +68,10 @@ async def rows(db: Database, generation: int) -> set[tuple[Any, ...]]:
 
 
 async def found_turns(db: Database, index: MemoryIndex, query: str) -> list[uuid.UUID]:
-    memories, _ = await recall_memories(
+    recalled = await recall_memories(
         db, index, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text=query, k=3, unindexed_limit=0
     )
-    return [m.turn_id for m in memories]
+    return [m.turn_id for m in recalled.memories]
 
 
 async def test_a_query_vector_is_only_compared_with_rows_of_its_own_generation(

@@ -66,9 +66,10 @@ async def _reindex(args: argparse.Namespace, settings: Any, database_url: str) -
             _print_generations(await reindex.generations(db))
             return
         encoder = await load_embedder(settings, threads=0)
-        if encoder.runtime != encoder.requested_runtime:
+        requested = getattr(encoder, "requested_runtime", None)
+        if requested is not None and getattr(encoder, "runtime", None) != requested:
             raise CommandError(
-                f"the {encoder.requested_runtime} encoder did not load: {encoder.fallback_reason}"
+                f"the {requested} encoder did not load: {getattr(encoder, 'fallback_reason', None)}"
             )
         try:
             ids = await reindex.begin(db, encoder, replace=args.replace)

@@ -13,13 +13,18 @@ import logging
 
 from chat_api.metrics import observe_recall, observe_retrieval, observe_rewrite
 from chat_api.replies.reply import Reply
-from memory.events import ErrorData, EventName, MemoryRetrievedData, RecalledItem
+from memory.events import ErrorData, EventName, MemoryRetrievedData, RecalledItem, RecallError
 from memory.json_bounds import readable_json
 from memory.prompt.context import PromptWindow
+from memory.recall.embedding_service import embedding_budget
 from memory.recall.found import FoundMemory, RecallResult
 from memory.recall.recaller import Recaller
 
 log = logging.getLogger(__name__)
+
+# The part of RECALL_TIMEOUT_SECONDS an embedding service may take (its retry included); the
+# rest is left to keyword search when it does not answer.
+EMBEDDING_SHARE_OF_BOX = 0.6
 
 
 def recalled_item(memory: FoundMemory, *, chunk_index: bool = False) -> RecalledItem:
@@ -61,24 +66,27 @@ async def recall_for_reply(
     settings = recaller.settings
     timeout = settings.recall_timeout_seconds
     try:
+        # An embedding service that does not answer gets at most one retry and part of the box,
+        # so that keyword search still has time to find something.
         async with asyncio.timeout(timeout):
-            found = await recaller.search(
-                reply.owner,
-                user_text,
-                k=settings.memory_top_k,
-                scope_conversation=reply.conversation_id if scope == "conversation" else None,
-                exclude_window=True,
-                extra_exclude=[reply.user_turn_id],
-                store_query_on=reply.id,
-                window=window,
-            )
+            with embedding_budget(timeout * EMBEDDING_SHARE_OF_BOX, retries=1):
+                found = await recaller.search(
+                    reply.owner,
+                    user_text,
+                    k=settings.memory_top_k,
+                    scope_conversation=reply.conversation_id if scope == "conversation" else None,
+                    exclude_window=True,
+                    extra_exclude=[reply.user_turn_id],
+                    store_query_on=reply.id,
+                    window=window,
+                )
     except TimeoutError:
         observe_recall("timeout")
         log.warning("memory recall for reply %s took longer than %gs; replying without it", reply.id, timeout)
         message = f"memory recall took longer than {timeout:g}s; the reply goes on without memory"
         reply.memory_use = "unavailable"
         reply.publish(
-            EventName.MEMORY_RETRIEVED, _without_memory(user_text, scope, "memory_timeout", message)
+            EventName.MEMORY_RETRIEVED, _without_memory(user_text, scope, RecallError.MEMORY_TIMEOUT, message)
         )
         return
     except Exception as exc:
@@ -88,11 +96,11 @@ async def recall_for_reply(
         reply.memory_use = "unavailable"
         reply.publish(
             EventName.MEMORY_RETRIEVED,
-            _without_memory(user_text, scope, "memory_unavailable", type(exc).__name__),
+            _without_memory(user_text, scope, RecallError.MEMORY_UNAVAILABLE, type(exc).__name__),
         )
         return
     observe_rewrite_of(found)
-    observe_recall("ok")
+    observe_recall("ok" if found.degraded is None else "keywords_only")
     observe_retrieval(found.latency_ms["search"] / 1000)
     payload = MemoryRetrievedData(
         query=user_text,
@@ -104,6 +112,11 @@ async def recall_for_reply(
     )
     if found.rewrite.fallback_reason and found.rewrite.method == "heuristic":
         payload["rewrite_fallback"] = found.rewrite.fallback_reason
+    if found.degraded is not None:
+        # The embedding service did not answer: the items come from keyword search alone.
+        code, reason = found.degraded
+        log.warning("memory recall for reply %s used keyword search only: %s", reply.id, reason)
+        payload["error"] = ErrorData(code=code, message=f"keyword search only: {reason}"[:500])
     reply.memories = found.memories
     reply.publish(EventName.MEMORY_RETRIEVED, payload)
 

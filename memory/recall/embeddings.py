@@ -359,8 +359,13 @@ def configured_embedder(settings: Settings) -> SentenceTransformerEmbedder:
     )
 
 
-async def load_embedder(settings: Settings, *, threads: int | None = None) -> SentenceTransformerEmbedder:
-    """The configured embedder, loaded off the event loop (``threads``: EMBEDDING_THREADS unless given)."""
+async def load_embedder(settings: Settings, *, threads: int | None = None) -> Embedder:
+    """The configured embedder, ready: the embedding service if EMBEDDING_BASE_URL is set, else the
+    local model loaded off the event loop (``threads``: EMBEDDING_THREADS unless given)."""
+    if settings.embedding_base_url:
+        from memory.recall.embedding_service import open_service
+
+        return await open_service(settings)
     embedder = configured_embedder(settings)
     await asyncio.to_thread(embedder.load, threads=settings.embedding_threads if threads is None else threads)
     return embedder

@@ -51,6 +51,9 @@ class RecallResult:
     rewrite: Rewrite
     memories: list[FoundMemory]  # best first, at most k, one per turn and per text
     latency_ms: dict[str, float]  # what each step cost
+    # (code, reason) when the search went on without a query vector: keyword search only
+    # (memory.events.RecallError.EMBEDDING_UNAVAILABLE: the embedding service did not answer).
+    degraded: tuple[str, str] | None = None
 
 
 def normalised_text(text: str) -> str:

@@ -49,8 +49,9 @@ PIPELINE = "1"
 # The advisory lock writers hold shared and a switch holds exclusively.
 INDEX_LOCK = 0x28_1DE7
 # The spec fields that decide whether two vectors may be compared (the model's path or a
-# service's address do not: the same weights give the same vectors wherever they live).
-KEY_FIELDS = ("runtime", "source_sha256", "dim", "pipeline", "seed")
+# service's address do not: the same weights give the same vectors wherever they live). An
+# embedding service is known by the model it is asked for (memory/recall/embedding_service.py).
+KEY_FIELDS = ("runtime", "source_sha256", "service_model", "dim", "pipeline", "seed")
 
 ACTIVE = text("SELECT id, spec, spec_key FROM memory_indexes WHERE state = 'active'")
 ACTIVE_LOCKED = text("SELECT id, spec, spec_key FROM memory_indexes WHERE state = 'active' FOR UPDATE")

@@ -136,7 +136,7 @@ class Recaller:
             await session.execute(ASYNC_COMMIT)
             await session.execute(STORE_REWRITTEN_QUERY, {"query": result.query, "turn_id": store_query_on})
 
-        memories, steps = await recall_memories(
+        recalled = await recall_memories(
             self.db,
             self.embedder,
             tenant_id=owner.tenant_id,
@@ -151,10 +151,10 @@ class Recaller:
             fusion=self.fusion,
             cache=self.turn_vectors,
         )
-        latency["embed"] = steps.get("embed", 0.0)
+        latency["embed"] = recalled.latency_ms.get("embed", 0.0)
         latency["search"] = _ms_since(mark)
         latency["total"] = _ms_since(started)
-        return RecallResult(result.query, result, memories, latency)
+        return RecallResult(result.query, result, recalled.memories, latency, degraded=recalled.degraded)
 
 
 def _ms_since(started: float) -> float:

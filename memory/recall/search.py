@@ -10,6 +10,10 @@ encoder: under load, replies queue there, and would otherwise drain the pool.
 3. in one transaction: the index's candidates (``memory.recall.index_search``), fused
    (``memory.recall.fusion``), kept only from conversations still live; the unindexed
    turns scored the same way; then the one de-duplication (``memory.recall.found``).
+
+If the embedding service does not answer (``memory.recall.embedding_service``), step 3 ranks
+by keywords alone (BM25 order; unindexed turns, which need vectors, are left out) and the
+outcome says why, so a reply's recall can say so in ``memory.retrieved``.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memory.events import RecallError
+from memory.recall.embedding_service import EmbeddingServiceError
 from memory.recall.embeddings import Embedder
 from memory.recall.found import FoundMemory, best_distinct
 from memory.recall.fusion import DEFAULT_FUSION, Fusion
@@ -49,6 +55,19 @@ LIVE_CONVERSATIONS = text(
 # Work the caller adds to the search transaction (e.g. storing the query for auditing).
 InSearchTransaction = Callable[[AsyncSession], Awaitable[None]]
 
+# Keyword search alone: the keyword rank's reciprocal, normalised (the RRF formula with one list).
+KEYWORDS_ONLY = Fusion(method="rrf", vector_weight=0.0, keyword_weight=1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """What one search found, what each step cost, and whether it went without vectors."""
+
+    memories: list[FoundMemory]
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    # (RecallError.EMBEDDING_UNAVAILABLE, reason): no query vector, so keyword search only.
+    degraded: tuple[str, str] | None = None
+
 
 async def recall_memories(
     db: Database,
@@ -66,17 +85,18 @@ async def recall_memories(
     in_search_transaction: InSearchTransaction | None = None,
     fusion: Fusion = DEFAULT_FUSION,
     cache: VectorCache | None = None,
-) -> tuple[list[FoundMemory], dict[str, float]]:
+) -> Recalled:
     """The user's ``k`` best memories for a query, indexed or not yet, best first; and each step's ms.
 
     ``prepare_text`` shapes an unindexed turn's text as the indexer would (redaction) and
     returns None for a turn the indexer would skip (low information);
     ``in_search_transaction`` runs in the search's transaction, after it. ``cache`` keeps
-    the unindexed turns' vectors from one recall to the next.
+    the unindexed turns' vectors from one recall to the next. If the embedding service
+    gives no query vector, the memories come from keyword search alone (``degraded``).
     """
     latency: dict[str, float] = {}
     if k <= 0 or not query_text.strip():
-        return [], latency
+        return Recalled([], latency)
     started = time.perf_counter()
     async with db.session() as session:
         unindexed = await find_unindexed(
@@ -92,31 +112,50 @@ async def recall_memories(
     mark = time.perf_counter()
     # The query is encoded by the encoder of the generation it is compared with (never mixed).
     generation = await generation_of(embedder, db)
-    query_vector, turn_vectors = await embed_for_recall(
-        generation.embedder, query_text, unindexed, cache, generation_id=generation.id
-    )
+    degraded: tuple[str, str] | None = None
+    try:
+        query_vector, turn_vectors = await embed_for_recall(
+            generation.embedder, query_text, unindexed, cache, generation_id=generation.id
+        )
+    except EmbeddingServiceError as exc:
+        degraded = (RecallError.EMBEDDING_UNAVAILABLE, str(exc))
     latency["embed"] = _ms_since(mark)
     mark = time.perf_counter()
     async with db.transaction() as session:
-        memories = await rank_memories(
-            session,
-            tenant_id=tenant_id,
-            user_id=user_id,
-            query_text=query_text,
-            query_vector=query_vector,
-            index_id=generation.id,
-            unindexed=unindexed,
-            turn_vectors=turn_vectors,
-            k=k,
-            conversation_id=conversation_id,
-            exclude_turn_ids=exclude_turn_ids,
-            min_score=min_score,
-            fusion=fusion,
-        )
+        if degraded is not None:
+            memories = await rank_by_keywords(
+                session,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                query_text=query_text,
+                dim=generation.embedder.dim,
+                index_id=generation.id,
+                k=k,
+                conversation_id=conversation_id,
+                exclude_turn_ids=exclude_turn_ids,
+                min_score=min_score,
+                depth=max(fusion.candidates, k + OVERFETCH),
+            )
+        else:
+            memories = await rank_memories(
+                session,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                query_text=query_text,
+                query_vector=query_vector,
+                index_id=generation.id,
+                unindexed=unindexed,
+                turn_vectors=turn_vectors,
+                k=k,
+                conversation_id=conversation_id,
+                exclude_turn_ids=exclude_turn_ids,
+                min_score=min_score,
+                fusion=fusion,
+            )
         if in_search_transaction is not None:
             await in_search_transaction(session)
     latency["rank"] = _ms_since(mark)
-    return memories, latency
+    return Recalled(memories, latency, degraded)
 
 
 def _ms_since(started: float) -> float:
@@ -185,23 +224,71 @@ async def rank_memories(
         conversation_id=conversation_id,
         exclude_turn_ids=exclude_turn_ids,
     )
-    indexed = fuse(candidates, query_text, fusion)
+    live = await _in_live_conversations(
+        session, fuse(candidates, query_text, fusion), tenant_id=tenant_id, user_id=user_id
+    )
+    fresh = score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
+    return best_distinct([*live, *fresh], k, min_score)
+
+
+async def rank_by_keywords(
+    session: AsyncSession,
+    *,
+    tenant_id: str,
+    user_id: str,
+    query_text: str,
+    dim: int,
+    index_id: int,
+    k: int,
+    depth: int,
+    conversation_id: uuid.UUID | None = None,
+    exclude_turn_ids: Collection[uuid.UUID] = (),
+    min_score: float = 0.0,
+) -> list[FoundMemory]:
+    """The user's ``k`` best indexed memories by keyword search alone (no query vector), best first.
+
+    The one search statement runs with a placeholder vector; its dense list and cosine
+    signals are dropped and only the keyword list's BM25 order counts.
+    """
+    placeholder = [1.0] + [0.0] * (dim - 1)
+    candidates = await search_candidates(
+        session,
+        tenant_id=tenant_id,
+        user_id=user_id,
+        query_text=query_text,
+        query_embedding=placeholder,
+        index_id=index_id,
+        depth=depth,
+        conversation_id=conversation_id,
+        exclude_turn_ids=exclude_turn_ids,
+    )
+    found = [
+        replace(c.memory, score=KEYWORDS_ONLY.rrf(None, c.signals.keyword_rank), vector_rank=None)
+        for c in candidates
+        if c.signals.keyword_rank is not None
+    ]
+    live = await _in_live_conversations(session, found, tenant_id=tenant_id, user_id=user_id)
+    return best_distinct(live, k, min_score)
+
+
+async def _in_live_conversations(
+    session: AsyncSession, memories: list[FoundMemory], *, tenant_id: str, user_id: str
+) -> list[FoundMemory]:
+    """The memories whose conversation is still live and remembered, with its title."""
     titles: dict[uuid.UUID, str | None] = {}
-    if indexed:
+    if memories:
         rows = await session.execute(
             LIVE_CONVERSATIONS,
             {
-                "ids": list({m.conversation_id for m in indexed if m.conversation_id is not None}),
+                "ids": list({m.conversation_id for m in memories if m.conversation_id is not None}),
                 "tenant_id": tenant_id,
                 "user_id": user_id,
             },
         )
         titles = {row.id: row.title for row in rows}
     # A fact the user stated outside any conversation has none (memory/recall/items.py).
-    live = [
+    return [
         replace(m, conversation_title=titles[m.conversation_id]) if m.conversation_id is not None else m
-        for m in indexed
+        for m in memories
         if m.conversation_id is None or m.conversation_id in titles
     ]
-    fresh = score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
-    return best_distinct([*live, *fresh], k, min_score)
