@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
+from indexer.pipeline import IndexPipeline
 from indexer.worker import IndexerWorker
 from memory.config import default_embedding_model
 from memory.events import EventName, RecallError
+from memory.recall import reindex
 from memory.recall.embedding_service import (
     CONCURRENT_REQUESTS,
     EmbeddingRefused,
@@ -29,14 +31,16 @@ from memory.recall.embedding_service import (
 from memory.recall.embeddings import SentenceTransformerEmbedder
 from memory.recall.index import MemoryIndex, spec_key, spec_of
 from memory.recall.keywords import memory_text, photo_caption
+from memory.recall.search import recall_memories
 from memory.record.conversations import Owner
+from memory.record.outbox import turn_payload
 from memory.storage.db import Database
 from tests.conftest import LiveServer, free_port
 from tests.embedding_server import API_KEY, MODEL_NAME, EmbeddingServer, SilentServer, require_server
 from tests.procs import server_process
 from tests.sse import SSEEvent, iter_sse
 from tests.support import new_conversation, wait_until
-from tests.test_indexer import chat_turns, memorable, scalar, test_settings
+from tests.test_indexer import OWNER, chat_turns, memorable, scalar, test_settings
 from tests.test_memory_recall import FACT, QUESTION, retrieved, say
 
 pytestmark = pytest.mark.slow
@@ -242,3 +246,28 @@ async def test_a_reply_recalls_by_keywords_inside_its_time_box_when_the_service_
     assert found["error"]["code"] == RecallError.EMBEDDING_UNAVAILABLE
     assert [item["turn_id"] for item in found["items"]] == [str(turns[0].id)]  # a keyword hit
     assert 'chatmem_recalls_total{outcome="keywords_only"}' in metrics
+
+
+async def test_moving_a_local_index_to_the_service_is_a_reindex_and_never_mixes_them(
+    db: Database, pg_url: str, running: EmbeddingServer, local_encoder: SentenceTransformerEmbedder
+) -> None:
+    local = MemoryIndex(db, local_encoder)
+    await local.start()
+    _, turns = await chat_turns(db, [FACT, memorable(1)])
+    await IndexPipeline(db, local, test_settings(pg_url)).index([turn_payload(t) for t in turns])
+    embedder = service(running)
+    # A process configured with the service does not search the local encoder's vectors with its own.
+    with pytest.raises(RuntimeError, match="memory reindex"):
+        await MemoryIndex(db, embedder).start()
+    old, new = await reindex.begin(db, embedder) or (0, 0)
+    await reindex.build(db, embedder, old, new)
+    generation = await MemoryIndex(db, embedder).start()
+    assert generation.id == new and generation.embedder is embedder
+    recalled = await recall_memories(
+        db, embedder, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text=QUESTION, k=1
+    )
+    assert recalled.degraded is None
+    assert [m.turn_id for m in recalled.memories] == [turns[0].id]
+    # And the local encoder, now the one that differs, is refused in turn.
+    with pytest.raises(RuntimeError, match="memory reindex"):
+        await MemoryIndex(db, local_encoder).start()

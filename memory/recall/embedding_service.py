@@ -217,6 +217,8 @@ class ServiceEmbedder:
                 retry_after = _retry_after(exc)
             except openai.APIConnectionError as exc:  # APITimeoutError included
                 failure, retry_after = exc, None
+            except openai.APIError as exc:  # an answer the SDK could not read: not an outage
+                raise self._refused(f"the embedding service answered something unreadable: {exc}") from None
             if attempt >= retries:
                 raise EmbeddingUnavailable(
                     f"the embedding service at {self.base_url} did not answer after {attempt + 1} "
@@ -231,11 +233,14 @@ class ServiceEmbedder:
         data = sorted(response.data, key=lambda item: item.index)
         if len(data) != count or [item.index for item in data] != list(range(count)):
             raise self._refused(f"the embedding service answered {len(data)} vectors for {count} texts")
-        vectors = np.asarray([item.embedding for item in data], dtype=np.float64)
+        try:
+            vectors = np.asarray([item.embedding for item in data], dtype=np.float64)
+        except (TypeError, ValueError):  # ragged, or not numbers (e.g. base64 despite "float")
+            vectors = np.empty((count, 0))
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
-            got = vectors.shape[1] if vectors.ndim == 2 else "ragged"
+            got = f"{vectors.shape[1]}-d" if vectors.ndim == 2 and vectors.size else "unreadable"
             raise self._refused(
-                f"the embedding service answered {got}-d vectors; the memory index holds {self.dim}-d "
+                f"the embedding service answered {got} vectors; the memory index holds {self.dim}-d "
                 f"(model {self.model!r})"
             )
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
