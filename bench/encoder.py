@@ -15,13 +15,20 @@ first, so that a change of machine load hits every runtime alike):
 CPU time is the process's (only one encode runs at a time), so it includes every thread
 a runtime uses: on a busy machine a second thread can cost more CPU than it saves time.
 
+With ``--service URL --service-model M`` an OpenAI-compatible embedding service (what
+``EMBEDDING_BASE_URL`` points at) is a third runtime, through chatmem's own client: its CPU
+columns are this process's (what an API or indexer process still pays per encode), and
+``--service-pid`` adds the server process's own CPU (with its children) per encode.
+
     python bench/encoder.py --threads 1 --queries 80 --batches 5
     python bench/encoder.py --threads 2 --queries 40 --batches 3 --no-recall
+    python bench/encoder.py --service http://127.0.0.1:7997/v1 --service-model minilm --service-pid 1234
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -33,10 +40,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from common import percentile, print_table, write_json
 
 from indexer.chunking import chunk_text
 from memory.config import get_settings
+from memory.recall.embedding_service import ServiceEmbedder
 from memory.recall.embeddings import SentenceTransformerEmbedder, configured_embedder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +137,34 @@ def dense_recall(
     return {f"R@{k}": round(statistics.fmean(v), 4) for k, v in hits.items()}
 
 
-def encode_all(model: SentenceTransformerEmbedder, texts: Sequence[str]) -> dict[str, np.ndarray]:
+class SyncService:
+    """The embedding service behind the same synchronous call as a local model (for timing)."""
+
+    runtime = "service"
+
+    def __init__(self, embedder: ServiceEmbedder, server_pid: int | None) -> None:
+        self.embedder = embedder
+        self.loop = asyncio.new_event_loop()
+        self.server = psutil.Process(server_pid) if server_pid else None
+
+    def encode_sync(self, texts: Sequence[str]) -> list[list[float]]:
+        return self.loop.run_until_complete(self.embedder.embed(texts))
+
+    def server_cpu_seconds(self) -> float:
+        """The server's CPU so far, its children's included (0.0 without --service-pid)."""
+        if self.server is None:
+            return 0.0
+        total = 0.0
+        for process in [self.server, *self.server.children(recursive=True)]:
+            times = process.cpu_times()
+            total += times.user + times.system
+        return total
+
+
+Model = SentenceTransformerEmbedder | SyncService
+
+
+def encode_all(model: Model, texts: Sequence[str]) -> dict[str, np.ndarray]:
     unique = list(dict.fromkeys(texts))
     out: dict[str, np.ndarray] = {}
     for start in range(0, len(unique), 64):
@@ -138,10 +174,15 @@ def encode_all(model: SentenceTransformerEmbedder, texts: Sequence[str]) -> dict
     return out
 
 
-def timed(model: SentenceTransformerEmbedder, texts: list[str]) -> tuple[float, float]:
+def timed(model: Model, texts: list[str]) -> tuple[float, float, float]:
+    """Wall, this process's CPU and the service's CPU (ms) of one encode."""
+    server = model.server_cpu_seconds() if isinstance(model, SyncService) else 0.0
     wall, cpu = time.perf_counter(), time.process_time()
     model.encode_sync(texts)
-    return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+    wall_ms, cpu_ms = (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+    if isinstance(model, SyncService):
+        return wall_ms, cpu_ms, (model.server_cpu_seconds() - server) * 1000
+    return wall_ms, cpu_ms, 0.0
 
 
 def main() -> None:
@@ -155,10 +196,15 @@ def main() -> None:
     parser.add_argument("--locomo", type=Path, default=BENCH / "locomo_dev.json")
     parser.add_argument("--longmemeval", type=Path, default=BENCH / "longmemeval_dev.json")
     parser.add_argument("--out", type=Path, default=Path("bench/results/encoder.json"))
+    parser.add_argument("--service", help="an OpenAI-compatible /v1 base URL, timed as a third runtime")
+    parser.add_argument("--service-model", default="minilm")
+    parser.add_argument("--service-key", default=None)
+    parser.add_argument("--service-pid", type=int, default=None, help="the service's process, for its CPU")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     settings = get_settings()
-    models: dict[str, SentenceTransformerEmbedder] = {}
+    runtimes = (*RUNTIMES, "service") if args.service else RUNTIMES
+    models: dict[str, Model] = {}
     load_seconds = {}
     for runtime in RUNTIMES:
         model = configured_embedder(settings.model_copy(update={"embedding_runtime": runtime}))
@@ -167,6 +213,10 @@ def main() -> None:
         load_seconds[runtime] = round(time.perf_counter() - started, 1)
         assert model.runtime == runtime, f"{runtime} fell back: {model.fallback_reason}"
         models[runtime] = model
+    if args.service:
+        service = ServiceEmbedder(args.service, args.service_model, api_key=args.service_key)
+        models["service"] = SyncService(service, args.service_pid)
+        load_seconds["service"] = 0.0
     slices = {"LoCoMo": locomo(args.locomo), "LongMemEval": longmemeval(args.longmemeval)}
     size, overlap = settings.chunk_chars, settings.chunk_overlap_chars
     questions = [q for tasks in slices.values() for task in tasks for q, _ in task[2]]
@@ -176,35 +226,40 @@ def main() -> None:
     for model in models.values():  # warm-up, not measured
         model.encode_sync(query_order[:2])
     times: dict[str, dict[str, list[float]]] = {
-        r: {k: [] for k in ("qw", "qc", "bw", "bc")} for r in RUNTIMES
+        r: {k: [] for k in ("qw", "qc", "qs", "bw", "bc", "bs")} for r in runtimes
     }
     load_before = os.getloadavg()[0]
+    n = len(runtimes)
     for i, query in enumerate(query_order):
-        for runtime in RUNTIMES[i % 2 :] + RUNTIMES[: i % 2]:
-            wall, cpu = timed(models[runtime], [query])
+        for runtime in runtimes[i % n :] + runtimes[: i % n]:
+            wall, cpu, server = timed(models[runtime], [query])
             times[runtime]["qw"].append(wall)
             times[runtime]["qc"].append(cpu)
+            times[runtime]["qs"].append(server)
     for i in range(args.batches):
         batch = rng.sample(turn_chunks, 64)
-        for runtime in RUNTIMES[i % 2 :] + RUNTIMES[: i % 2]:
-            wall, cpu = timed(models[runtime], batch)
+        for runtime in runtimes[i % n :] + runtimes[: i % n]:
+            wall, cpu, server = timed(models[runtime], batch)
             times[runtime]["bw"].append(wall)
             times[runtime]["bc"].append(cpu)
+            times[runtime]["bs"].append(server)
     rows: list[dict[str, Any]] = []
-    for runtime in RUNTIMES:
+    for runtime in runtimes:
         t = times[runtime]
-        rows.append(
-            {
-                "runtime": runtime,
-                "threads": args.threads,
-                "load s": load_seconds[runtime],
-                "query wall p50": round(statistics.median(t["qw"]), 1),
-                "query wall p95": round(percentile(t["qw"], 95), 1),
-                "query CPU p50": round(statistics.median(t["qc"]), 1),
-                "batch64 wall p50": round(statistics.median(t["bw"]), 0),
-                "batch64 CPU p50": round(statistics.median(t["bc"]), 0),
-            }
-        )
+        row = {
+            "runtime": runtime,
+            "threads": args.threads,
+            "load s": load_seconds[runtime],
+            "query wall p50": round(statistics.median(t["qw"]), 1),
+            "query wall p95": round(percentile(t["qw"], 95), 1),
+            "query CPU p50": round(statistics.median(t["qc"]), 1),
+            "batch64 wall p50": round(statistics.median(t["bw"]), 0),
+            "batch64 CPU p50": round(statistics.median(t["bc"]), 0),
+        }
+        if args.service_pid:
+            row["query server CPU p50"] = round(statistics.median(t["qs"]), 1)
+            row["batch64 server CPU p50"] = round(statistics.median(t["bs"]), 0)
+        rows.append(row)
     print_table(
         f"encode ms, {args.threads} thread(s), load {load_before:.1f} -> {os.getloadavg()[0]:.1f}",
         rows,
@@ -218,9 +273,8 @@ def main() -> None:
     if not args.no_recall:
         texts = list(dict.fromkeys(questions + turn_chunks))
         vectors = {runtime: encode_all(model, texts) for runtime, model in models.items()}
-        cosines = [float(vectors["openvino"][t] @ vectors["torch"][t]) for t in texts]
         recall_rows = []
-        for runtime in RUNTIMES:
+        for runtime in runtimes:
             for name, tasks in slices.items():
                 recall_rows.append(
                     {
@@ -230,12 +284,15 @@ def main() -> None:
                     }
                 )
         print_table("dense recall (best chunk per turn)", recall_rows, list(recall_rows[0]))
-        agreement = {
-            "texts": len(texts),
-            "cos_min": round(min(cosines), 6),
-            "cos_mean": round(statistics.fmean(cosines), 6),
-        }
-        print(f"openvino vs torch: {agreement}")
+        agreement: dict[str, dict[str, float]] = {}
+        for runtime in runtimes[1:]:
+            cosines = [float(vectors[runtime][t] @ vectors["torch"][t]) for t in texts]
+            agreement[runtime] = {
+                "texts": len(texts),
+                "cos_min": round(min(cosines), 6),
+                "cos_mean": round(statistics.fmean(cosines), 6),
+            }
+            print(f"{runtime} vs torch: {agreement[runtime]}")
         result |= {"recall": recall_rows, "agreement": agreement}
     write_json(args.out, result)
 
