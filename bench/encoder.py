@@ -199,6 +199,7 @@ def main() -> None:
     parser.add_argument("--service", help="an OpenAI-compatible /v1 base URL, timed as a third runtime")
     parser.add_argument("--service-model", default="minilm")
     parser.add_argument("--service-key", default=None)
+    parser.add_argument("--service-timeout", type=float, default=120.0, help="seconds per request")
     parser.add_argument("--service-pid", type=int, default=None, help="the service's process, for its CPU")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -214,7 +215,9 @@ def main() -> None:
         assert model.runtime == runtime, f"{runtime} fell back: {model.fallback_reason}"
         models[runtime] = model
     if args.service:
-        service = ServiceEmbedder(args.service, args.service_model, api_key=args.service_key)
+        service = ServiceEmbedder(
+            args.service, args.service_model, api_key=args.service_key, timeout_seconds=args.service_timeout
+        )
         models["service"] = SyncService(service, args.service_pid)
         load_seconds["service"] = 0.0
     slices = {"LoCoMo": locomo(args.locomo), "LongMemEval": longmemeval(args.longmemeval)}

@@ -279,7 +279,12 @@ class IndexerSettings(BaseSettings):
         32, ge=1, le=2048, description="Texts per request to the embedding service."
     )
     embedding_service_timeout_seconds: float = Field(
-        10.0, gt=0, description="Timeout of one request to the embedding service."
+        30.0,
+        gt=0,
+        description=(
+            "Timeout of one request to the embedding service (a reply's recall gives up sooner, inside "
+            "RECALL_TIMEOUT_SECONDS). A CPU-only service on a busy machine took over 10 s for 32 long texts."
+        ),
     )
     embedding_service_retries: int = Field(
         4,

@@ -133,7 +133,7 @@ class ServiceEmbedder:
         *,
         api_key: str | None = None,
         batch_size: int = 32,
-        timeout_seconds: float = 10.0,
+        timeout_seconds: float = 30.0,
         retries: int = 4,
         dim: int = EMBEDDING_DIM,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
