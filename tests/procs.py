@@ -19,10 +19,10 @@ from tests.conftest import TEST_SECRET, auth, free_port
 async def hand_index_to_the_real_encoder(pg_url: str) -> None:
     """Let a real-model server start on the shared test database.
 
-    Tests in this process index with the deterministic fake encoder; a server process
-    encodes with the real model and refuses to answer from vectors another encoder made
-    (memory/recall/index.py). Memory left by an earlier test's fake encoder is dropped, so
-    the server takes the empty index.
+    Tests in this process index with the deterministic fake encoder (or an embedding
+    service); a server process encodes with the real local model and refuses to answer from
+    vectors another encoder made (memory/recall/index.py). Memory left by an earlier test's
+    fake encoder or embedding service is dropped, so the server takes the empty index.
     """
     from sqlalchemy import text
 
@@ -36,7 +36,7 @@ async def hand_index_to_the_real_encoder(pg_url: str) -> None:
                     text("SELECT spec->>'runtime' FROM memory_indexes WHERE state = 'active'")
                 )
             ).scalar()
-            if runtime == "hash":
+            if runtime in ("hash", "service"):
                 await session.execute(text("DELETE FROM memory_items"))
     finally:
         await db.dispose()
