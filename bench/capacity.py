@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import time
 from pathlib import Path
@@ -150,8 +151,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             async with Server(url, args=extra, **env) as server:
                 for scope in args.memory:
                     for rate in args.rates:
+                        load = os.getloadavg()[0]
                         row = await step(server.url, server.pid, rate, args.seconds, scope, args.users)
-                        row = {"workers": workers, **row}
+                        # The machine's 1-minute load before and after the step: other work shows there.
+                        row = {
+                            "workers": workers,
+                            **row,
+                            "load_1m": [round(load, 1), round(os.getloadavg()[0], 1)],
+                        }
                         rows.append(row)
                         print(row, flush=True)
                         if not row["sustained"] and not args.all_rates:
@@ -181,6 +188,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "ttft_p99_ms",
             "cpu_ms_per_message",
             "sustained",
+            "load_1m",
         ],
     )
     print(f"\nhighest sustained rate (messages/s): {best}")

@@ -1,279 +1,672 @@
-"""Retrieval latency (p50/p95) and dense recall@10 against exact search, on synthetic memory rows.
+"""Memory search latency at scale: real rows, real questions, chatmem's own search.
 
-Rows are random unit vectors around 64 cluster centres with short random texts, spread
-over 10,000 users; each query is filtered to one user, as in production. With
-``--distribution heavy`` the first ``HEAVY_USERS`` users hold half of all rows (thousands
-each at 100k rows, tens of thousands at 1M): a query for such a user can no longer take
-the owner btree and sort, so the planner uses the HNSW index with iterative scans, the
-path that ``hnsw.iterative_scan`` exists for. Latency is reported for heavy and light
-users separately. The query
-embedding is precomputed (no model, no rewrite). Loading uses COPY into a staging table
-and builds the HNSW and GIN indexes after the load, which is far faster than inserting
-into indexed tables.
+Loads ``--rows`` memory rows for ``--users`` users into a private embedded Postgres on the
+current schema (every migration applied; rows carry the active index generation's id) and
+times the search that ``POST /v1/memory/search`` runs (``Recaller.search``: unindexed turns,
+query rewrite, the index's candidate statement, fusion, live conversations) for random
+users with varied real questions, one search at a time. Beside it, the dense part alone
+(the candidate statement's vector top list, same owner filter and depth).
 
-    .venv/bin/python bench/retrieval_latency.py --rows 100000 --queries 200
+The rows are real: every turn of the LoCoMo and LongMemEval slices, chunked, remembered and
+keyword-indexed as the indexer does it (``memory_text``, ``memory_search_terms``), with its
+real vector from the configured encoder. Each of a user's conversations walks the pool from
+a random turn (so neighbours are real neighbours), and rows arrive interleaved across users
+(each row's owner drawn at random), so a user's rows scatter over the heap as live traffic
+leaves them. Every conversation is fully indexed (its watermark at its last row), the
+steady state; the questions are the slices' questions, each with the vector the encoder
+made for it (so the figure is the database's part; ``bench/encoder.py`` measures the
+encoder). Loading: binary COPY with the table's indexes and unique key dropped, then every
+index the migrations define rebuilt (timed one by one), then ``VACUUM (ANALYZE)``.
+
+Configurations (``--configs``), measured in order on the same loaded rows, each on top of
+the previous ones:
+
+- ``today``: the schema and the embedded server's settings as they are;
+- ``shared_buffers``: ``shared_buffers`` at ``--shared-buffers`` (restart);
+- ``covering``: a covering btree for the dense top list, ``(tenant_id, user_id, index_id)
+  INCLUDE (id, turn_id, embedding)`` on live rows, so it is answered from the index alone.
+
+    nice -n 10 python bench/retrieval_latency.py --rows 1000000 --users 1000
+    nice -n 10 python bench/retrieval_latency.py --rows 2000000 --users 1000 --configs today covering
+    python bench/retrieval_latency.py --small          # CI: 3,000 rows, a few questions
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import os
+import shutil
+import struct
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import numpy as np
+from common import ROOT, percentile, print_table, write_json
+from locomo_import import _sessions, session_turns
+from longmemeval_eval import load_pool
+from memory_eval import load_questions
 from pgvector.asyncpg import register_vector
+from pgvector.sqlalchemy import Vector
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 
-from memory.recall.index_search import SET_SEARCH_SETTINGS, search_index
+from indexer.chunking import chunk_text
+from memory.config import Settings, get_settings
+from memory.prompt.templates import load_prompts
+from memory.recall.embeddings import Embedder, load_embedder
+from memory.recall.index import MemoryIndex, spec_key, spec_of
+from memory.recall.index_search import MIN_EF_SEARCH, SET_SEARCH_SETTINGS, _owner_filter
+from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
+from memory.recall.recaller import Recaller
+from memory.record.conversations import Owner
 from memory.storage.db import Database, asyncpg_dsn, upgrade
 from memory.storage.embedded import EmbeddedPostgres
 from memory.storage.models import EMBEDDING_DIM
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TENANT = "bench"
-USERS = 10_000
-CLUSTERS = 64
-HEAVY_USERS = 100
-VOCABULARY = [f"word{i}" for i in range(2000)]
+BENCH = ROOT.parent / "shared" / "bench"
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+COPY_COLUMNS = [
+    "index_id",
+    "tenant_id",
+    "user_id",
+    "conversation_id",
+    "turn_id",
+    "chunk_index",
+    "turn_seq",
+    "role",
+    "name",
+    "text",
+    "search_terms",
+    "embedding",
+    "turn_created_at",
+]
+NULL = struct.pack(">i", -1)
 
-CREATE_STAGING = """
-CREATE UNLOGGED TABLE IF NOT EXISTS bench_staging (
-    user_id text, conversation_id uuid, turn_id uuid, seq int, body text, embedding vector(384)
+# The dense top list of the search statement (memory/recall/index_search.py, `vector_hits`),
+# with the statement's own owner filter.
+DENSE_TOP = text(
+    f"""
+    SELECT m.id, m.embedding <=> :embedding AS distance
+    FROM memory_items m
+    WHERE {_owner_filter(by_conversation=False)}
+    ORDER BY m.embedding <=> :embedding
+    LIMIT :candidates
+    """
+).bindparams(
+    bindparam("embedding", type_=Vector(EMBEDDING_DIM)),
+    bindparam("exclude_turn_ids", type_=ARRAY(UUID(as_uuid=True))),
 )
+
+COVERING_INDEX = (
+    "CREATE INDEX ix_memory_owner_dense ON memory_items (tenant_id, user_id, index_id)"
+    " INCLUDE (id, turn_id, embedding) WHERE deleted_at IS NULL AND on_active_branch"
+)
+CONVERSATIONS = """
+INSERT INTO conversations (id, tenant_id, user_id, title, memory_mode, next_seq, indexed_seq)
+SELECT id, 'bench', user_id, 'bench', 'persistent', last_seq + 1, last_seq
+FROM unnest($1::uuid[], $2::text[], $3::int[]) AS c(id, user_id, last_seq)
 """
-MOVE_STAGING = """
-INSERT INTO memory_items (index_id, tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq,
-                          role, text, search_terms, embedding, turn_created_at)
-SELECT 1, 'bench', user_id, conversation_id, turn_id, 0, seq, 'user', body,
-       to_tsvector('simple', body), embedding, now()
-FROM bench_staging
+TABLE_INDEXES = """
+SELECT c.relname AS name, pg_get_indexdef(i.indexrelid) AS ddl, con.conname AS constraint_name,
+       pg_get_constraintdef(con.oid) AS constraint_ddl
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+LEFT JOIN pg_constraint con ON con.conindid = i.indexrelid AND con.contype = 'u'
+WHERE i.indrelid = 'memory_items'::regclass AND NOT i.indisprimary
+ORDER BY c.relname
 """
-DENSE_TOP = """
-SELECT id FROM memory_items m
-WHERE m.tenant_id = 'bench' AND m.user_id = $1
-ORDER BY m.embedding <=> $2 LIMIT $3
+STORAGE = """
+SELECT pg_total_relation_size('memory_items') AS total, pg_relation_size('memory_items') AS heap,
+       (SELECT json_object_agg(c.relname, pg_relation_size(c.oid)) FROM pg_index i
+        JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = 'memory_items'::regclass) AS indexes
 """
 
 
-def owners(rows: int, distribution: str, rng: np.random.Generator) -> np.ndarray:
-    """The user number of each row: round robin, or half of the rows on the heavy users."""
-    if distribution == "uniform":
-        return np.arange(rows) % USERS
-    heavy = rng.random(rows) < 0.5
-    return np.where(heavy, rng.integers(0, HEAVY_USERS, rows), rng.integers(HEAVY_USERS, USERS, rows))
+@dataclass(frozen=True, slots=True)
+class PoolRow:
+    """One remembered chunk of a real turn: its row fields, already in COPY's binary form."""
+
+    role: bytes
+    name: bytes
+    text: bytes
+    chunk_index: int
+    search_terms: bytes
+    embedding: bytes
 
 
-def synthetic_rows(
-    rows: int, rng: np.random.Generator, distribution: str = "uniform"
-) -> tuple[np.ndarray, list[tuple]]:
-    """Cluster centres and the staging records (user, conversation, turn, seq, text, vector)."""
-    centres = rng.standard_normal((CLUSTERS, EMBEDDING_DIM)).astype(np.float32)
-    vectors = centres[rng.integers(0, CLUSTERS, rows)] + 0.6 * rng.standard_normal((rows, EMBEDDING_DIM))
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    conversations = [uuid.uuid4() for _ in range(USERS)]
-    words = rng.integers(0, len(VOCABULARY), (rows, 8))
-    users = owners(rows, distribution, rng)
-    records = [
-        (
-            f"user{users[i]}",
-            conversations[users[i]],
-            uuid.uuid4(),
-            i + 1,
-            " ".join(VOCABULARY[w] for w in words[i]),
-            vectors[i].astype(np.float32),
+def _field(value: bytes) -> bytes:
+    return struct.pack(">i", len(value)) + value
+
+
+def slice_turns(locomo: Path, longmemeval: Path) -> list[dict[str, Any]]:
+    """Every turn of both slices in conversation order: role, name, content, created_at, caption."""
+    turns: list[dict[str, Any]] = []
+    for sample in json.loads(locomo.read_text()):
+        for n in _sessions(sample["conversation"]):
+            for turn in session_turns(sample["conversation"], n):
+                turns.append({**turn, "created_at": datetime.fromisoformat(turn["created_at"])})
+    for started, session in load_pool(longmemeval).sessions.values():
+        turns.extend(
+            {
+                "role": t["role"],
+                "content": t["content"],
+                "created_at": started,
+                "name": None,
+                "metadata": None,
+            }
+            for t in session
         )
-        for i in range(rows)
-    ]
-    return centres, records
+    return [t for t in turns if t["content"].strip()]
 
 
-async def load(dsn: str, records: list[tuple]) -> dict[str, float]:
-    """Bulk-load the rows and rebuild the indexes; returns the seconds each step took."""
-    timings: dict[str, float] = {}
+def slice_questions(locomo: Path, longmemeval: Path) -> list[str]:
+    """The questions of both slices (LoCoMo categories 1-4, every LongMemEval question)."""
+    asked = [q.text for q in load_questions(locomo).questions]
+    asked += [q.text for q in load_pool(longmemeval).questions]
+    return list(dict.fromkeys(q.strip() for q in asked if q.strip()))
+
+
+def remembered_chunks(
+    turns: Sequence[dict[str, Any]], settings: Settings
+) -> list[tuple[dict, int, str, str]]:
+    """(turn, chunk index, chunk, embedded text) as the indexer pipeline makes them."""
+    out = []
+    for turn in turns:
+        pieces = chunk_text(
+            turn["content"], max_chars=settings.chunk_chars, overlap=settings.chunk_overlap_chars
+        )
+        extra = photo_caption(turn.get("metadata"))
+        for index, piece in enumerate(p for p in pieces if p.strip()):
+            embedded = memory_text(piece, name=turn["name"], created_at=turn["created_at"], extra=extra)
+            out.append((turn, index, piece, embedded))
+    return out
+
+
+class Vectors:
+    """The encoder's vectors of texts, kept on disk between runs (keyed by encoder and texts)."""
+
+    def __init__(self, encoder: Embedder, cache_dir: Path) -> None:
+        self.encoder = encoder
+        self.cache_dir = cache_dir
+
+    async def of(self, texts: Sequence[str]) -> np.ndarray:
+        key = hashlib.sha256(
+            spec_key(spec_of(self.encoder)).encode() + "\x00".join(texts).encode()
+        ).hexdigest()
+        path = self.cache_dir / f"{key[:24]}.npy"
+        if path.exists():
+            return np.load(path)
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), 64):
+            vectors.extend(await self.encoder.embed(list(texts[start : start + 64])))
+        array = np.asarray(vectors, dtype=np.float32)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        np.save(path, array)
+        return array
+
+
+class KnownQuestions:
+    """An Embedder that answers the bench questions with the vectors the real encoder made for them.
+
+    It records the real encoder's spec, so the index generation is the real encoder's; a text
+    it does not know (none is expected) goes to the real encoder.
+    """
+
+    def __init__(self, encoder: Embedder, known: dict[str, np.ndarray]) -> None:
+        self.dim = encoder.dim
+        self.spec = spec_of(encoder)
+        self._encoder = encoder
+        self._known = known
+        self.misses = 0
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        missing = [t for t in texts if t not in self._known]
+        if missing:
+            self.misses += len(missing)
+            for t, v in zip(missing, await self._encoder.embed(missing), strict=True):
+                self._known[t] = np.asarray(v, dtype=np.float32)
+        return [self._known[t].tolist() for t in texts]
+
+
+async def build_pool(conn: asyncpg.Connection, chunks: Sequence[tuple], vectors: np.ndarray) -> list[PoolRow]:
+    """Each chunk's row fields in binary form; the tsvector made by Postgres, as the indexer's upsert does."""
+    pool = []
+    previous: str | None = None
+    for (turn, index, piece, embedded), vector in zip(chunks, vectors, strict=True):
+        terms = memory_search_terms(embedded, previous=previous)
+        if index == 0:
+            previous = f"{turn['name']}: {turn['content']}" if turn["name"] else turn["content"]
+        tsv = await conn.fetchval("SELECT tsvectorsend(to_tsvector('simple', $1))", terms)
+        pool.append(
+            PoolRow(
+                role=_field(turn["role"].encode()),
+                name=_field(turn["name"].encode()) if turn["name"] else NULL,
+                text=_field(piece.encode()),
+                chunk_index=index,
+                search_terms=_field(bytes(tsv)),
+                embedding=_field(struct.pack(">hh", EMBEDDING_DIM, 0) + vector.astype(">f4").tobytes()),
+            )
+        )
+    return pool
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Who owns each row, in which conversation, at which seq, with which pool entry."""
+
+    owner: np.ndarray  # user number per row, in arrival order
+    conversation: np.ndarray  # global conversation number per row
+    seq: np.ndarray  # the row's seq in its conversation
+    pick: np.ndarray  # pool entry per row
+    conversation_users: np.ndarray  # user number per conversation
+    last_seq: np.ndarray  # the last seq per conversation
+
+
+def layout(rows: int, users: int, conversations: int, pool: int, rng: np.random.Generator) -> Layout:
+    """Rows interleaved across users; each user's rows fill their conversations in turn."""
+    owner = rng.integers(0, users, rows)
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=users)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    rank = np.empty(rows, dtype=np.int64)
+    rank[order] = np.arange(rows) - np.repeat(starts, counts)  # the row's place among its user's rows
+    per_user = np.maximum(counts[owner], 1)
+    local = np.minimum(rank * conversations // per_user, conversations - 1)
+    conversation = owner * conversations + local
+    first = np.full(users * conversations, np.iinfo(np.int64).max)
+    np.minimum.at(first, conversation, rank)
+    seq = rank - first[conversation] + 1
+    last_seq = np.zeros(users * conversations, dtype=np.int64)
+    np.maximum.at(last_seq, conversation, seq)
+    walk_from = rng.integers(0, pool, users * conversations)
+    pick = (walk_from[conversation] + seq - 1) % pool
+    return Layout(owner, conversation, seq, pick, np.arange(users * conversations) // conversations, last_seq)
+
+
+def copy_chunks(
+    plan: Layout,
+    pool: Sequence[PoolRow],
+    index_id: int,
+    conversation_ids: Sequence[bytes],
+    per_chunk: int = 50_000,
+) -> Iterator[bytes]:
+    """The rows as binary COPY data, one chunk of rows at a time."""
+    index = struct.pack(">ih", 2, index_id)
+    tenant = _field(TENANT.encode())
+    users = [_field(f"user{u}".encode()) for u in range(int(plan.owner.max()) + 1)]
+    conversations = [_field(c) for c in conversation_ids]
+    start_us = int((datetime.now(UTC) - PG_EPOCH).total_seconds() * 1e6) - len(plan.owner) * 1_000_000
+    yield COPY_HEADER
+    for begin in range(0, len(plan.owner), per_chunk):
+        parts = []
+        for i in range(begin, min(begin + per_chunk, len(plan.owner))):
+            row = pool[plan.pick[i]]
+            parts.append(
+                b"".join(
+                    (
+                        b"\x00\x0d",
+                        index,
+                        tenant,
+                        users[plan.owner[i]],
+                        conversations[plan.conversation[i]],
+                        _field(uuid.uuid4().bytes),
+                        struct.pack(">ii", 4, row.chunk_index),
+                        struct.pack(">ii", 4, int(plan.seq[i])),
+                        row.role,
+                        row.name,
+                        row.text,
+                        row.search_terms,
+                        row.embedding,
+                        struct.pack(">iq", 8, start_us + i * 1_000_000),
+                    )
+                )
+            )
+        yield b"".join(parts)
+    yield struct.pack(">h", -1)
+
+
+async def load(
+    dsn: str, plan: Layout, pool: Sequence[PoolRow], index_id: int, skip: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Conversations, then the rows by COPY with the indexes dropped, then every index rebuilt
+    (but those in ``skip``); seconds."""
+    timings: dict[str, Any] = {}
     conn = await asyncpg.connect(dsn)
     try:
-        await register_vector(conn)
-        await conn.execute(CREATE_STAGING)
-        await conn.execute("DROP INDEX IF EXISTS ix_memory_embedding; DROP INDEX IF EXISTS ix_memory_terms")
-        started = time.perf_counter()
-        await conn.copy_records_to_table("bench_staging", records=records)
-        await conn.execute(MOVE_STAGING)
-        await conn.execute("DROP TABLE bench_staging")
-        timings["copy_s"] = time.perf_counter() - started
-        # The whole graph in memory (1M x 384-d needs ~2.5 GB); beyond it the build slows down badly.
-        await conn.execute("SET maintenance_work_mem = '4GB'; SET max_parallel_maintenance_workers = 1")
+        conversation_ids = [uuid.uuid4() for _ in range(len(plan.last_seq))]
         started = time.perf_counter()
         await conn.execute(
-            "CREATE INDEX ix_memory_embedding ON memory_items USING hnsw (embedding vector_cosine_ops)"
-            " WITH (m = 16, ef_construction = 64)"
+            CONVERSATIONS,
+            conversation_ids,
+            [f"user{u}" for u in plan.conversation_users],
+            [int(s) for s in plan.last_seq],
         )
-        timings["hnsw_build_s"] = time.perf_counter() - started
+        timings["conversations_s"] = round(time.perf_counter() - started, 1)
+        indexes = await conn.fetch(TABLE_INDEXES)
+        for ix in indexes:
+            if ix["constraint_name"]:
+                await conn.execute(f"ALTER TABLE memory_items DROP CONSTRAINT {ix['constraint_name']}")
+            else:
+                await conn.execute(f"DROP INDEX {ix['name']}")
+        print(f"copying (load {os.getloadavg()[0]:.1f})", flush=True)
         started = time.perf_counter()
-        await conn.execute("CREATE INDEX ix_memory_terms ON memory_items USING gin (search_terms)")
-        timings["gin_build_s"] = time.perf_counter() - started
-        await conn.execute("ANALYZE memory_items")
+
+        async def source() -> AsyncIterator[bytes]:
+            for chunk in copy_chunks(plan, pool, index_id, [c.bytes for c in conversation_ids]):
+                yield chunk
+
+        await conn.copy_to_table("memory_items", source=source(), columns=COPY_COLUMNS, format="binary")
+        timings["copy_s"] = round(time.perf_counter() - started, 1)
+        await conn.execute("SET maintenance_work_mem = '2GB'")
+        builds = {}
+        for ix in indexes:
+            if ix["name"] in skip:
+                builds[ix["name"]] = "skipped"
+                continue
+            print(f"building {ix['name']} (load {os.getloadavg()[0]:.1f})", flush=True)
+            started = time.perf_counter()
+            if ix["constraint_name"]:
+                await conn.execute(
+                    f"ALTER TABLE memory_items ADD CONSTRAINT {ix['constraint_name']} {ix['constraint_ddl']}"
+                )
+            else:
+                await conn.execute(ix["ddl"])
+            builds[ix["name"]] = round(time.perf_counter() - started, 1)
+        timings["index_build_s"] = builds
+        started = time.perf_counter()
+        await conn.execute("VACUUM (ANALYZE) memory_items")
+        await conn.execute("VACUUM (ANALYZE) conversations")
+        timings["vacuum_s"] = round(time.perf_counter() - started, 1)
     finally:
         await conn.close()
-    return {k: round(v, 1) for k, v in timings.items()}
+    return timings
 
 
-async def dense_recall(dsn: str, queries: list[tuple[str, np.ndarray]], k: int = 10) -> float:
-    """Mean recall@k of the filtered index scan (search settings) against an exact scan."""
+async def storage(dsn: str) -> dict[str, Any]:
     conn = await asyncpg.connect(dsn)
-    total = 0.0
+    try:
+        row = await conn.fetchrow(STORAGE)
+    finally:
+        await conn.close()
+    mb = 1024 * 1024
+    return {
+        "total_mb": round(row["total"] / mb),
+        "heap_mb": round(row["heap"] / mb),
+        "indexes_mb": {k: round(v / mb) for k, v in json.loads(row["indexes"]).items()},
+    }
+
+
+async def time_dense(
+    db: Database, asked: Sequence[tuple[str, str]], vectors: dict[str, np.ndarray], index_id: int, depth: int
+) -> list[float]:
+    """Seconds per dense top list (the search statement's `vector_hits`), each in its own transaction."""
+    out = []
+    for user, question in asked:
+        started = time.perf_counter()
+        async with db.transaction() as session:
+            await session.execute(SET_SEARCH_SETTINGS, {"ef_search": str(max(MIN_EF_SEARCH, depth))})
+            await session.execute(
+                DENSE_TOP,
+                {
+                    "tenant_id": TENANT,
+                    "user_id": user,
+                    "index_id": index_id,
+                    "exclude_turn_ids": [],
+                    "embedding": vectors[question].tolist(),
+                    "candidates": depth,
+                },
+            )
+        out.append(time.perf_counter() - started)
+    return out
+
+
+async def time_search(
+    recaller: Recaller, asked: Sequence[tuple[str, str]], k: int
+) -> tuple[list[float], list[int]]:
+    """Seconds per `Recaller.search` (what POST /v1/memory/search runs), and memories found per search."""
+    out, found = [], []
+    for user, question in asked:
+        started = time.perf_counter()
+        result = await recaller.search(Owner(TENANT, user), question, k=k)
+        out.append(time.perf_counter() - started)
+        found.append(len(result.memories))
+    return out, found
+
+
+async def dense_plan(dsn: str, user: str, vector: np.ndarray, index_id: int, depth: int) -> str:
+    conn = await asyncpg.connect(dsn)
     try:
         await register_vector(conn)
-        for user, vector in queries:
-            async with conn.transaction():
-                await conn.execute(
-                    "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-                    " set_config('hnsw.ef_search', '100', true)"
-                )
-                approx = {r["id"] for r in await conn.fetch(DENSE_TOP, user, vector, k)}
-            async with conn.transaction():
-                await conn.execute("SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = on")
-                exact = {r["id"] for r in await conn.fetch(DENSE_TOP, user, vector, k)}
-            total += len(approx & exact) / max(len(exact), 1)
+        sql = DENSE_TOP.text
+        for name, n in (
+            ("tenant_id", 1),
+            ("user_id", 2),
+            ("index_id", 3),
+            ("exclude_turn_ids", 4),
+            ("embedding", 5),
+            ("candidates", 6),
+        ):
+            sql = sql.replace(f":{name}", f"${n}")
+        rows = await conn.fetch(
+            "EXPLAIN (ANALYZE, BUFFERS) " + sql, TENANT, user, index_id, [], vector, depth
+        )
     finally:
         await conn.close()
-    return total / len(queries)
+    return "\n".join(r[0].split(" <=> ")[0][:150] for r in rows)
 
 
-async def measure(url: str, queries: list[tuple[str, np.ndarray, str]]) -> list[float]:
-    """Seconds per ``search_index`` call, each in its own transaction."""
+async def measure(
+    url: str,
+    args: argparse.Namespace,
+    settings: Settings,
+    known: KnownQuestions,
+    vectors: dict[str, np.ndarray],
+    asked: Sequence[tuple[str, str]],
+) -> dict[str, Any]:
+    """One configuration: warm up, then the dense part and the full search over every question."""
+    load_before = os.getloadavg()
     db = Database(url, pool_size=2)
-    latencies = []
     try:
-        async with db.transaction() as session:  # warm the pool and the plan cache
-            await session.execute(SET_SEARCH_SETTINGS, {"ef_search": "100"})
-        for user, vector, query in queries:
-            started = time.perf_counter()
-            async with db.transaction() as session:
-                await search_index(
-                    session,
-                    tenant_id=TENANT,
-                    user_id=user,
-                    query_text=query,
-                    query_embedding=vector.tolist(),
-                    index_id=1,  # the loaded rows' generation
-                    k=10,
-                )
-            latencies.append(time.perf_counter() - started)
+        index = MemoryIndex(db, known)
+        generation = await index.start()
+        recaller = Recaller(
+            db, index, complete=None, prompts=load_prompts(settings.prompt_language), settings=settings
+        )
+        depth = max(recaller.fusion.candidates, settings.memory_top_k + 5)
+        warm = asked[: args.warmup]
+        await time_dense(db, warm, vectors, generation.id, depth)
+        await time_search(recaller, warm, settings.memory_top_k)
+        dense = await time_dense(db, asked, vectors, generation.id, depth)
+        full, found = await time_search(recaller, asked, settings.memory_top_k)
     finally:
         await db.dispose()
-    return latencies
-
-
-def _summary(latencies: list[float]) -> dict[str, float]:
-    latencies = sorted(latencies)
+    plan = await dense_plan(asyncpg_dsn(url), asked[0][0], vectors[asked[0][1]], generation.id, depth)
     return {
-        "p50_ms": round(1000 * latencies[len(latencies) // 2], 2),
-        "p95_ms": round(1000 * latencies[int(len(latencies) * 0.95)], 2),
+        "queries": len(asked),
+        "search_p50_ms": round(1000 * percentile(full, 50), 1),
+        "search_p95_ms": round(1000 * percentile(full, 95), 1),
+        "dense_p50_ms": round(1000 * percentile(dense, 50), 1),
+        "dense_p95_ms": round(1000 * percentile(dense, 95), 1),
+        "found_mean": round(float(np.mean(found)), 2),
+        "load_avg_1m": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
+        "dense_plan": plan,
     }
 
 
-async def run(url: str, rows: int, n_queries: int, distribution: str = "uniform") -> dict:
-    rng = np.random.default_rng(0)
+async def set_config(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Apply one configuration's change; returns what it did (and how long an index took)."""
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        if name == "shared_buffers":
+            await conn.execute(f"ALTER SYSTEM SET shared_buffers = '{args.shared_buffers}'")
+            return {"shared_buffers": args.shared_buffers, "restart": True}
+        if name == "covering":
+            await conn.execute("SET maintenance_work_mem = '2GB'")
+            started = time.perf_counter()
+            await conn.execute(COVERING_INDEX)
+            build = round(time.perf_counter() - started, 1)
+            await conn.execute("VACUUM (ANALYZE) memory_items")
+            return {"index_build_s": build}
+        return {}
+    finally:
+        await conn.close()
+
+
+async def prepare(
+    url: str, args: argparse.Namespace, settings: Settings
+) -> tuple[KnownQuestions, dict, list, dict]:
+    """Encode the pool and the questions, load the rows; what `measure` needs, and the load figures."""
     started = time.perf_counter()
-    centres, records = synthetic_rows(rows, rng, distribution)
-    generate_s = time.perf_counter() - started
-    timings = await load(asyncpg_dsn(url), records)
-    queries = []
-    for i in range(n_queries):
-        vector = centres[rng.integers(0, CLUSTERS)] + 0.6 * rng.standard_normal(EMBEDDING_DIM)
-        vector /= np.linalg.norm(vector)
-        words = " ".join(VOCABULARY[w] for w in rng.integers(0, len(VOCABULARY), 3))
-        # Heavy distribution: every other query is for a heavy user.
-        user = (
-            rng.integers(0, HEAVY_USERS) if distribution == "heavy" and i % 2 == 0 else rng.integers(0, USERS)
-        )
-        queries.append((f"user{user}", vector.astype(np.float32), words))
-    latencies = await measure(url, queries)
-    recall = await dense_recall(asyncpg_dsn(url), [(u, v) for u, v, _ in queries])
-    result: dict = {
-        "rows": rows,
-        "users": USERS,
-        "distribution": distribution,
-        "queries": n_queries,
-        "generate_s": round(generate_s, 1),
-        **timings,
-        **_summary(latencies),
-        "dense_recall_at_10_vs_exact": round(recall, 4),
+    encoder = await load_embedder(settings, threads=1)
+    turns = slice_turns(args.locomo, args.longmemeval)
+    if args.pool_turns:
+        turns = turns[: args.pool_turns]
+    chunks = remembered_chunks(turns, settings)
+    questions = slice_questions(args.locomo, args.longmemeval)
+    store = Vectors(encoder, args.vector_cache)
+    chunk_vectors = await store.of([c[3] for c in chunks])
+    question_vectors = dict(zip(questions, await store.of(questions), strict=True))
+    encode_s = round(time.perf_counter() - started, 1)
+    known = KnownQuestions(encoder, dict(question_vectors))
+    db = Database(url, pool_size=1)
+    try:
+        generation = await MemoryIndex(db, known).start()
+    finally:
+        await db.dispose()
+    dsn = asyncpg_dsn(url)
+    conn = await asyncpg.connect(dsn)
+    try:
+        pool = await build_pool(conn, chunks, chunk_vectors)
+    finally:
+        await conn.close()
+    rng = np.random.default_rng(args.seed)
+    plan = layout(args.rows, args.users, args.conversations, len(pool), rng)
+    started = time.perf_counter()
+    timings = await load(dsn, plan, pool, generation.id, args.skip_indexes)
+    timings["load_total_s"] = round(time.perf_counter() - started, 1)
+    users = rng.integers(0, args.users, args.queries)
+    asked = [
+        (f"user{u}", questions[int(q)])
+        for u, q in zip(users, rng.integers(0, len(questions), args.queries), strict=True)
+    ]
+    facts = {"pool_chunks": len(pool), "questions": len(questions), "encode_s": encode_s, **timings}
+    return known, question_vectors, asked, facts
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = get_settings()
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="chatmem-retrieval-"))
+    server = EmbeddedPostgres(data_dir)
+    url = server.start()
+    result: dict[str, Any] = {
+        "rows": args.rows,
+        "users": args.users,
+        "conversations_per_user": args.conversations,
     }
-    if distribution == "heavy":
-        heavy = [t for (u, _, _), t in zip(queries, latencies, strict=True) if int(u[4:]) < HEAVY_USERS]
-        light = [t for (u, _, _), t in zip(queries, latencies, strict=True) if int(u[4:]) >= HEAVY_USERS]
-        result["heavy_users"] = {**_summary(heavy), "queries": len(heavy)}
-        result["light_users"] = {**_summary(light), "queries": len(light)}
-        result["heavy_dense_recall_at_10_vs_exact"] = round(
-            await dense_recall(asyncpg_dsn(url), [(u, v) for u, v, _ in queries if int(u[4:]) < HEAVY_USERS]),
-            4,
+    try:
+        upgrade(url)
+        print(
+            f"loading {args.rows:,} rows for {args.users:,} users (load {os.getloadavg()[0]:.1f})", flush=True
         )
-    async with asyncpg_pool_free(url) as conn:
-        await register_vector(conn)
-        plans = {}
-        for name, (owner, vector, _) in {"first_query": queries[0], "light_user": queries[-1]}.items():
-            async with conn.transaction():
-                await conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-                explain = await conn.fetch("EXPLAIN " + DENSE_TOP, owner, vector, 10)
-            plans[name] = "\n".join(r[0].split(" <=> ")[0] for r in explain)
-    result["dense_plans"] = plans
+        known, vectors, asked, facts = asyncio.run(prepare(url, args, settings))
+        result["load"] = facts
+        print("loaded", facts, flush=True)
+        result["configs"] = {}
+        for name in args.configs:
+            change = asyncio.run(set_config(url, name, args))
+            if change.get("restart"):
+                server.stop()
+                server = EmbeddedPostgres(data_dir)
+                url = server.start()
+            figures = asyncio.run(measure(url, args, settings, known, vectors, asked))
+            figures["storage"] = asyncio.run(storage(asyncpg_dsn(url)))
+            figures["change"] = change
+            result["configs"][name] = figures
+            print(name, {k: v for k, v in figures.items() if k != "dense_plan"}, flush=True)
+        result["encoder_misses"] = known.misses
+    finally:
+        server.stop()
+        if not args.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
     return result
 
 
-class asyncpg_pool_free:
-    """One plain asyncpg connection for an EXPLAIN."""
-
-    def __init__(self, url: str) -> None:
-        self.dsn = asyncpg_dsn(url)
-
-    async def __aenter__(self) -> asyncpg.Connection:
-        self.conn = await asyncpg.connect(self.dsn)
-        return self.conn
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.conn.close()
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--distribution", choices=["uniform", "heavy"], default="uniform")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench/results/retrieval_latency.json")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--users", type=int, default=1_000)
+    parser.add_argument("--conversations", type=int, default=20, help="conversations per user")
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument(
-        "--database-url", help="An empty migrated Postgres; default: a temporary embedded one."
+        "--configs",
+        nargs="+",
+        default=["today", "shared_buffers", "covering"],
+        choices=["today", "shared_buffers", "covering"],
     )
+    parser.add_argument("--shared-buffers", default="4GB")
+    parser.add_argument(
+        "--skip-indexes", nargs="*", default=[], help="schema indexes not rebuilt after the load"
+    )
+    parser.add_argument("--pool-turns", type=int, default=0, help="use only the first N turns of the slices")
+    parser.add_argument(
+        "--small", action="store_true", help="CI: 3,000 rows, 30 users, 200 turns, 10 questions"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--locomo", type=Path, default=BENCH / "locomo_dev.json")
+    parser.add_argument("--longmemeval", type=Path, default=BENCH / "longmemeval_dev.json")
+    parser.add_argument(
+        "--vector-cache", type=Path, default=Path(tempfile.gettempdir()) / "chatmem-bench-vectors"
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, help="the embedded Postgres' directory (default: a temp dir)"
+    )
+    parser.add_argument("--keep-data", action="store_true", help="keep the data directory afterwards")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/retrieval_latency.json"))
     args = parser.parse_args()
-    server = None
-    if args.database_url:
-        url = args.database_url
-    else:
-        server = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="chatmem-latency-")), delete_on_stop=True)
-        url = server.start()
-    try:
-        upgrade(url)
-        result = asyncio.run(run(url, args.rows, args.queries, args.distribution))
-    finally:
-        if server is not None:
-            server.stop()
-    print(f"{'rows':>10}{'p50 ms':>10}{'p95 ms':>10}{'recall@10':>11}{'copy s':>9}{'hnsw s':>9}")
-    print(
-        f"{result['rows']:>10}{result['p50_ms']:>10}{result['p95_ms']:>10}"
-        f"{result['dense_recall_at_10_vs_exact']:>11}{result['copy_s']:>9}{result['hnsw_build_s']:>9}"
+    if args.small:
+        args.rows, args.users, args.conversations = 3_000, 30, 5
+        args.pool_turns, args.queries, args.warmup = args.pool_turns or 200, 10, 2
+    result = run(args)
+    rows = [
+        {
+            "config": name,
+            "rows": f"{args.rows:,}",
+            "users": args.users,
+            "search p50/p95 ms": f"{c['search_p50_ms']} / {c['search_p95_ms']}",
+            "dense p50/p95 ms": f"{c['dense_p50_ms']} / {c['dense_p95_ms']}",
+            "load avg": " → ".join(str(x) for x in c["load_avg_1m"]),
+            "storage MB": c["storage"]["total_mb"],
+        }
+        for name, c in result["configs"].items()
+    ]
+    print_table(
+        "memory search, one at a time (Recaller.search; dense = its vector top list alone)",
+        rows,
+        ["config", "rows", "users", "search p50/p95 ms", "dense p50/p95 ms", "load avg", "storage MB"],
     )
-    for name, plan in result["dense_plans"].items():
-        print(f"{name}:\n{plan}")
-    for group in ("heavy_users", "light_users"):
-        if group in result:
-            print(group, result[group])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    load = result["load"]
+    print(
+        f"\nload: copy {load['copy_s']} s, index builds {load['index_build_s']}, vacuum {load['vacuum_s']} s,"
+        f" total {load['load_total_s']} s; encode {load['encode_s']} s"
+    )
+    for name, c in result["configs"].items():
+        print(f"\n{name}: dense plan (first question)\n{c['dense_plan']}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

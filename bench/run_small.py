@@ -24,7 +24,7 @@ SMALL_RUNS: dict[str, list[str]] = {
     "context_build": ["--turns", "200", "--iterations", "20"],
     "ttft": ["--concurrency", "1", "2", "--requests", "6"],
     "stop_latency": ["--stops", "4"],
-    "retrieval_latency": ["--rows", "3000", "--queries", "10"],
+    "retrieval_latency": ["--small", "--locomo", str(LOCOMO), "--longmemeval", str(LONGMEMEVAL)],
     "indexer_throughput": ["--turns", "32", "--lag-seconds", "2"],
     "indexer_fairness": ["--import-turns", "40", "--probes", "2"],
     "load_streams": ["--streams", "4"],
@@ -43,7 +43,7 @@ SMALL_RUNS: dict[str, list[str]] = {
     ],
 }
 # The benchmarks that read the LoCoMo and LongMemEval slices (skipped where they are not).
-NEEDS_LOCOMO = ("memory_eval", "fit_fusion", "longmemeval_eval")
+NEEDS_LOCOMO = ("memory_eval", "fit_fusion", "longmemeval_eval", "retrieval_latency")
 
 
 def run_small(out_dir: Path, only: list[str] | None = None) -> dict[str, float]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import time
 from pathlib import Path
@@ -81,6 +82,9 @@ async def main() -> None:
         help="memory_scope of the messages: none skips recall; user embeds the query and searches",
     )
     parser.add_argument("--rate", type=float, default=40.0, help="demo tokens per second per stream")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1], help="API processes (serve --workers N)"
+    )
     parser.add_argument("--database-url")
     parser.add_argument("--url", help="measure an already running server (JWT_SECRET as in bench/common.py)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
@@ -88,19 +92,29 @@ async def main() -> None:
     if args.url:
         rows = [await measure(args.url, c, args.requests, m) for m in args.memory for c in args.concurrency]
     else:
+        rows = []
         with database(args.database_url) as url:
-            async with Server(
-                url, demo_first_token_delay_seconds=0, demo_tokens_per_second=args.rate
-            ) as server:
-                rows = [
-                    await measure(server.url, c, args.requests, m)
-                    for m in args.memory
-                    for c in args.concurrency
-                ]
+            for workers in args.workers:
+                # --workers N: N API processes on one port; each client's connection stays on one.
+                extra = ["--workers", str(workers)] if workers > 1 else []
+                async with Server(
+                    url, args=extra, demo_first_token_delay_seconds=0, demo_tokens_per_second=args.rate
+                ) as server:
+                    for m in args.memory:
+                        for c in args.concurrency:
+                            load = os.getloadavg()[0]
+                            row = await measure(server.url, c, args.requests, m)
+                            rows.append(
+                                {
+                                    "workers": workers,
+                                    **row,
+                                    "load_1m": [round(load, 1), round(os.getloadavg()[0], 1)],
+                                }
+                            )
     print_table(
         "Time added before the first token (demo model, first token immediate)",
         rows,
-        ["memory", "concurrency", "n", "p50_ms", "p95_ms", "p99_ms", "mean_ms"],
+        ["workers", "memory", "concurrency", "n", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "load_1m"],
     )
     write_json(
         args.out, {"benchmark": "ttft", "targets": {"32": {"p50_ms": 15, "p99_ms": 60}}, "results": rows}
