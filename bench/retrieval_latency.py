@@ -57,7 +57,7 @@ from longmemeval_eval import load_pool
 from memory_eval import load_questions
 from pgvector.asyncpg import register_vector
 from pgvector.sqlalchemy import Vector
-from sqlalchemy import bindparam, text
+from sqlalchemy import bindparam, event, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 
 from indexer.chunking import chunk_text
@@ -467,6 +467,27 @@ async def dense_plan(dsn: str, user: str, vector: np.ndarray, index_id: int, dep
     return "\n".join(r[0].split(" <=> ")[0][:150] for r in rows)
 
 
+async def search_plan(db: Database, recaller: Recaller, user: str, question: str) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of the candidate statement one search runs (captured as it runs)."""
+    captured: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if "keyword_ranked" in statement:
+            captured.append((statement, parameters))
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", capture)
+    try:
+        await recaller.search(Owner(TENANT, user), question, k=recaller.settings.memory_top_k)
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", capture)
+    statement, parameters = captured[0]
+    async with db.transaction() as session:
+        raw = (await (await session.connection()).get_raw_connection()).driver_connection
+        await raw.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
+        rows = await raw.fetch("EXPLAIN (ANALYZE, BUFFERS) " + statement, *parameters)
+    return "\n".join(r[0].split(" <=> ")[0][:170] for r in rows)
+
+
 async def measure(
     url: str,
     args: argparse.Namespace,
@@ -490,9 +511,12 @@ async def measure(
         await time_search(recaller, warm, settings.memory_top_k)
         dense = await time_dense(db, asked, vectors, generation.id, depth)
         full, found = await time_search(recaller, asked, settings.memory_top_k)
+        plan = await search_plan(db, recaller, *asked[0]) if args.explain else ""
     finally:
         await db.dispose()
-    plan = await dense_plan(asyncpg_dsn(url), asked[0][0], vectors[asked[0][1]], generation.id, depth)
+    dense_explained = await dense_plan(
+        asyncpg_dsn(url), asked[0][0], vectors[asked[0][1]], generation.id, depth
+    )
     return {
         "queries": len(asked),
         "search_p50_ms": round(1000 * percentile(full, 50), 1),
@@ -501,7 +525,8 @@ async def measure(
         "dense_p95_ms": round(1000 * percentile(dense, 95), 1),
         "found_mean": round(float(np.mean(found)), 2),
         "load_avg_1m": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
-        "dense_plan": plan,
+        "dense_plan": dense_explained,
+        "search_plan": plan,
     }
 
 
@@ -594,7 +619,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             figures["storage"] = asyncio.run(storage(asyncpg_dsn(url)))
             figures["change"] = change
             result["configs"][name] = figures
-            print(name, {k: v for k, v in figures.items() if k != "dense_plan"}, flush=True)
+            print(name, {k: v for k, v in figures.items() if not k.endswith("plan")}, flush=True)
         result["encoder_misses"] = known.misses
     finally:
         server.stop()
@@ -627,6 +652,7 @@ def main() -> None:
         "--small", action="store_true", help="CI: 3,000 rows, 30 users, 200 turns, 10 questions"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--explain", action="store_true", help="print the search statement's plan")
     parser.add_argument("--locomo", type=Path, default=BENCH / "locomo_dev.json")
     parser.add_argument("--longmemeval", type=Path, default=BENCH / "longmemeval_dev.json")
     parser.add_argument(
@@ -666,6 +692,8 @@ def main() -> None:
     )
     for name, c in result["configs"].items():
         print(f"\n{name}: dense plan (first question)\n{c['dense_plan']}")
+        if c["search_plan"]:
+            print(f"\n{name}: search statement plan (first question)\n{c['search_plan']}")
     write_json(args.out, result)
 
 
