@@ -181,6 +181,28 @@ async def test_long_turn_is_chunked_with_overlap_and_redelivery_changes_nothing(
     assert conversation_id == turns[0].conversation_id
 
 
+async def test_a_long_turns_vector_stays_in_its_row_not_in_toast(db: Database, pg_url: str) -> None:
+    # Nearly every memory row is over 2 KB (384 floats + text + a tsvector with the previous
+    # turn's words); pgvector's default `external` storage then moved the vector out to the
+    # TOAST table, and every read of it cost a TOAST index probe and page: at 1M rows the dense
+    # top list read 4.7 buffers per row (bench/retrieval_latency.py, docs/scaling.md).
+    question = "What did the baker in Lyon tell you about sourdough starters and proofing times?"
+    answer = " ".join(f"Point {i}: my sister feeds her starter twice a day in Lyon." for i in range(16))
+    _, turns = await chat_turns(db, [question, answer])
+    await index_all(db, test_settings(pg_url, redact_pii=False), [turn_payload(t) for t in turns])
+    async with db.transaction() as session:
+        rows = (
+            await session.execute(
+                text(
+                    "SELECT pg_column_size(m.*) AS size, pg_column_toast_chunk_id(embedding) AS toasted"
+                    " FROM memory_items m WHERE embedding IS NOT NULL"
+                )
+            )
+        ).all()
+    assert len(rows) == 2 and max(r.size for r in rows) > 2100  # big enough to be toasted
+    assert [r.toasted for r in rows] == [None, None]
+
+
 async def test_pipeline_skips_what_is_not_worth_or_allowed_to_remember(db: Database, pg_url: str) -> None:
     settings = test_settings(pg_url, low_information_extra=["roger that"])
     _, kept = await chat_turns(db, ["你好", "thanks!", "Roger that", "   ", memorable(3)])
