@@ -24,7 +24,8 @@ the previous ones:
 - ``today``: the schema and the embedded server's settings as they are;
 - ``shared_buffers``: ``shared_buffers`` at ``--shared-buffers`` (restart);
 - ``inline``: the vectors kept in the row (``SET STORAGE MAIN``, table rewritten) instead of
-  TOAST;
+  TOAST; since migration 0016 that is the schema's own storage, so rows loaded now are
+  already inline and this only shows what the rewrite costs;
 - ``covering``: a covering btree for the dense top list, ``(tenant_id, user_id, index_id)
   INCLUDE (id, turn_id, embedding)`` on live rows, so it is answered from the index alone.
 
