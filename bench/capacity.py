@@ -148,7 +148,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for workers in args.workers:
             # --workers N: N API processes on the port; CPU counts every process of the server.
             extra = ["--workers", str(workers)] if workers > 1 else []
-            async with Server(url, args=extra, **env) as server:
+            async with Server(url, with_workers=args.with_indexer, args=extra, **env) as server:
                 for scope in args.memory:
                     for rate in args.rates:
                         load = os.getloadavg()[0]
@@ -209,6 +209,11 @@ def main() -> None:
         "--workers", type=int, nargs="+", default=[1], help="API processes (serve --workers N)"
     )
     parser.add_argument("--all-rates", action="store_true", help="go on past the first unsustained rate")
+    parser.add_argument(
+        "--with-indexer",
+        action="store_true",
+        help="run the indexer too (serve --with-workers): replies leave the unindexed set as in production",
+    )
     parser.add_argument("--database-url")
     parser.add_argument("--out", type=Path, default=Path("bench/results/capacity.json"))
     args = parser.parse_args()
