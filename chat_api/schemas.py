@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from memory.json_bounds import json_problem, readable_json
 from memory.storage.models import Conversation, Turn
@@ -32,27 +32,53 @@ def _within_bounds(value: dict[str, Any]) -> dict[str, Any]:
 BoundedJsonObject = Annotated[dict[str, Any], AfterValidator(_within_bounds)]
 
 
-class ConversationCreate(Strict):
+class _ConversationSwitches(Strict):
+    """The two memory switches of a conversation: remembered (write) and using memory (read)."""
+
+    remember: bool | None = Field(
+        None,
+        description="Remember this chat: what is said here reaches long-term memory. "
+        "The same switch as `memory_mode` (true = persistent, false = none), under its plain name.",
+    )
+    memory_mode: MemoryMode | None = Field(
+        None, description="Remember this chat (persistent) or not (none); `remember` is the same switch."
+    )
+    use_memory: bool | None = Field(
+        None, description="Use memory in this chat: its replies recall long-term memory."
+    )
+
+    @model_validator(mode="after")
+    def _one_answer_for_remember(self) -> Self:
+        if self.remember is not None and self.memory_mode is not None:
+            if self.memory_mode != _memory_mode(self.remember):
+                raise ValueError("remember and memory_mode disagree: send one of them")
+        return self
+
+    def remembered_mode(self) -> MemoryMode | None:
+        """`memory_mode` as sent directly or through `remember`; None when neither was sent."""
+        if self.remember is not None:
+            return _memory_mode(self.remember)
+        return self.memory_mode
+
+
+def _memory_mode(remember: bool) -> MemoryMode:
+    return "persistent" if remember else "none"
+
+
+class ConversationCreate(_ConversationSwitches):
     title: str = Field("", max_length=500)
-    memory_mode: MemoryMode = Field(
-        "persistent", description="Remember this chat (persistent) or not (none)."
-    )
-    use_memory: bool = Field(
-        True, description="Use memory in this chat: its replies recall long-term memory."
-    )
 
 
-class ConversationUpdate(Strict):
+class ConversationUpdate(_ConversationSwitches):
     title: str | None = Field(None, max_length=500)
-    memory_mode: MemoryMode | None = None
-    use_memory: bool | None = None
 
 
 class ConversationOut(BaseModel):
     id: uuid.UUID
     title: str
+    remember: bool = Field(description="Remember this chat (write); `memory_mode` says the same.")
     memory_mode: str
-    use_memory: bool
+    use_memory: bool = Field(description="Use memory in this chat (read).")
     created_at: datetime
     updated_at: datetime
     turn_count: int = Field(description="Turns stored so far (the last sequence number).")
@@ -65,6 +91,7 @@ class ConversationOut(BaseModel):
         return cls(
             id=c.id,
             title=c.title,
+            remember=c.memory_mode != "none",
             memory_mode=c.memory_mode,
             use_memory=c.use_memory,
             created_at=c.created_at,

@@ -91,3 +91,36 @@ async def test_use_memory_off_recalls_nothing_and_its_replies_are_not_remembered
             )
         )
         assert list(rows.scalars()) == ["off"]
+
+
+async def test_remember_is_the_plain_name_of_memory_mode(start_server: Any) -> None:
+    """'Remember this chat' (write) reads and writes as `remember`; `memory_mode` stays the same switch."""
+    server: LiveServer = await start_server()
+    async with server.client() as client:
+        created = await client.post("/v1/conversations", json={"remember": False})
+        assert created.status_code == 201
+        assert (created.json()["remember"], created.json()["memory_mode"]) == (False, "none")
+        conversation = created.json()["id"]
+        patched = await client.patch(f"/v1/conversations/{conversation}", json={"remember": True})
+        assert (patched.json()["remember"], patched.json()["memory_mode"]) == (True, "persistent")
+        old_name = await client.patch(f"/v1/conversations/{conversation}", json={"memory_mode": "none"})
+        assert old_name.json()["remember"] is False
+        # The two switches are independent: neither changes the other.
+        assert old_name.json()["use_memory"] is True
+        read_off = await client.patch(f"/v1/conversations/{conversation}", json={"use_memory": False})
+        assert (read_off.json()["use_memory"], read_off.json()["remember"]) == (False, False)
+        default = await client.post("/v1/conversations", json={})
+        assert (default.json()["remember"], default.json()["use_memory"]) == (True, True)
+
+        for body in ({"remember": True, "memory_mode": "none"}, {"remember": "maybe"}):
+            refused = await client.post("/v1/conversations", json=body)
+            assert refused.status_code == 422, body
+            assert refused.json()["error"]["code"]  # the API's own error shape
+        disagree = await client.patch(
+            f"/v1/conversations/{conversation}", json={"remember": False, "memory_mode": "persistent"}
+        )
+        assert disagree.status_code == 422
+        after = (await client.get(f"/v1/conversations/{conversation}")).json()
+        assert (after["remember"], after["use_memory"]) == (False, False)  # nothing half-written
+        agree = await client.post("/v1/conversations", json={"remember": False, "memory_mode": "none"})
+        assert agree.status_code == 201 and agree.json()["memory_mode"] == "none"

@@ -30,7 +30,11 @@ async def create_conversation(
     check_text(body.title, field="title", allow_empty=True)
     async with services.db.transaction() as session:
         conversation = await repo.create_conversation(
-            session, owner, title=body.title, memory_mode=body.memory_mode, use_memory=body.use_memory
+            session,
+            owner,
+            title=body.title,
+            memory_mode=body.remembered_mode() or "persistent",
+            use_memory=True if body.use_memory is None else body.use_memory,
         )
     return ConversationOut.of(conversation)
 
@@ -67,7 +71,7 @@ async def update_conversation(
             owner,
             conversation_id,
             title=body.title,
-            memory_mode=body.memory_mode,
+            memory_mode=body.remembered_mode(),
             use_memory=body.use_memory,
         )
     return ConversationOut.of(conversation)

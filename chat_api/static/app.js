@@ -24,7 +24,7 @@ import { enableApiKeys } from "./api_keys.js";
 import { busyNote, refusedAsBusy, showComposerState } from "./composer.js";
 import { api, askForToken, clearBanner, describe, showBanner, waitToRetry, withAuth } from "./connection.js";
 import { enableBranchActions } from "./branches.js";
-import { MemoryView, RememberChatSwitch } from "./memory_view.js";
+import { ChatSwitch, MemoryView } from "./memory_view.js";
 import { ReplyView } from "./reply_view.js";
 import { Sidebar } from "./sidebar.js";
 import { TitleBar } from "./title.js";
@@ -69,7 +69,10 @@ function say(message) {
 
 const sidebar = new Sidebar(api, { onOpen: (id) => openConversation(id) });
 const titleBar = new TitleBar({ current: () => current, onSaved: () => sidebar.refresh() });
-const rememberChat = new RememberChatSwitch();
+const memorySwitches = [
+  new ChatSwitch("remember-chat", "remember"), // write: this chat reaches long-term memory
+  new ChatSwitch("use-memory", "use_memory"), // read: replies here recall long-term memory
+];
 new MemoryView();
 const versions = new Versions({
   messages: ui.messages,
@@ -97,7 +100,7 @@ async function openConversation(id, focus) {
     if (current !== state) return;
     state.conversation = conversation;
     titleBar.show(conversation.title);
-    rememberChat.show(state);
+    for (const memorySwitch of memorySwitches) memorySwitch.show(state);
     renderHistory(state, turns.items, conversation.active_reply_id);
     versions.show(state, turns.items, branches);
     clearBanner();

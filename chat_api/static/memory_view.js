@@ -1,5 +1,5 @@
 // "What chatmem remembers": the person's memory items in a dialog (list, search, correct,
-// forget, remember something new), and the open conversation's "Remember this chat" switch.
+// forget, remember something new), and the open conversation's two memory switches.
 //
 // Everything goes through /v1/memory/items and PATCH /v1/conversations/{id}; every change
 // is committed by the server before it answers, so the next reply already uses it. Forget
@@ -187,28 +187,32 @@ export class MemoryView {
   }
 }
 
-/** The open conversation's "Remember this chat" switch (memory mode persistent / none). */
-export class RememberChatSwitch {
-  constructor() {
-    this.box = $("remember-chat");
+/**
+ * One of the open conversation's memory switches, saved as a boolean field of the conversation:
+ * "Remember this chat" (`remember`: what is said here reaches long-term memory) and "Use memory
+ * in this chat" (`use_memory`: its replies recall long-term memory).
+ */
+export class ChatSwitch {
+  constructor(id, field) {
+    this.box = $(id);
+    this.field = field;
     this.state = null;
     this.box.addEventListener("change", () => this.save());
   }
 
   show(state) {
     this.state = state;
-    this.box.checked = state.conversation?.memory_mode !== "none";
+    this.box.checked = state.conversation?.[this.field] !== false;
     this.box.disabled = false;
   }
 
   async save() {
     const state = this.state;
     if (!state) return;
-    const mode = this.box.checked ? "persistent" : "none";
     this.box.disabled = true;
     try {
       state.conversation = await withAuth(() =>
-        api.request("PATCH", `/v1/conversations/${state.id}`, { memory_mode: mode }),
+        api.request("PATCH", `/v1/conversations/${state.id}`, { [this.field]: this.box.checked }),
       );
     } catch (error) {
       this.box.checked = !this.box.checked; // not saved: show what is true
@@ -216,7 +220,7 @@ export class RememberChatSwitch {
     } finally {
       this.box.disabled = false;
     }
-    if (this.state === state) this.box.checked = state.conversation?.memory_mode !== "none";
+    if (this.state === state) this.box.checked = state.conversation?.[this.field] !== false;
   }
 }
 
