@@ -255,6 +255,11 @@ def reply_text(page: Page, index: int = -1) -> str:
     )
 
 
+def last_reply_id(page: Page) -> str:
+    """The id of the last reply on the page (its first assistant turn)."""
+    return str(page.locator(".reply").last.get_attribute("data-reply-id"))
+
+
 def wait_finished(page: Page, status: str, timeout: float = 40_000) -> None:
     page.wait_for_selector(f".reply:last-of-type[data-status={status}]", timeout=timeout)
 

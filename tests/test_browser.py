@@ -30,6 +30,7 @@ from playwright.sync_api import expect as expect_ui  # noqa: E402
 from tests.browser_support import (  # noqa: E402
     PHONE,
     PageWatch,
+    last_reply_id,
     new_chat,
     new_page,
     open_chat,
@@ -68,10 +69,6 @@ def wait_reply_text_longer_than(page: Page, chars: int, timeout: float = 20_000)
         arg=chars,
         timeout=timeout,
     )
-
-
-def last_reply_id(page: Page) -> str:
-    return str(page.locator(".reply").last.get_attribute("data-reply-id"))
 
 
 def wait_stored_status(api: httpx.Client, turn_id: str, timeout: float = 60.0) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """What chatmem remembers, in the chat page: list, search, correct, forget, remember, and the
-"Remember this chat" switch, in Debian's headless Chromium against a real `chatmem up`
-(its in-process indexer and the real embedding model)."""
+conversation's two switches, "Remember this chat" (write) and "Use memory in this chat" (read),
+in Debian's headless Chromium against a real `chatmem up` (its in-process indexer and the real
+embedding model)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -21,11 +23,22 @@ if _missing:
 from playwright.sync_api import Browser, Locator, Page  # noqa: E402
 from playwright.sync_api import expect as expect_ui  # noqa: E402
 
-from tests.browser_support import PageWatch, new_chat, new_page, open_chat, send, shot, wait_finished  # noqa: E402
+from tests.browser_support import (  # noqa: E402
+    PageWatch,
+    last_reply_id,
+    new_chat,
+    new_page,
+    open_chat,
+    send,
+    shot,
+    wait_finished,
+)
+from tests.sse import parse_sse  # noqa: E402
 
 FACT = "My sister Ingrid keeps honeybees in Reykjavik."
 CORRECTED = "My sister Ingrid keeps honeybees in Tromsø."
 STATED = "I am vegetarian."
+OTHER_FACT = "My bicycle is a green Bianchi from 1998."
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +128,26 @@ def test_list_search_correct_forget_and_remember(
     expect_ui(tab.locator("#memory-dialog")).to_be_hidden()
 
 
+def switch_and_saved(tab: Page, conversation: str, box: str, *, on: bool) -> dict[str, object]:
+    """Flip a memory switch on the page; the body of the PATCH it sent (once saved)."""
+    with tab.expect_request(
+        lambda r: r.method == "PATCH" and r.url.endswith(f"/v1/conversations/{conversation}")
+    ) as patched:
+        tab.locator(box).set_checked(on)
+    expect_ui(tab.locator(box)).to_be_enabled()  # the answer came back
+    return dict(json.loads(patched.value.post_data or "{}"))
+
+
+def recalled(api: httpx.Client, reply_id: str) -> list[list[str]]:
+    """The texts of every `memory.retrieved` event in a reply's stored event log."""
+    raw = api.get(f"/v1/turns/{reply_id}/events", params={"after": 0}).content
+    return [
+        [item["text"] for item in event.data["items"]]
+        for event in parse_sse(raw)
+        if event.event == "memory.retrieved"
+    ]
+
+
 def test_remember_this_chat_switch(
     page: tuple[Page, PageWatch], server: ChatmemUp, api: httpx.Client
 ) -> None:
@@ -124,9 +157,9 @@ def test_remember_this_chat_switch(
     switch = tab.locator("#remember-chat")
     expect_ui(switch).to_be_checked()
     expect_ui(switch).to_be_enabled()
-    switch.uncheck()
-    expect_ui(switch).to_be_enabled()  # saved
-    assert api.get(f"/v1/conversations/{conversation}").json()["memory_mode"] == "none"
+    assert switch_and_saved(tab, conversation, "#remember-chat", on=False) == {"remember": False}
+    stored = api.get(f"/v1/conversations/{conversation}").json()
+    assert (stored["remember"], stored["memory_mode"], stored["use_memory"]) == (False, "none", True)
     send(tab, "Nobody should remember that I like liquorice.")
     wait_finished(tab, "completed")
     wait_indexed(api, conversation)
@@ -134,9 +167,43 @@ def test_remember_this_chat_switch(
     tab.reload()
     tab.wait_for_selector(f"body[data-conversation='{conversation}']")
     expect_ui(tab.locator("#remember-chat")).not_to_be_checked()
-    tab.locator("#remember-chat").check()
-    expect_ui(tab.locator("#remember-chat")).to_be_enabled()
+    expect_ui(tab.locator("#use-memory")).to_be_checked()  # the other switch is its own
+    assert switch_and_saved(tab, conversation, "#remember-chat", on=True) == {"remember": True}
     assert api.get(f"/v1/conversations/{conversation}").json()["memory_mode"] == "persistent"
+
+
+def test_use_memory_in_this_chat_switch(
+    page: tuple[Page, PageWatch], server: ChatmemUp, api: httpx.Client
+) -> None:
+    """Off: the chat's replies recall nothing (no search, no memory event), the chat is still
+    remembered; on again: the next reply recalls what the person told chatmem."""
+    assert api.post("/v1/memory/items", json={"text": OTHER_FACT}).status_code == 201
+    tab, _ = page
+    open_chat(tab, server)
+    conversation = new_chat(tab)
+    reading = tab.locator("#use-memory")
+    expect_ui(reading).to_be_checked()
+    expect_ui(reading).to_be_enabled()
+    assert switch_and_saved(tab, conversation, "#use-memory", on=False) == {"use_memory": False}
+    stored = api.get(f"/v1/conversations/{conversation}").json()
+    assert (stored["use_memory"], stored["remember"]) == (False, True)
+
+    send(tab, "Which bicycle do I ride?")
+    wait_finished(tab, "completed")
+    assert recalled(api, last_reply_id(tab)) == []
+    tab.reload()
+    tab.wait_for_selector(f"body[data-conversation='{conversation}']")
+    expect_ui(tab.locator("#use-memory")).not_to_be_checked()
+    expect_ui(tab.locator("#remember-chat")).to_be_checked()
+
+    assert switch_and_saved(tab, conversation, "#use-memory", on=True) == {"use_memory": True}
+    send(tab, "Which bicycle do I ride, again?")
+    wait_finished(tab, "completed")
+    (found,) = recalled(api, last_reply_id(tab))
+    assert OTHER_FACT in found
+    wait_indexed(api, conversation)  # remembered all along: both questions are memories
+    items = api.get("/v1/memory/items", params={"conversation_id": conversation}).json()["items"]
+    assert {"Which bicycle do I ride?", "Which bicycle do I ride, again?"} <= {i["text"] for i in items}
 
 
 def test_memory_view_fits_a_phone(browser: Browser, server: ChatmemUp) -> None:

@@ -25,6 +25,7 @@ from playwright.sync_api import expect as expect_ui  # noqa: E402
 
 from tests.browser_support import (  # noqa: E402
     PageWatch,
+    last_reply_id,
     new_chat,
     open_chat,
     reply_text,
@@ -46,10 +47,6 @@ def server(real_model: RealModel) -> Iterator[ChatmemUp]:
         yield up
     finally:
         up.stop()
-
-
-def last_reply_id(page: Page) -> str:
-    return str(page.locator(".reply").last.get_attribute("data-reply-id"))
 
 
 def reply_steps(api: httpx.Client, page: Page) -> list[dict[str, Any]]:
