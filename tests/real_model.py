@@ -38,10 +38,17 @@ class RealModel:
 
     base_url: str
     model: str
+    api_key: str
+    home: Path
 
     @property
     def root(self) -> str:
         return self.base_url.removesuffix("/v1")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The server answers only requests with its key (`chatmem local-model` made it)."""
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     def settings(self, **overrides: Any) -> dict[str, Any]:
         """start_server overrides that point chatmem at this model."""
@@ -49,6 +56,7 @@ class RealModel:
             "llm_provider": "openai",
             "llm_base_url": self.base_url,
             "llm_model": self.model,
+            "llm_api_key": self.api_key,
             "rewrite_model": self.model,
             "llm_timeout_seconds": 120.0,
             **overrides,
@@ -56,7 +64,7 @@ class RealModel:
 
     async def slot(self) -> dict[str, Any]:
         """The server's view of its one slot (`/slots`)."""
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=10, headers=self.headers) as client:
             slots = (await client.get(f"{self.root}/slots")).json()
         return dict(slots[0])
 
@@ -71,7 +79,7 @@ class RealModel:
 
     async def prompt_tokens(self) -> float:
         """The server's own count of prompt tokens it processed (`llamacpp:prompt_tokens_total`)."""
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=10, headers=self.headers) as client:
             text = (await client.get(f"{self.root}/metrics")).text
         match = re.search(r"^llamacpp:prompt_tokens_total (\S+)$", text, re.MULTILINE)
         assert match, "llama-server's /metrics has no prompt_tokens_total"
@@ -79,13 +87,13 @@ class RealModel:
 
     async def count_tokens(self, text: str) -> int:
         """How many tokens the model's own tokenizer makes of `text` (`/tokenize`)."""
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=10, headers=self.headers) as client:
             answer = await client.post(f"{self.root}/tokenize", json={"content": text})
         return len(answer.json()["tokens"])
 
     async def tokens_predicted(self) -> float:
         """The server's own count of generated tokens (`llamacpp:tokens_predicted_total`)."""
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=10, headers=self.headers) as client:
             text = (await client.get(f"{self.root}/metrics")).text
         match = re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.MULTILINE)
         assert match, "llama-server's /metrics has no tokens_predicted_total"
@@ -115,6 +123,6 @@ def real_model() -> Iterator[RealModel]:
     assert "Traceback" not in done.stderr
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     try:
-        yield RealModel(values["LLM_BASE_URL"], values["LLM_MODEL"])
+        yield RealModel(values["LLM_BASE_URL"], values["LLM_MODEL"], values["LLM_API_KEY"], home)
     finally:
         subprocess.run(_command("stop", "--dir", str(home)), cwd=ROOT, timeout=60, check=False)

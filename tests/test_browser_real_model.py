@@ -40,7 +40,12 @@ REPLY_MS = 180_000  # a bound for one real reply on a shared 2-core machine
 
 @pytest.fixture(scope="module")
 def server(real_model: RealModel) -> Iterator[ChatmemUp]:
-    up = ChatmemUp(LLM_BASE_URL=real_model.base_url, LLM_MODEL=real_model.model, LLM_TIMEOUT_SECONDS=180)
+    up = ChatmemUp(
+        LLM_BASE_URL=real_model.base_url,
+        LLM_MODEL=real_model.model,
+        LLM_API_KEY=real_model.api_key,
+        LLM_TIMEOUT_SECONDS=180,
+    )
     up.env["LLM_PROVIDER"] = "openai"  # ChatmemUp clears it from the inherited environment
     try:
         up.start()
@@ -62,7 +67,7 @@ def wait_server_idle(real_model: RealModel, within: float = 10.0) -> dict[str, o
     """llama-server's own slot, once it stopped generating (bounded)."""
     deadline = time.monotonic() + within
     while True:
-        slot = httpx.get(f"{real_model.root}/slots", timeout=10).json()[0]
+        slot = httpx.get(f"{real_model.root}/slots", headers=real_model.headers, timeout=10).json()[0]
         if not slot["is_processing"]:
             return dict(slot)
         assert time.monotonic() < deadline, "llama-server still generates after the stop"

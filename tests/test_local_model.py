@@ -12,7 +12,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-from chat_api.cli.local_model import MODEL_FILE, rewrite_tool_call_template, server_binary
+import pytest
+
+from chat_api.cli.installation import CommandError
+from chat_api.cli.local_model import (
+    MODEL_ARCHITECTURE,
+    MODEL_FILE,
+    MODEL_NAME,
+    MODEL_SHA256,
+    MODEL_SIZE,
+    STAMP_FILE,
+    ModelInfo,
+    Running,
+    api_key,
+    rewrite_tool_call_template,
+    server_binary,
+    verify_pinned_model,
+    write_stamp,
+)
 from chat_api.cli.serve import model_name
 from memory.config import get_settings
 
@@ -122,3 +139,30 @@ def test_the_banner_names_the_model_replies_come_from() -> None:
     )
     assert model_name(local) == "qwen-small at http://127.0.0.1:8090/v1"
     assert "not a real LLM" in model_name(get_settings(llm_provider="demo"))
+
+
+def test_an_unchanged_model_is_not_checked_again_and_a_changed_one_is(tmp_path: Path) -> None:
+    """Found: every start re-hashed the model and read its metadata twice (~35 s here)."""
+    home = tmp_path / "home"
+    model = home / "models" / MODEL_FILE
+    model.parent.mkdir(parents=True)
+    with model.open("wb") as handle:  # the pinned size, but zeros: a full check refuses it
+        handle.truncate(MODEL_SIZE)
+    pinned = ModelInfo(MODEL_NAME, MODEL_ARCHITECTURE, "{{ messages }}")
+    write_stamp(home, model, MODEL_SHA256, pinned)  # as a start that checked this file wrote it
+    assert verify_pinned_model(home, model) == pinned  # taken from the stamp: not read again
+
+    os.utime(model, ns=(model.stat().st_atime_ns, model.stat().st_mtime_ns + 1_000_000))
+    with pytest.raises(CommandError, match="sha256"):
+        verify_pinned_model(home, model)  # touched since: checked in full, and refused
+    assert not (home / STAMP_FILE).exists()
+
+
+def test_the_local_server_key_is_made_once_and_kept_private(tmp_path: Path) -> None:
+    (tmp_path / "other").mkdir()
+    key = api_key(tmp_path)
+    assert len(key) >= 32 and api_key(tmp_path) == key
+    assert (tmp_path / "api-key").stat().st_mode & 0o777 == 0o600
+    assert api_key(tmp_path / ".." / tmp_path.name) == key and api_key(tmp_path / "other") != key
+    printed = Running("http://127.0.0.1:8090/v1", "m", 1, api_key=key).settings()
+    assert printed["LLM_API_KEY"] == key

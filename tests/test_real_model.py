@@ -243,7 +243,9 @@ async def test_dangling_tool_call_is_refused_raw_and_accepted_through_the_contex
     def arguments_started(events: list[SSEEvent]) -> bool:
         return any(e.event == EventName.TOOL_CALL_DELTA and e.data["arguments"] for e in events)
 
-    sdk = openai.AsyncOpenAI(base_url=real_model.base_url, api_key="not-needed", max_retries=0, timeout=120)
+    sdk = openai.AsyncOpenAI(
+        base_url=real_model.base_url, api_key=real_model.api_key, max_retries=0, timeout=120
+    )
     async with asyncio.timeout(TEST_SECONDS), client_of(server) as client:
         cid = await new_conversation(client)
         _, stop = await send(client, cid, ASK_FOR_TIME, stop_when=arguments_started, **NO_MEMORY)
@@ -314,7 +316,7 @@ async def _status_of(
 
 async def _render(real_model: RealModel, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
     """The prompt the server's chat template makes of the messages (`/apply-template`)."""
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, headers=real_model.headers) as client:
         answer = await client.post(
             f"{real_model.root}/apply-template", json={"messages": messages, "tools": tools}
         )
@@ -371,3 +373,47 @@ def test_the_command_takes_a_running_openai_compatible_server(real_model: RealMo
         "LLM_MODEL": real_model.model,
         "REWRITE_MODEL": real_model.model,
     }
+
+
+async def test_the_local_server_answers_only_with_its_key_and_to_no_web_page(real_model: RealModel) -> None:
+    """Found: the local llama-server answered any program and any web page (no key, CORS `*`)."""
+    status = subprocess.run(
+        [sys.executable, "-m", "chat_api.cli", "local-model", "status", "--dir", str(real_model.home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    printed = dict(line.split("=", 1) for line in status.stdout.splitlines())
+    assert status.returncode == 0 and printed["LLM_API_KEY"] == real_model.api_key
+    key_file = real_model.home / "api-key"
+    assert key_file.stat().st_mode & 0o077 == 0  # readable by its owner only
+    chat = {"model": real_model.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=real_model.root, timeout=120) as client:
+        for method, path, body in (
+            ("POST", "/v1/chat/completions", chat),
+            ("GET", "/slots", None),
+            ("GET", "/metrics", None),
+            ("POST", "/apply-template", {"messages": chat["messages"]}),
+        ):
+            bare = await client.request(method, path, json=body)
+            wrong = await client.request(method, path, json=body, headers={"Authorization": "Bearer guess"})
+            assert (bare.status_code, wrong.status_code) == (401, 401), path
+        assert (await client.get("/slots", headers=real_model.headers)).status_code == 200
+        answered = await client.post("/v1/chat/completions", json=chat, headers=real_model.headers)
+        assert answered.status_code == 200
+        # A page on another origin: neither the request nor the preflight lets a browser read it.
+        page = {"Origin": "http://evil.example"}
+        simple = await client.get("/v1/models", headers=page)
+        preflight = await client.options(
+            "/v1/chat/completions",
+            headers={
+                **page,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type",
+            },
+        )
+    for answer in (simple, preflight):
+        allowed = answer.headers.get("access-control-allow-origin")
+        assert allowed not in ("*", "http://evil.example"), allowed
+        assert answer.headers.get("access-control-allow-credentials") != "true"

