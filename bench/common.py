@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -191,3 +192,71 @@ class Server:
 
 def headers(tenant: str = "bench", user: str = "u") -> dict[str, str]:
     return {"Authorization": f"Bearer {issue_token(SECRET, tenant, user)}"}
+
+
+class ModelServer:
+    """The model server's own counters (llama-server's `/metrics`, `/slots`), when it has them."""
+
+    def __init__(self, base_url: str, api_key: str | None) -> None:
+        self.root = base_url.rstrip("/").removesuffix("/v1")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def prompt_tokens(self) -> float | None:
+        async with httpx.AsyncClient(timeout=10, headers=self.headers) as client:
+            try:
+                text = (await client.get(f"{self.root}/metrics")).text
+            except httpx.HTTPError:
+                return None
+        found = re.search(r"^llamacpp:prompt_tokens_total (\S+)$", text, re.MULTILINE)
+        return float(found.group(1)) if found else None
+
+    async def wait_idle(self, within: float = 300) -> None:
+        """Until no slot is busy (a reply's last request may still be ending); no-op elsewhere."""
+        async with httpx.AsyncClient(timeout=10, headers=self.headers) as client:
+            async with asyncio.timeout(within):
+                while True:
+                    try:
+                        answer = await client.get(f"{self.root}/slots")
+                        slots = answer.json() if answer.status_code == 200 else []
+                    except (httpx.HTTPError, ValueError):
+                        return
+                    if not any(isinstance(s, dict) and s.get("is_processing") for s in slots):
+                        return
+                    await asyncio.sleep(0.1)
+
+
+@contextmanager
+def local_model(
+    max_tokens: int, directory: Path | None = None, port: int | None = None
+) -> Iterator[dict[str, str]]:
+    """The settings `chatmem local-model` prints for the local model on its install.
+
+    A server already running there is used as it is (its reply cap included); otherwise one is
+    started (installed only if missing) and stopped afterwards. Nothing is written into the
+    checkout: the install lives in DATA_DIR (or `directory`).
+    """
+    where = ["--dir", str(directory)] if directory else []
+
+    def command(*args: str) -> list[str]:
+        return [sys.executable, "-m", "chat_api.cli", "local-model", *args, *where]
+
+    status = subprocess.run(
+        command("status"), cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    if status.returncode == 0:
+        print("local model: using the server already running (its own reply cap)", file=sys.stderr)
+        yield _assignments(status.stdout)
+        return
+    start = command("start", "--max-tokens", str(max_tokens), "--temperature", "0", "--wait", "300")
+    start += ["--port", str(port)] if port else ["--port", str(free_port())]
+    done = subprocess.run(start, cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"chatmem local-model start failed: {done.stderr.strip()[-500:]}")
+    try:
+        yield _assignments(done.stdout)
+    finally:
+        subprocess.run(command("stop"), cwd=ROOT, capture_output=True, timeout=60, check=False)
+
+
+def _assignments(output: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in output.splitlines() if "=" in line)

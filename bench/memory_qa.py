@@ -4,8 +4,9 @@ A person states 12 facts about themselves over 4 messages in one conversation; t
 12 questions (4 with a follow-up: 16 in all) is asked in a new conversation, with memory on
 (`memory_scope: user`) and off (`none`). Everything goes through chatmem's own API
 (`chatmem serve --with-workers` in its own process, SSE) to any OpenAI-compatible model:
-by default the local model (`chatmem local-model start` on its shared install: nothing is
-installed again if it is there), or `--url` of any server.
+by default the local model (`chatmem local-model` on its shared install: nothing is installed
+again, a server already running is used, one this run started is stopped at the end), or
+`--url` of any server.
 
 Reported per memory setting: facts answered (the first question of each group: the reply
 contains the fact's key word), follow-ups answered, median time to the first text or tool
@@ -32,16 +33,15 @@ import asyncio
 import json
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from common import ROOT, Server, database, headers, print_table, write_json
+from common import ModelServer, Server, database, headers, local_model, print_table, write_json
 
 # One statement message per row; three facts each.
 STATEMENTS = (
@@ -86,37 +86,6 @@ class Answer:
     tool_calls: int
     text: str
     memories: list[str] = field(default_factory=list)
-
-
-class ModelServer:
-    """The model server's own counters (llama-server's `/metrics`, `/slots`), when it has them."""
-
-    def __init__(self, base_url: str, api_key: str | None) -> None:
-        self.root = base_url.rstrip("/").removesuffix("/v1")
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-    async def prompt_tokens(self) -> float | None:
-        async with httpx.AsyncClient(timeout=10, headers=self.headers) as client:
-            try:
-                text = (await client.get(f"{self.root}/metrics")).text
-            except httpx.HTTPError:
-                return None
-        found = re.search(r"^llamacpp:prompt_tokens_total (\S+)$", text, re.MULTILINE)
-        return float(found.group(1)) if found else None
-
-    async def wait_idle(self, within: float = 300) -> None:
-        """Until no slot is busy (a reply's last request may still be ending); no-op elsewhere."""
-        async with httpx.AsyncClient(timeout=10, headers=self.headers) as client:
-            async with asyncio.timeout(within):
-                while True:
-                    try:
-                        answer = await client.get(f"{self.root}/slots")
-                        slots = answer.json() if answer.status_code == 200 else []
-                    except (httpx.HTTPError, ValueError):
-                        return
-                    if not any(isinstance(s, dict) and s.get("is_processing") for s in slots):
-                        return
-                    await asyncio.sleep(0.1)
 
 
 async def ask(
@@ -235,18 +204,6 @@ def summarise(answers: list[Answer], load: str) -> list[dict[str, Any]]:
     return rows
 
 
-def local_model(max_tokens: int, directory: Path | None, port: int | None) -> dict[str, str]:
-    """The settings of the local model on its install (started if needed; never installed twice)."""
-    command = [sys.executable, "-m", "chat_api.cli", "local-model", "start", "--max-tokens", str(max_tokens),
-               "--temperature", "0"]  # fmt: skip
-    command += ["--dir", str(directory)] if directory else []
-    command += ["--port", str(port)] if port else []
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"chatmem local-model start failed: {done.stderr.strip()[-500:]}")
-    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -265,16 +222,18 @@ async def main() -> None:
         "--out", type=Path, default=Path(tempfile.gettempdir()) / "chatmem-bench" / "memory_qa.json"
     )
     args = parser.parse_args()
+    settings: dict[str, str] = {}
     if args.url:
         settings = {"LLM_PROVIDER": "openai", "LLM_BASE_URL": args.url, "LLM_MODEL": args.model or "default"}
         settings |= {"REWRITE_MODEL": settings["LLM_MODEL"]} | (
             {"LLM_API_KEY": args.api_key} if args.api_key else {}
         )
-    else:
-        settings = local_model(args.max_tokens, args.dir, args.port)
-    settings |= dict(item.split("=", 1) for item in args.set)
-    model_name = settings["LLM_MODEL"]
-    with database(args.database_url) as url:
+    with ExitStack() as stack:
+        if not args.url:
+            settings = stack.enter_context(local_model(args.max_tokens, args.dir, args.port))
+        settings |= dict(item.split("=", 1) for item in args.set)
+        model_name = settings["LLM_MODEL"]
+        url = stack.enter_context(database(args.database_url))
         answers = await run(settings, url)
     load = Path("/proc/loadavg").read_text().split()[0]
     rows = summarise(answers, load)
