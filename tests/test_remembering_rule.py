@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 
 from memory.events import EventName
+from memory.recall.remembering import repeats_only
 from memory.storage.models import OutboxRow, Turn
 from tests.conftest import LiveServer
 from tests.fake_openai import Reply
@@ -45,7 +46,9 @@ async def test_a_reply_made_with_memory_off_is_never_remembered(
         assert off not in assistant_roles(before) and on in assistant_roles(before)
 
         result = await index_outbox(db, make_settings())
-        assert result.skipped["made_without_memory"] == 1
+        # The memory-off reply, and the question's demo reply: it quotes the "on" reply it was
+        # shown as a memory, filler and all (a copy: the derivative-reply rule below).
+        assert result.skipped["made_without_memory"] == 2
         after = retrieved(await say(client, await new_conversation(client), QUESTION))
         assert STATEMENT in [item["text"] for item in after["items"]]
         assert off not in assistant_roles(after) and on in assistant_roles(after)
@@ -124,3 +127,66 @@ async def test_remember_is_the_plain_name_of_memory_mode(start_server: Any) -> N
         assert (after["remember"], after["use_memory"]) == (False, False)  # nothing half-written
         agree = await client.post("/v1/conversations", json={"remember": False, "memory_mode": "none"})
         assert agree.status_code == 201 and agree.json()["memory_mode"] == "none"
+
+
+async def test_a_reply_that_only_repeats_what_it_was_shown_is_not_remembered(
+    start_server: Any, fake_openai: Any, make_settings: Any
+) -> None:
+    """Found with a real small model: replies that repeated the user's statement ("Your car is
+    a 2009 Volvo…") or the memories they were shown were indexed, and took recall's first
+    places above the user's own words. A reply with something new stays remembered."""
+    server: LiveServer = await start_server(
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        max_tool_steps=0,
+        query_rewrite="heuristic",
+    )
+    echo = "Your car is a 2009 Volvo estate, in dark green!"
+    from_memory = "You drive a dark green Volvo estate from 2009."
+    new = "Volvo estates are roomy, safe family cars with large boots."
+    async with server.client() as client:
+        stated = await new_conversation(client, "Cars")
+        asked = await new_conversation(client, "Question")
+        chatted = await new_conversation(client, "Chat")
+        fake_openai.script(Reply(text=echo), Reply(text=from_memory), Reply(text=new))
+        await say(client, stated, STATEMENT)
+        await say(client, asked, QUESTION)  # shown the statement as a memory
+        assert STATEMENT in json.dumps(fake_openai.requests[-1].messages)
+        await say(client, chatted, "Tell me about Volvo estate cars.")
+
+        def assistant_conversations(found: dict[str, Any]) -> set[str]:
+            return {item["conversation_id"] for item in found["items"] if item["role"] == "assistant"}
+
+        fake_openai.script(Reply(text="Noted."), Reply(text="Noted."))
+        before = retrieved(await say(client, await new_conversation(client), QUESTION))
+        assert STATEMENT in [item["text"] for item in before["items"]]
+        assert assistant_conversations(before) & {stated, asked} == set()
+        assert chatted in assistant_conversations(before)
+
+        result = await index_outbox(server.services.db, make_settings())
+        assert sum(result.skipped.values()) >= 2
+        after = retrieved(await say(client, await new_conversation(client), QUESTION))
+        assert STATEMENT in [item["text"] for item in after["items"]]
+        assert assistant_conversations(after) & {stated, asked} == set()
+        assert chatted in assistant_conversations(after)
+    async with server.services.db.transaction() as session:
+        rows = await session.execute(
+            select(Turn.conversation_id, Turn.memory_use).where(
+                Turn.role == "assistant",
+                Turn.conversation_id.in_([uuid.UUID(c) for c in (stated, asked, chatted)]),
+            )
+        )
+        uses = {str(conversation): use for conversation, use in rows}
+        payloads = list((await session.execute(select(OutboxRow.payload))).scalars())
+    assert uses == {stated: "derivative", asked: "derivative", chatted: "on"}
+    assert {p["turn_id"] for p in payloads if p.get("memory_use") == "derivative"}  # carried to the indexer
+
+
+def test_repeats_only_counts_content_terms() -> None:
+    shown = "<memories>My sister Mara lives in Porto.</memories> Where does my sister live?"
+    assert repeats_only("Your sister lives in Porto.", shown)
+    assert repeats_only("Porto!", shown)
+    assert not repeats_only("Your sister Mara lives in Lisbon, near the river.", shown)
+    assert not repeats_only("Based on the conversation provided, my sister lives in Porto.", shown)
+    assert not repeats_only("Hi!", shown)  # no content terms: not this rule's to judge

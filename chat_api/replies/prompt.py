@@ -72,8 +72,18 @@ class Prompter:
         async with self.db.transaction() as session:
             await note_reply_memory(session, reply.turn_id, reply.memory_use, part)
         messages = built.messages
+        reply.shown_to_model = "\n".join(_user_text(m) for m in messages if m.get("role") == "user")
         if reply.instructions:
             # Inside the one system message (some chat templates take no second one).
             system = messages[0]
             messages[0] = {**system, "content": f"{system['content']}\n\n{reply.instructions}"}
         return messages
+
+
+def _user_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: their text
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""

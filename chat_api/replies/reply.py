@@ -64,6 +64,9 @@ class Reply:
         # Whether the reply is made with memory: on (recall ran, even if it found nothing), off
         # (the user turned it off), unavailable (recall failed or timed out). Not remembered unless on.
         self.memory_use = "on"
+        # What the model's last prompt showed of the user's side (their messages, with the
+        # memories and time before their words): a reply that only repeats it is not remembered.
+        self.shown_to_model = ""
         self.stop_requested = asyncio.Event()
         self.stop_reason: StopReason | None = None
         self.finished = asyncio.Event()

@@ -75,13 +75,14 @@ from memory.events import (
 )
 from memory.json_values import JsonObject, JsonValue
 from memory.recall.recaller import Recaller
+from memory.recall.remembering import DERIVATIVE, repeats_only
 from memory.record.approvals import earliest_expiry, park_turn
 from memory.record.conversations import get_conversation
 from memory.record.outbox import record_finished_turn
 from memory.record.reply_endings import Ending, LiveState, end_reply
 from memory.record.reply_state import notify_done
 from memory.record.tool_calls import Approval, ToolCall
-from memory.record.turns import add_turn, append_events, finish_turn
+from memory.record.turns import add_turn, append_events, finish_turn, note_reply_memory
 from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
@@ -482,6 +483,9 @@ class ReplyRunner:
                         usage=reply.usage,
                         prompt_version=self.prompter.version,
                     )
+                    if reply.memory_use == "on" and repeats_only(reply.content, reply.shown_to_model):
+                        # Before the ending writes the outbox row, which carries memory_use.
+                        await note_reply_memory(session, reply.turn_id, DERIVATIVE)
                     terminal = await end_reply(
                         session, reply.turn_id, Ending(status, reason, error), live=live
                     )

@@ -17,18 +17,35 @@ import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 
+from memory.recall.keywords import query_terms
 from memory.recall.redaction import redact
 
 # The memory use of an assistant turn whose words are remembered: its reply was made with
 # memory. A reply made with memory off (or with recall failed) could not know the user, so
 # what it says about them is invented ("The car that you drive is a Honda Accord."); it
-# stays in the chat and is never remembered. Turns from before this rule have no value (None).
+# stays in the chat and is never remembered. A reply that only repeats what it was shown
+# ("derivative": the user's words, the memories in its prompt) adds nothing memory does not
+# hold; remembered, such copies took recall's first places above the user's own statement,
+# and they would bring a forgotten fact back. Turns from before this rule have no value (None).
 REMEMBERED_MEMORY_USES = frozenset({"on"})
+DERIVATIVE = "derivative"
+# The share of a reply's content terms found in what it was shown that makes it a copy.
+DERIVATIVE_SHARE = 0.9
 
 
 def is_remembered_reply(role: str, memory_use: str | None) -> bool:
     """False for an assistant turn made without memory (the indexer and recall both ask this)."""
     return role != "assistant" or memory_use is None or memory_use in REMEMBERED_MEMORY_USES
+
+
+def repeats_only(reply_text: str, shown: str) -> bool:
+    """True when (nearly) every content term of the reply occurs in `shown` (what its prompt showed:
+    the user's messages and the memories with them): a copy, not a new fact."""
+    terms = query_terms(reply_text)
+    if not terms:
+        return False  # no content terms: small talk is the low-information rule's to judge
+    seen = set(query_terms(shown))
+    return sum(term in seen for term in terms) >= DERIVATIVE_SHARE * len(terms)
 
 
 # Regex fragments, not plain strings: laughter and drawn-out words come in any length.
