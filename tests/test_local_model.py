@@ -166,3 +166,4 @@ def test_the_local_server_key_is_made_once_and_kept_private(tmp_path: Path) -> N
     assert api_key(tmp_path / ".." / tmp_path.name) == key and api_key(tmp_path / "other") != key
     printed = Running("http://127.0.0.1:8090/v1", "m", 1, api_key=key).settings()
     assert printed["LLM_API_KEY"] == key
+    assert get_settings(**{k.lower(): v for k, v in printed.items()}).memory_top_k == 2  # a valid setting

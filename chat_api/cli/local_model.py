@@ -360,6 +360,8 @@ class Running:
         them), and its memories are already in the prompt: no tools for it. Its one slot
         would read a rewrite prompt (seconds on a small CPU) before the reply's: questions
         that lean on earlier turns are searched with the user's own recent words instead.
+        Every memory in the prompt is read before the first token (~30 tokens each, seconds
+        on a small CPU): two, which answered as many facts as six in bench/memory_qa.py.
         """
         settings = {
             "LLM_PROVIDER": "openai",
@@ -370,7 +372,12 @@ class Running:
         if self.api_key is not None:
             settings["LLM_API_KEY"] = self.api_key
         if self.small:
-            settings |= {"MAX_TOOL_STEPS": "0", "MEMORY_TOOL": "off", "QUERY_REWRITE": "heuristic"}
+            settings |= {
+                "MAX_TOOL_STEPS": "0",
+                "MEMORY_TOOL": "off",
+                "QUERY_REWRITE": "heuristic",
+                "MEMORY_TOP_K": "2",
+            }
         return settings
 
 
