@@ -198,6 +198,7 @@ def test_use_memory_in_this_chat_switch(
 
     assert switch_and_saved(tab, conversation, "#use-memory", on=True) == {"use_memory": True}
     send(tab, "Which bicycle do I ride, again?")
+    expect_ui(tab.locator(".reply")).to_have_count(2)  # the new reply, not the first one
     wait_finished(tab, "completed")
     (found,) = recalled(api, last_reply_id(tab))
     assert OTHER_FACT in found
