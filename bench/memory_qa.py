@@ -51,21 +51,24 @@ STATEMENTS = (
     "Last few: I live in Leeds. I've been learning Japanese for two years. My favourite food is ramen.",
 )
 # Each group is one new conversation: the fact's question, then its follow-ups (key words, any of).
+# Consecutive groups ask about facts of different statement messages: two questions in a row
+# that recall the same memories would let the model server read the second block from its
+# prompt cache, which hides what a memory block costs.
 GROUPS: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = (
     (("Where does my sister live?", ("porto",)), ("What is her name?", ("mara",))),
-    (("What car do I drive?", ("volvo",)), ("What year is it from?", ("2009",))),
-    (("What am I allergic to?", ("peanut",)),),
     (("What is my dog called?", ("biscuit",)),),
-    (("What do I do for a living?", ("nurse",)), ("At which hospital?", ("mary",))),
-    (("What year was I born?", ("1987",)),),
     (("Which instrument do I play?", ("cello",)),),
-    (("What is my wife's name?", ("ines",)),),
-    (("What is my favourite colour?", ("teal",)),),
     (("Which city do I live in?", ("leeds",)),),
+    (("What car do I drive?", ("volvo",)), ("What year is it from?", ("2009",))),
+    (("What do I do for a living?", ("nurse",)), ("At which hospital?", ("mary",))),
+    (("What is my wife's name?", ("ines",)),),
     (
         ("Which language am I learning?", ("japanese",)),
         ("For how long have I been learning it?", ("two", "2 ")),
     ),
+    (("What am I allergic to?", ("peanut",)),),
+    (("What year was I born?", ("1987",)),),
+    (("What is my favourite colour?", ("teal",)),),
     (("What is my favourite food?", ("ramen",)),),
 )
 # A reply that is a tool call written as text (what the issue saw shown as answers).
