@@ -1,13 +1,15 @@
 """The indexing pipeline: finished-turn payloads in, searchable memory rows out.
 
-filter (low information, memory off, deleted, forgotten, empty) → redact → chunk → embed
-(one call per batch, off the event loop) → upsert keyed by (turn_id, chunk_index) and
-advance the conversations' watermarks, all in one transaction. A turn's keyword terms
-also carry the words of the message before it (``memory_search_terms``), read for the
-whole batch in one statement.
+filter (low information, memory off, deleted, forgotten, empty) → redact → chunk (and the
+sentence keys of a long chunk a person wrote, ``memory.recall.sentence_keys``) → embed
+(one call per batch, off the event loop) → upsert keyed by (turn_id, kind, chunk_index,
+key_index) and advance the conversations' watermarks, all in one transaction. A turn's
+keyword terms also carry the words of the message before it (``memory_search_terms``),
+read for the whole batch in one statement.
 
 A redelivered payload changes nothing: its rows conflict on (turn_id, chunk_index) and
-the update only fires when the stored text differs. The conversations of a batch are
+the update only fires when the stored text differs. A turn whose memory the user corrected or
+forgot gets no sentence keys (its old words must not be found through them). The conversations of a batch are
 locked (``FOR NO KEY UPDATE``, in id order) while their rows are written, so a
 conversation deleted or switched to memory mode `none` during the batch never gets rows
 written after the switch, and each row's ``on_active_branch`` is read under the same lock
@@ -35,6 +37,7 @@ from memory.recall.index import generation_of, write_guard
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.redaction import redact
 from memory.recall.remembering import is_low_information, is_remembered_reply
+from memory.recall.sentence_keys import sentence_keys
 from memory.record.branches import turns_off_active_branch
 from memory.record.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.storage.db import Database
@@ -86,13 +89,13 @@ PREVIOUS_MESSAGES = text(
 
 UPSERT_ITEM = text(
     """
-    INSERT INTO memory_items (index_id, tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq,
-                              role, name, text, search_terms, embedding, turn_created_at, external_id,
-                              metadata, on_active_branch)
+    INSERT INTO memory_items (index_id, tenant_id, user_id, conversation_id, turn_id, kind, chunk_index,
+                              key_index, turn_seq, role, name, text, search_terms, embedding, turn_created_at,
+                              external_id, metadata, on_active_branch)
     VALUES (:index_id, :tenant_id, :user_id, CAST(:conversation_id AS uuid), CAST(:turn_id AS uuid),
-            :chunk_index, :turn_seq, :role, :name, :text, to_tsvector('simple', :terms),
+            :kind, :chunk_index, :key_index, :turn_seq, :role, :name, :text, to_tsvector('simple', :terms),
             CAST(:embedding AS vector), :turn_created_at, :external_id, :metadata, :on_active_branch)
-    ON CONFLICT (index_id, turn_id, chunk_index) DO UPDATE SET
+    ON CONFLICT (index_id, turn_id, kind, chunk_index, key_index) DO UPDATE SET
         text = EXCLUDED.text, name = EXCLUDED.name, search_terms = EXCLUDED.search_terms,
         embedding = EXCLUDED.embedding, turn_seq = EXCLUDED.turn_seq,
         turn_created_at = EXCLUDED.turn_created_at,
@@ -105,13 +108,33 @@ UPSERT_ITEM = text(
     """
 ).bindparams(bindparam("metadata", type_=JSONB(none_as_null=True)))
 
-# A turn re-chunked into fewer pieces (or now filtered out) must not keep its old tail.
+# A turn re-chunked into fewer pieces (or now filtered out) must not keep its old tail (nor its keys).
 DELETE_STALE_CHUNKS = text(
     """
     DELETE FROM memory_items m
     USING unnest(CAST(:turn_ids AS uuid[]), CAST(:counts AS int[])) AS t(turn_id, n)
     WHERE m.index_id = :index_id AND m.turn_id = t.turn_id AND m.chunk_index >= t.n
       AND m.edited_at IS NULL AND m.forgotten_at IS NULL
+    """
+)
+
+# A chunk's sentence keys beyond the ones written now (fewer keys, or none: corrected, forgotten).
+DELETE_STALE_KEYS = text(
+    """
+    DELETE FROM memory_items m
+    USING unnest(CAST(:turn_ids AS uuid[]), CAST(:chunks AS int[]), CAST(:counts AS int[]))
+          AS c(turn_id, chunk_index, n)
+    WHERE m.index_id = :index_id AND m.kind = 'sentence' AND m.turn_id = c.turn_id
+      AND m.chunk_index = c.chunk_index AND m.key_index >= c.n
+    """
+)
+
+# Of these turns, the ones with a chunk the user corrected or forgot: no keys for them.
+CHANGED_BY_USER = text(
+    """
+    SELECT DISTINCT turn_id FROM memory_items
+    WHERE index_id = :index_id AND turn_id = ANY(CAST(:turn_ids AS uuid[])) AND kind = 'chunk'
+      AND (edited_at IS NOT NULL OR forgotten_at IS NOT NULL)
     """
 )
 
@@ -153,6 +176,7 @@ class IndexResult:
 
     indexed_turns: int = 0
     chunks: int = 0
+    keys: int = 0  # sentence keys written beside the chunks
     skipped: Counter[str] = field(default_factory=Counter)
     watermarks: dict[uuid.UUID, int] = field(default_factory=dict)
 
@@ -215,11 +239,14 @@ def _vector_literal(vector: Sequence[float]) -> str:
 
 @dataclass(slots=True)
 class _Chunk:
+    """A row to write: a chunk of a turn, or (``key_index`` not None) one of its sentence keys."""
+
     record: TurnRecord
     index: int
     text: str
     memory_text: str
     previous: str | None
+    key_index: int | None = None
 
 
 class IndexPipeline:
@@ -276,6 +303,10 @@ class IndexPipeline:
             for index, piece in enumerate(p for p in pieces if p.strip()):
                 embedded = memory_text(piece, name=record.name, created_at=record.created_at, extra=extra)
                 out.append(_Chunk(record, index, piece, embedded, before_text))
+                keys = sentence_keys(piece, role=record.role, name=record.name)
+                for key_index, sentence in enumerate(keys):
+                    key_text = memory_text(sentence, name=record.name, created_at=record.created_at)
+                    out.append(_Chunk(record, index, sentence, key_text, None, key_index))
         return out
 
     @staticmethod
@@ -286,12 +317,17 @@ class IndexPipeline:
                 "user_id": c.record.user_id,
                 "conversation_id": str(c.record.conversation_id),
                 "turn_id": str(c.record.turn_id),
+                "kind": "chunk" if c.key_index is None else "sentence",
                 "chunk_index": c.index,
+                "key_index": c.key_index or 0,
                 "turn_seq": c.record.seq,
                 "role": c.record.role,
                 "name": c.record.name,
                 "text": c.text,
-                "terms": memory_search_terms(c.memory_text, previous=c.previous),
+                # Keys have no keyword terms: the keyword list stays on chunks.
+                "terms": (
+                    "" if c.key_index is not None else memory_search_terms(c.memory_text, previous=c.previous)
+                ),
                 "embedding": _vector_literal(vector),
                 "turn_created_at": c.record.created_at,
                 "external_id": c.record.external_id,
@@ -364,11 +400,32 @@ class IndexPipeline:
                     result.skipped[reason] += 1
             for chunk in chunks:
                 if (
-                    chunk.record.turn_id in counts
+                    chunk.key_index is None
+                    and chunk.record.turn_id in counts
                     and self._skip_reason(chunk.record, locked.get(chunk.record.conversation_id)) is None
                 ):
                     counts[chunk.record.turn_id] += 1
-            keep = [row for row, c in zip(rows, chunks, strict=True) if counts.get(c.record.turn_id, 0) > 0]
+            changed = set()
+            if counts:
+                changed = set(
+                    (
+                        await session.execute(
+                            CHANGED_BY_USER,
+                            {"index_id": generation.id, "turn_ids": [str(t) for t in counts]},
+                        )
+                    ).scalars()
+                )
+            keep = [
+                row
+                for row, c in zip(rows, chunks, strict=True)
+                if counts.get(c.record.turn_id, 0) > 0
+                and (c.key_index is None or c.record.turn_id not in changed)
+            ]
+            # Every chunk written now, with how many keys it keeps (older keys beyond them go).
+            keys_of: dict[tuple[str, int], int] = {}
+            for row in keep:
+                key = (row["turn_id"], row["chunk_index"])
+                keys_of[key] = keys_of.get(key, 0) + (1 if row["kind"] == "sentence" else 0)
             # Read under the conversations' locks: a branch switch committed while this batch was
             # embedding is seen here, and one not yet committed waits until these rows are written.
             off_branch = await turns_off_active_branch(session, {uuid.UUID(row["turn_id"]) for row in keep})
@@ -376,6 +433,16 @@ class IndexPipeline:
                 row["on_active_branch"] = uuid.UUID(row["turn_id"]) not in off_branch
             if keep:
                 await session.execute(UPSERT_ITEM, keep)
+            if keys_of:
+                await session.execute(
+                    DELETE_STALE_KEYS,
+                    {
+                        "turn_ids": [turn for turn, _ in keys_of],
+                        "chunks": [chunk for _, chunk in keys_of],
+                        "counts": list(keys_of.values()),
+                        "index_id": generation.id,
+                    },
+                )
             if counts:
                 await session.execute(
                     DELETE_STALE_CHUNKS,
@@ -390,6 +457,7 @@ class IndexPipeline:
                     ADVANCE_WATERMARKS, {"ids": [str(c) for c in live], "seqs": list(live.values())}
                 )
         result.indexed_turns = sum(1 for n in counts.values() if n > 0)
-        result.chunks = len(keep)
+        result.chunks = sum(1 for row in keep if row["kind"] == "chunk")
+        result.keys = len(keep) - result.chunks
         result.watermarks = live
         return result

@@ -659,7 +659,8 @@ LIVE_SHOWN_MEMORIES = sql_text(
                 CAST(:indexed AS boolean[])) AS s(turn_id, chunk_index, text, indexed)
     WHERE EXISTS (
         SELECT 1 FROM memory_items m
-        WHERE m.turn_id = s.turn_id AND m.chunk_index = s.chunk_index AND m.deleted_at IS NULL
+        WHERE m.turn_id = s.turn_id AND m.kind = 'chunk' AND m.chunk_index = s.chunk_index
+          AND m.deleted_at IS NULL
           AND (m.text = s.text OR NOT s.indexed)
     ) OR (NOT s.indexed AND EXISTS (
         SELECT 1 FROM turns t JOIN conversations c ON c.id = t.conversation_id

@@ -12,6 +12,8 @@ people) and LongMemEval (a user and an assistant; ``bench/fit_fusion.py``), what
 express carries most of the evidence it misses:
 
 - the score *values* (a cosine of 0.62 next to a best of 0.64 is not "rank 7");
+- the best sentence of a long message (``memory.recall.sentence_keys``): the fact a user
+  states inside a request about something else matches by its sentence, not by the chunk;
 - who said it: in a user-assistant chat the evidence is the user's own words, while the
   model's long replies repeat the topic (and the fact) at length. A model's reply (role
   assistant, no speaker name) is a signal unless the query asks what the assistant said;
@@ -111,6 +113,10 @@ SIGNALS: tuple[str, ...] = (
     "rrf",
     "log_length",
     "is_question",
+    # its best sentence key (the chunk's own cosine when it has none) and that key's dense rank
+    "key_cosine",
+    "key_cosine_below_best",
+    "key_rank_reciprocal",
     # its neighbours, split by author: a person's turn (the question a reply answers) and a
     # model's reply (which restates what the user just said) mean different things
     *_NEIGHBOUR_SIGNALS,
@@ -223,6 +229,10 @@ class CandidateSignals:
     role: str = "user"
     conversation_id: uuid.UUID | None = None
     created_at: datetime | None = None
+    # The best cosine of the chunk's sentence keys (None: it has none), and the best key's
+    # rank among the dense list's keys (None: none of its keys is in the list).
+    key_cosine: float | None = None
+    key_rank: int | None = None
 
 
 def is_question(text: str) -> bool:
@@ -279,6 +289,8 @@ def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> 
     if not candidates:
         return np.zeros((0, len(FEATURE_NAMES)))
     best_cosine = max(c.cosine for c in candidates)
+    key_cosines = [c.cosine if c.key_cosine is None else c.key_cosine for c in candidates]
+    best_key_cosine = max(key_cosines)
     best_bm25 = max(max(c.bm25 for c in candidates), 1e-9)
     named = named_speakers(query_text, [c.name for c in candidates])
     # Only a question about one person says whose turn the answer is likely to be.
@@ -298,7 +310,7 @@ def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> 
     stamps = [c.created_at.timestamp() for c in candidates if c.created_at is not None]
     oldest, newest = (min(stamps), max(stamps)) if stamps else (0.0, 0.0)
     rows = []
-    for c in candidates:
+    for c, key_cosine in zip(candidates, key_cosines, strict=True):
         p_person, p_model, p_person_q, p_model_q = _neighbour_values(c.previous, best_bm25)
         n_person, n_model, _, _ = _neighbour_values(c.next, best_bm25)
         stamp = c.created_at.timestamp() if c.created_at is not None else oldest
@@ -316,6 +328,9 @@ def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> 
                 RRF_FEATURE.rrf(c.vector_rank, c.keyword_rank),
                 math.log1p(len(c.text)),
                 1.0 if is_question(c.text) else 0.0,
+                key_cosine,
+                key_cosine - best_key_cosine,
+                _reciprocal(c.key_rank),
                 *p_person,
                 *p_model,
                 *n_person,

@@ -12,6 +12,12 @@ A feature's score is ``(value - MEANS[name]) / SCALES[name] * WEIGHTS[name]``.
 """
 
 MEANS = {
+    "key_rank_reciprocal_squared": 0.0,
+    "key_rank_reciprocal": 0.0,
+    "key_cosine_below_best_squared": 0.0,
+    "key_cosine_below_best": 0.0,
+    "key_cosine_squared": 0.0,
+    "key_cosine": 0.0,
     "cosine": 0.34836634254821824,
     "cosine_below_best": -0.24943895084995815,
     "vector_rank_reciprocal": 0.014155066876541165,
@@ -76,6 +82,12 @@ MEANS = {
 }
 
 SCALES = {
+    "key_rank_reciprocal_squared": 1.0,
+    "key_rank_reciprocal": 1.0,
+    "key_cosine_below_best_squared": 1.0,
+    "key_cosine_below_best": 1.0,
+    "key_cosine_squared": 1.0,
+    "key_cosine": 1.0,
     "cosine": 0.13165933057522014,
     "cosine_below_best": 0.12246758814527965,
     "vector_rank_reciprocal": 0.017822227344676457,
@@ -140,6 +152,12 @@ SCALES = {
 }
 
 WEIGHTS = {
+    "key_rank_reciprocal_squared": 0.0,
+    "key_rank_reciprocal": 0.0,
+    "key_cosine_below_best_squared": 0.0,
+    "key_cosine_below_best": 0.0,
+    "key_cosine_squared": 0.0,
+    "key_cosine": 0.0,
     "cosine": 0.024194025507390773,
     "cosine_below_best": -0.02351143066907538,
     "vector_rank_reciprocal": 0.2611701535664845,

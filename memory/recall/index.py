@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 
 # The version of what the indexer embeds (unit of memory, chunking, the text a memory is
 # embedded as). Changing what is embedded bumps it, and existing memories are rebuilt with
-# `chatmem memory reindex`.
-PIPELINE = "1"
+# `chatmem memory reindex`. 2: sentence keys of long chunks a person wrote (memory/recall/sentence_keys.py).
+PIPELINE = "2"
 # The advisory lock writers hold shared and a switch holds exclusively.
 INDEX_LOCK = 0x28_1DE7
 # The spec fields that decide whether two vectors may be compared (the model's path or a
@@ -81,6 +81,11 @@ def spec_of(embedder: Embedder) -> dict[str, Any]:
 def spec_key(spec: dict[str, Any]) -> str:
     """The canonical string two processes compare: same key, comparable vectors."""
     return json.dumps({k: spec[k] for k in KEY_FIELDS if spec.get(k) is not None}, sort_keys=True)
+
+
+def same_vectors(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The two specs' encoders make the same vectors (the pipeline aside)."""
+    return spec_key({**a, "pipeline": None}) == spec_key({**b, "pipeline": None})
 
 
 def describe(spec: dict[str, Any]) -> str:
@@ -178,6 +183,10 @@ class MemoryIndex:
     async def _encoder_for(self, key: str, spec: dict[str, Any]) -> Embedder | None:
         if key in self._encoders:
             return self._encoders[key]
+        if same_vectors(spec, spec_of(self.configured)):
+            # Built by an older pipeline with this very encoder: searched as it is until a reindex.
+            self._encoders[key] = self.configured
+            return self.configured
         if self._loader is None:
             return None
         encoder = await asyncio.to_thread(self._loader, spec)
@@ -267,7 +276,9 @@ def local_loader(settings: Settings, *, threads: int) -> EncoderLoader:
         encoder = configured_embedder(settings.model_copy(update={"embedding_runtime": spec["runtime"]}))
         encoder.load(threads=threads)
         # Another model's weights, or an OpenVINO that fell back to torch: not that generation's encoder.
-        return encoder if spec_key(spec_of(encoder)) == spec_key(spec) else None
+        # An older pipeline's generation is searched with the same encoder (its rows lack what the
+        # newer pipeline adds, such as sentence keys, until `chatmem memory reindex` rebuilds it).
+        return encoder if same_vectors(spec_of(encoder), spec) else None
 
     return load
 

@@ -15,6 +15,11 @@ once for every method. Choices measured on the LoCoMo slice (``bench/memory_eval
   their conversation's active branch (``on_active_branch``, a flag kept by
   ``memory.record.branches``), so it costs one column test per row and no join.
 
+- The dense list holds chunks and sentence keys together (one HNSW scan); each kind is
+  ranked on its own. A key is never a candidate: the chunk it points to is (also when
+  the chunk itself is in neither list), with the key's rank and the best cosine of its
+  keys as signals (``memory.recall.sentence_keys``). The keyword list holds chunks only.
+
 The dense side uses pgvector 0.8 iterative index scans so a per-user filter on a shared
 HNSW index still yields ``candidates`` rows instead of whatever survived the filter
 out of ``ef_search`` neighbours. The caller owns the transaction; the ``SET LOCAL``
@@ -90,9 +95,24 @@ vector_hits AS MATERIALIZED (
     ORDER BY m.embedding <=> :embedding
     LIMIT :candidates
 ),
+vector_kinds AS MATERIALIZED (
+    -- relaxed_order may return rows slightly out of order: rank by the real distance, per kind.
+    SELECT h.id, h.distance, m.kind, m.turn_id, m.chunk_index,
+           row_number() OVER (PARTITION BY m.kind ORDER BY h.distance, h.id) AS rank
+    FROM vector_hits h
+    JOIN memory_items m ON m.id = h.id
+),
 vector_ranked AS (
-    -- relaxed_order may return rows slightly out of order: rank by the real distance.
-    SELECT id, distance, row_number() OVER (ORDER BY distance, id) AS rank FROM vector_hits
+    SELECT id, distance, rank FROM vector_kinds WHERE kind = 'chunk'
+),
+-- The chunks the dense list's sentence keys point to, with their best key's rank.
+key_ranked AS (
+    SELECT c.id, k.rank AS key_rank
+    FROM (SELECT turn_id, chunk_index, min(rank) AS rank FROM vector_kinds
+          WHERE kind = 'sentence' GROUP BY turn_id, chunk_index) k
+    JOIN memory_items c
+      ON c.index_id = :index_id AND c.turn_id = k.turn_id AND c.kind = 'chunk'
+     AND c.chunk_index = k.chunk_index AND c.key_index = 0
 ),
 keyword_rows AS MATERIALIZED (
     SELECT m.id, m.search_terms
@@ -100,7 +120,7 @@ keyword_rows AS MATERIALIZED (
     WHERE {owner} AND m.search_terms @@ q.tsq
 ),
 corpus AS (
-    SELECT greatest(count(*), 1) AS n FROM memory_items m WHERE {owner}
+    SELECT greatest(count(*), 1) AS n FROM memory_items m WHERE {owner} AND m.kind = 'chunk'
 ),
 term_freqs AS (
     SELECT k.id, t.lexeme, coalesce(array_length(t.positions, 1), 1) AS tf,
@@ -137,29 +157,43 @@ keyword_ranked AS (
 # the neighbours' scores included: fetched here, so a neighbour outside both lists still counts.
 _CANDIDATE_SIGNALS = """,
 candidates AS (
-    SELECT coalesce(v.id, k.id) AS id, v.rank AS vector_rank, k.rank AS keyword_rank
+    SELECT coalesce(v.id, k.id, s.id) AS id, v.rank AS vector_rank, k.rank AS keyword_rank,
+           s.key_rank
     FROM vector_ranked v
     FULL OUTER JOIN keyword_ranked k ON v.id = k.id
+    FULL OUTER JOIN key_ranked s ON s.id = coalesce(v.id, k.id)
 ),
 candidate_rows AS MATERIALIZED (
-    SELECT c.id, c.vector_rank, c.keyword_rank, m.turn_id, m.conversation_id, m.chunk_index, m.role,
-           m.name, m.text, m.turn_created_at, m.external_id, m.metadata,
+    SELECT c.id, c.vector_rank, c.keyword_rank, c.key_rank, m.turn_id, m.conversation_id, m.chunk_index,
+           m.role, m.name, m.text, m.turn_created_at, m.external_id, m.metadata,
            1 - (m.embedding <=> :embedding) AS cosine
     FROM candidates c
     JOIN memory_items m ON m.id = c.id
+    -- a key's chunk is checked like a listed row (the key passed the filter, its chunk may not)
+    WHERE {owner}
+),
+-- The best cosine of each candidate's sentence keys (its chunk's, found through the turn).
+key_cosines AS (
+    SELECT c.id, max(1 - (k.embedding <=> :embedding)) AS key_cosine
+    FROM candidate_rows c
+    JOIN memory_items k
+      ON k.index_id = :index_id AND k.turn_id = c.turn_id AND k.kind = 'sentence'
+     AND k.chunk_index = c.chunk_index
+    WHERE k.deleted_at IS NULL
+    GROUP BY c.id
 ),
 -- The indexed turns just before and after each turn of the candidates' conversations (first
 -- chunks; rows the owner filter hides are skipped over).
 neighbours AS (
     SELECT m.turn_id, lag(m.id) OVER turns AS previous_id, lead(m.id) OVER turns AS next_id
     FROM memory_items m
-    WHERE {owner} AND m.chunk_index = 0
+    WHERE {owner} AND m.kind = 'chunk' AND m.chunk_index = 0
       AND m.conversation_id IN (SELECT conversation_id FROM candidate_rows)
     WINDOW turns AS (PARTITION BY m.conversation_id ORDER BY m.turn_seq, m.id)
 )
 SELECT c.turn_id, c.conversation_id, c.chunk_index, c.role, c.name, c.text, c.turn_created_at,
        c.external_id, c.metadata, c.vector_rank, c.keyword_rank, c.cosine,
-       coalesce(ck.score, 0) AS bm25,
+       coalesce(ck.score, 0) AS bm25, c.key_rank, kc.key_cosine,
        p.id IS NOT NULL AS has_previous, 1 - (p.embedding <=> :embedding) AS previous_cosine,
        coalesce(pk.score, 0) AS previous_bm25, pc.vector_rank AS previous_vector_rank,
        pc.keyword_rank AS previous_keyword_rank, p.text ~ :question_pattern AS previous_is_question,
@@ -170,6 +204,7 @@ SELECT c.turn_id, c.conversation_id, c.chunk_index, c.role, c.name, c.text, c.tu
        x.role AS next_role, x.name AS next_name
 FROM candidate_rows c
 LEFT JOIN keyword_scored ck ON ck.id = c.id
+LEFT JOIN key_cosines kc ON kc.id = c.id
 LEFT JOIN neighbours n ON n.turn_id = c.turn_id
 LEFT JOIN memory_items p ON p.id = n.previous_id
 LEFT JOIN keyword_scored pk ON pk.id = p.id
@@ -219,7 +254,8 @@ async def search_candidates(
     conversation_id: uuid.UUID | None = None,
     exclude_turn_ids: Collection[uuid.UUID] = (),
 ) -> list[Candidate]:
-    """The union of the dense and keyword top ``depth`` chunks, with the fusion's signals.
+    """The union of the dense and keyword top ``depth`` chunks (and the chunks of the dense list's
+    sentence keys), with the fusion's signals.
 
     Unscored and in no particular order; ``bench/fit_fusion.py`` fits the learned weights on
     exactly these.
@@ -338,5 +374,7 @@ def _candidate(row: Any) -> Candidate:
         role=row.role,
         conversation_id=row.conversation_id,
         created_at=row.turn_created_at,
+        key_cosine=None if row.key_cosine is None else float(row.key_cosine),
+        key_rank=row.key_rank,
     )
     return Candidate(memory, signals)

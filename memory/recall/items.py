@@ -1,6 +1,7 @@
 """Memory items a user can see and change: list, read, correct, forget one, state a fact.
 
-An item is one row of ``memory_items``: a chunk of a finished turn (``source = 'turn'``,
+An item is one chunk row of ``memory_items`` (never a sentence key, which only helps search
+find its chunk: memory/recall/sentence_keys.py): a chunk of a finished turn (``source = 'turn'``,
 written by the indexer) or a fact the user stated directly (``source = 'stated'``, no turn
 behind it: its ``turn_id`` is its own random id, and it has a conversation only if one was
 named). Every function is scoped to one owner and never commits; the caller owns the
@@ -15,6 +16,9 @@ Changes outlive the indexer reprocessing a turn (a redelivered message, a reinde
 
 - a correction sets ``edited_at``; the indexer's upsert skips rows that have it, so the
   corrected text and its vector stay. The turn itself is never changed.
+- correcting or forgetting an item deletes the sentence keys of its turn (in every
+  generation), so the old words are not found through them; the indexer writes no keys
+  for a turn with a corrected or forgotten item.
 - forgetting a turn's item leaves a tombstone: ``forgotten_at`` and ``deleted_at`` set,
   text, keywords and vector emptied. The upsert conflicts with it and skips it (so the
   item does not come back), and the retention purge leaves it while its turn exists.
@@ -36,7 +40,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.record.conversations import Owner, get_conversation
-from memory.storage.models import Conversation, MemoryIndex, MemoryItem, MemoryItemSource
+from memory.storage.models import Conversation, MemoryIndex, MemoryItem, MemoryItemKind, MemoryItemSource
 
 # The longest text a stated fact or a correction may have (a turn's chunk is ~1,200).
 MAX_ITEM_CHARS = 2000
@@ -111,6 +115,7 @@ def _visible(owner: Owner) -> ColumnElement[bool]:
         MemoryItem.tenant_id == owner.tenant_id,
         MemoryItem.user_id == owner.user_id,
         MemoryItem.index_id == _ACTIVE_INDEX,
+        MemoryItem.kind == MemoryItemKind.CHUNK,
         MemoryItem.deleted_at.is_(None),
         MemoryItem.on_active_branch.is_(True),
         or_(
@@ -279,7 +284,23 @@ async def correct_item(session: AsyncSession, owner: Owner, item_id: int, embedd
     )
     if result.scalar_one_or_none() is None:
         raise NotFound("memory item not found", item_id=item_id)
-    return await get_item(session, owner, item_id)
+    item = await get_item(session, owner, item_id)
+    await _delete_sentence_keys(session, owner, item)
+    return item
+
+
+async def _delete_sentence_keys(session: AsyncSession, owner: Owner, item: StoredMemory) -> None:
+    """The sentence keys of the item's turn, in every generation (a stated fact has none)."""
+    if item.turn_id is None:
+        return
+    await session.execute(
+        delete(MemoryItem).where(
+            MemoryItem.tenant_id == owner.tenant_id,
+            MemoryItem.user_id == owner.user_id,
+            MemoryItem.turn_id == item.turn_id,
+            MemoryItem.kind == MemoryItemKind.SENTENCE,
+        )
+    )
 
 
 async def forget_item(session: AsyncSession, owner: Owner, item_id: int) -> None:
@@ -294,6 +315,7 @@ async def forget_item(session: AsyncSession, owner: Owner, item_id: int) -> None
     if item.source == MemoryItemSource.STATED:
         await session.execute(delete(MemoryItem).where(mine))
         return
+    await _delete_sentence_keys(session, owner, item)
     await session.execute(
         update(MemoryItem)
         .where(mine)

@@ -17,9 +17,13 @@ moment. Processes see the switch within their check interval and load the new en
 until then they search the retired generation, which stays complete and is deleted after
 a grace period.
 
-This rebuilds for a change of encoder (runtime or model weights). A change of what is
-embedded (the indexer's ``PIPELINE`` version: other chunks, other text) needs the indexer
-pipeline run over the turns instead; that is not built yet.
+What is copied are the chunks (the memories); their sentence keys (memory/recall/
+sentence_keys.py) are made again from each copied chunk's text, as the indexer makes them,
+so a rebuild also serves a change of the ``PIPELINE`` version that only adds or changes keys
+(version 2 added them: an index built before gets its keys from `chatmem memory reindex`
+with the same encoder). A corrected or forgotten chunk gets none. A change of the chunks
+themselves (other chunk sizes, other text) would need the indexer pipeline run over the
+turns; that is not built.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from sqlalchemy.types import BigInteger, Text
 from memory.recall.embeddings import Embedder
 from memory.recall.index import LOCK_EXCLUSIVE, describe, spec_key, spec_of
 from memory.recall.keywords import memory_text, photo_caption
+from memory.recall.sentence_keys import sentence_keys
 from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
@@ -50,7 +55,7 @@ BUILDING = text("SELECT id, spec, spec_key FROM memory_indexes WHERE state = 'bu
 CREATE_BUILDING = text(
     "INSERT INTO memory_indexes (spec, spec_key, state, rows_total) "
     "VALUES (CAST(:spec AS jsonb), :key, 'building', "
-    "(SELECT count(*) FROM memory_items WHERE index_id = :active)) RETURNING id"
+    "(SELECT count(*) FROM memory_items WHERE index_id = :active AND kind = 'chunk')) RETURNING id"
 )
 DROP_BUILDING = text("DELETE FROM memory_indexes WHERE id = :id")
 DELETE_ROWS = text(
@@ -65,14 +70,17 @@ _COPIED = (
 )
 _COMPARED = ", ".join(f"{{t}}.{c.strip()}" for c in _COPIED.split(",") if c.strip() != "indexed_at")
 
-# Rows of the old generation whose copy is missing or differs, in id order from :after.
+# Chunks of the old generation whose copy is missing or differs, in id order from :after.
 STALE = text(
     f"""
-    SELECT a.id, a.text, a.name, a.turn_created_at, a.metadata, a.embedding IS NULL AS tombstone
+    SELECT a.id, a.turn_id, a.chunk_index, a.role, a.text, a.name, a.turn_created_at, a.metadata,
+           a.embedding IS NULL AS tombstone,
+           a.source = 'turn' AND a.edited_at IS NULL AND a.forgotten_at IS NULL AS keyed
     FROM memory_items a
     LEFT JOIN memory_items b
-      ON b.index_id = :new AND b.turn_id = a.turn_id AND b.chunk_index = a.chunk_index
-    WHERE a.index_id = :old AND a.id > :after
+      ON b.index_id = :new AND b.turn_id = a.turn_id AND b.kind = 'chunk' AND b.chunk_index = a.chunk_index
+     AND b.key_index = 0
+    WHERE a.index_id = :old AND a.kind = 'chunk' AND a.id > :after
       AND (b.id IS NULL OR ({_COMPARED.format(t="a")}) IS DISTINCT FROM ({_COMPARED.format(t="b")}))
     ORDER BY a.id
     LIMIT :batch
@@ -84,25 +92,56 @@ COPY = text(
     SELECT :new, CAST(v.embedding AS vector), {", ".join("a." + c.strip() for c in _COPIED.split(","))}
     FROM unnest(:ids, :embeddings) AS v(id, embedding)
     JOIN memory_items a ON a.id = v.id
-    ON CONFLICT (index_id, turn_id, chunk_index) DO UPDATE SET
+    ON CONFLICT (index_id, turn_id, kind, chunk_index, key_index) DO UPDATE SET
         embedding = EXCLUDED.embedding,
         {", ".join(f"{c.strip()} = EXCLUDED.{c.strip()}" for c in _COPIED.split(","))}
     """
 ).bindparams(bindparam("ids", type_=ARRAY(BigInteger)), bindparam("embeddings", type_=ARRAY(Text)))
-# Copies whose row is gone from the old generation (a stated fact forgotten, a turn deleted).
+# The keys of the copied chunks are made again (below): the old ones go first.
+DELETE_KEYS = text(
+    """
+    DELETE FROM memory_items b
+    USING memory_items a
+    WHERE a.id = ANY(:ids) AND b.index_id = :new AND b.kind = 'sentence'
+      AND b.turn_id = a.turn_id AND b.chunk_index = a.chunk_index
+    """
+).bindparams(bindparam("ids", type_=ARRAY(BigInteger)))
+# A copied chunk's sentence keys: its columns, the key's text and vector, no keyword terms.
+_KEY_COLUMNS = (
+    "tenant_id, user_id, conversation_id, turn_id, chunk_index, turn_seq, role, name, turn_created_at, "
+    "external_id, metadata, on_active_branch, deleted_at, source"
+)
+INSERT_KEYS = text(
+    f"""
+    INSERT INTO memory_items (index_id, kind, key_index, text, search_terms, embedding, {_KEY_COLUMNS})
+    SELECT :new, 'sentence', v.key_index, v.text, to_tsvector('simple', ''), CAST(v.embedding AS vector),
+           {", ".join("a." + c.strip() for c in _KEY_COLUMNS.split(","))}
+    FROM unnest(:ids, :key_indexes, :texts, :embeddings) AS v(id, key_index, text, embedding)
+    JOIN memory_items a ON a.id = v.id
+    """
+).bindparams(
+    bindparam("ids", type_=ARRAY(BigInteger)),
+    bindparam("key_indexes", type_=ARRAY(BigInteger)),
+    bindparam("texts", type_=ARRAY(Text)),
+    bindparam("embeddings", type_=ARRAY(Text)),
+)
+# Copies (and keys) whose chunk is gone from the old generation (a stated fact forgotten, a turn deleted).
 ORPHANS = text(
     """
     DELETE FROM memory_items b
     WHERE b.index_id = :new AND NOT EXISTS (
         SELECT 1 FROM memory_items a
-        WHERE a.index_id = :old AND a.turn_id = b.turn_id AND a.chunk_index = b.chunk_index
+        WHERE a.index_id = :old AND a.turn_id = b.turn_id AND a.kind = 'chunk'
+          AND a.chunk_index = b.chunk_index
     )
     """
 )
+# Progress counts chunks (the memories): a rebuild may make more or fewer keys than the old one had.
 PROGRESS = text(
     "UPDATE memory_indexes SET rows_done = "
-    "(SELECT count(*) FROM memory_items WHERE index_id = :new), "
-    "rows_total = (SELECT count(*) FROM memory_items WHERE index_id = :old) WHERE id = :new"
+    "(SELECT count(*) FROM memory_items WHERE index_id = :new AND kind = 'chunk'), "
+    "rows_total = (SELECT count(*) FROM memory_items WHERE index_id = :old AND kind = 'chunk') "
+    "WHERE id = :new"
 )
 RETIRE = text("UPDATE memory_indexes SET state = 'retired', retired_at = now() WHERE id = :old")
 ACTIVATE = text("UPDATE memory_indexes SET state = 'active', activated_at = now() WHERE id = :new")
@@ -185,11 +224,31 @@ async def _copy_batch(
     if not rows:
         return None
     live = [r for r in rows if not r.tombstone]
-    vectors = await encoder.embed([_embedded_text(r) for r in live]) if live else []
-    by_id = {r.id: _vector_literal(list(v)) for r, v in zip(live, vectors, strict=True)}
-    await session.execute(
-        COPY, {"new": new, "ids": [r.id for r in rows], "embeddings": [by_id.get(r.id) for r in rows]}
-    )
+    keys = [
+        (r, key_index, sentence)
+        for r in live
+        if r.keyed
+        for key_index, sentence in enumerate(sentence_keys(r.text, role=r.role, name=r.name))
+    ]
+    texts = [_embedded_text(r) for r in live] + [
+        memory_text(sentence, name=r.name, created_at=r.turn_created_at) for r, _, sentence in keys
+    ]
+    vectors = [_vector_literal(list(v)) for v in await encoder.embed(texts)] if texts else []
+    by_id = dict(zip((r.id for r in live), vectors, strict=False))
+    ids = [r.id for r in rows]
+    await session.execute(COPY, {"new": new, "ids": ids, "embeddings": [by_id.get(i) for i in ids]})
+    await session.execute(DELETE_KEYS, {"new": new, "ids": ids})
+    if keys:
+        await session.execute(
+            INSERT_KEYS,
+            {
+                "new": new,
+                "ids": [r.id for r, _, _ in keys],
+                "key_indexes": [key_index for _, key_index, _ in keys],
+                "texts": [sentence for _, _, sentence in keys],
+                "embeddings": vectors[len(live) :],
+            },
+        )
     return int(rows[-1].id)
 
 

@@ -267,8 +267,18 @@ class MemoryItemSource:
     STATED = "stated"  # the user, directly (POST /v1/memory/items): no turn behind it
 
 
+class MemoryItemKind:
+    """What a memory row is."""
+
+    CHUNK = "chunk"  # a memory: a chunk of a turn, or a stated fact
+    SENTENCE = "sentence"  # a search key of a chunk, never a memory (memory/recall/sentence_keys.py)
+
+
 class MemoryItem(Base):
-    """One embedded chunk of a finished turn, or a fact the user stated: the long-term memory."""
+    """One embedded chunk of a finished turn, or a fact the user stated: the long-term memory.
+
+    A row of kind ``sentence`` is a search key of a chunk (same turn and chunk_index), not a memory.
+    """
 
     __tablename__ = "memory_items"
 
@@ -304,9 +314,15 @@ class MemoryItem(Base):
     # The generation of the index this row belongs to: which encoder made its vector
     # (memory_indexes; a query vector is only compared with rows of its own generation).
     index_id: Mapped[int] = mapped_column(SmallInteger)
+    kind: Mapped[str] = mapped_column(String(16), default=MemoryItemKind.CHUNK, server_default="chunk")
+    # A sentence key's position in its chunk (0 for a chunk).
+    key_index: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
-        UniqueConstraint("index_id", "turn_id", "chunk_index", name="uq_memory_index_turn_chunk"),
+        UniqueConstraint(
+            "index_id", "turn_id", "kind", "chunk_index", "key_index", name="uq_memory_index_turn_key"
+        ),
+        CheckConstraint("kind IN ('chunk', 'sentence')", name="ck_memory_items_kind"),
         Index(
             "ix_memory_owner_listed",
             "tenant_id",
