@@ -37,7 +37,7 @@ import itertools
 import pickle
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,13 @@ from memory_eval import load as load_both_layouts
 from memory.config import default_embedding_model
 from memory.recall.embeddings import SentenceTransformerEmbedder
 from memory.recall.found import FoundMemory, best_distinct
-from memory.recall.fusion import FEATURE_NAMES, RRF_FEATURE, fusion_features, linear_scores
+from memory.recall.fusion import (
+    FEATURE_NAMES,
+    RRF_FEATURE,
+    CandidateSignals,
+    fusion_features,
+    linear_scores,
+)
 from memory.recall.index_search import search_candidates
 from memory.storage.db import Database
 
@@ -70,8 +76,10 @@ def _names(*prefixes: str) -> list[str]:
 
 # Ablation: each group left out of the joint cross-validation in turn (its squares too).
 GROUPS = {
+    "sentence keys": _names("key_"),
     "who said it (model_reply_unasked)": _names("model_reply_unasked"),
     "neighbours": _names("previous_", "next_", "neighbour_"),
+    "neighbours that are model replies": _names("previous_model_", "next_model_", "neighbour_model_"),
     "day context": _names("day_best"),
     "answer types": _names("when_time", "count_number", "where_place", "who_name"),
     "recency": _names("recency"),
@@ -92,6 +100,10 @@ class Asked:
     hits: list[FoundMemory]
     features: np.ndarray
     labels: np.ndarray
+    # What the features are made from (kept in the cache, so a change of the features refits
+    # without loading the benchmarks again).
+    query: str = ""
+    signals: list[CandidateSignals] = field(default_factory=list)
 
     @property
     def is_lme(self) -> bool:
@@ -106,7 +118,7 @@ class Asked:
 
 async def _ask(
     db: Database, tenant: str, user: str, text: str, vector: Sequence[float], depth: int
-) -> tuple[list[FoundMemory], np.ndarray]:
+) -> tuple[list[FoundMemory], list[CandidateSignals]]:
     async with db.transaction() as session:
         candidates = await search_candidates(
             session,
@@ -117,7 +129,7 @@ async def _ask(
             index_id=1,  # the loaded rows' generation
             depth=depth,
         )
-    return [c.memory for c in candidates], fusion_features([c.signals for c in candidates], text)
+    return [c.memory for c in candidates], [c.signals for c in candidates]
 
 
 async def collect(
@@ -133,22 +145,28 @@ async def collect(
     asked = []
 
     def add(
-        bench: str, unit: str, group: str, evidence: set[str], found: tuple[list[FoundMemory], np.ndarray]
+        bench: str,
+        unit: str,
+        group: str,
+        evidence: set[str],
+        text: str,
+        found: tuple[list[FoundMemory], list[CandidateSignals]],
     ) -> None:
-        hits, features = found
+        hits, signals = found
         labels = np.array([1.0 if h.external_id in evidence else 0.0 for h in hits])
-        asked.append(Asked(bench, unit, group, evidence, hits, features, labels))
+        features = fusion_features(signals, text)
+        asked.append(Asked(bench, unit, group, evidence, hits, features, labels, text, signals))
 
     try:
         for layout in LAYOUTS:
             for q, text, vector in zip(questions, texts, vectors, strict=False):
                 found = await _ask(db, tenant_of(layout), q.sample_id, text, vector, depth)
-                add(f"locomo-{layout}", q.sample_id, CATEGORIES[q.category], set(q.evidence), found)
+                add(f"locomo-{layout}", q.sample_id, CATEGORIES[q.category], set(q.evidence), text, found)
         for q, text, vector in zip(
             lme_questions, texts[len(questions) :], vectors[len(questions) :], strict=True
         ):
             found = await _ask(db, lme.TENANT, lme.USER, text, vector, depth)
-            add(LME, q.question_id, q.type, q.evidence, found)
+            add(LME, q.question_id, q.type, q.evidence, text, found)
     finally:
         await db.dispose()
     return asked
@@ -335,7 +353,11 @@ async def collect_all(
 ) -> Any:
     """Load both slices into a fresh database and collect every depth's candidates (or read --cache)."""
     if args.cache and args.cache.exists():
-        return pickle.loads(args.cache.read_bytes())
+        loading, by_depth = pickle.loads(args.cache.read_bytes())
+        for asked in by_depth.values():
+            for a in asked:  # the features as this checkout computes them
+                a.features = fusion_features(a.signals, a.query)
+        return loading, by_depth
     with database(args.database_url) as url:
         async with Server(url, with_workers=True, rate_limit_per_minute=RATE_LIMIT_PER_MINUTE) as server:
             loading: dict[str, float] = await load_both_layouts(server.url, args.data, sample_ids)

@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--data-dir", type=Path, help="the `chatmem up` installation (without DATABASE_URL)")
     delete.set_defaults(func=cmd_users_delete)
 
-    add_memory_arguments(sub.add_parser("memory", help="the memory index: reindex with another encoder"))
+    add_memory_arguments(sub.add_parser("memory", help="the memory index: rebuild it (encoder, pipeline)"))
 
     add_local_model_arguments(sub.add_parser("local-model", help="a real small model on llama-server"))
 

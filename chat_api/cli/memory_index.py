@@ -1,4 +1,5 @@
-"""`chatmem memory reindex`: rebuild the memory index with the configured encoder, then switch."""
+"""`chatmem memory reindex`: rebuild the memory index with the configured encoder (and this version's
+pipeline: what is embedded, such as sentence keys), then switch."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def add_memory_arguments(memory: argparse.ArgumentParser) -> None:
     memory_sub = memory.add_subparsers(dest="memory_command", required=True)
     reindex = memory_sub.add_parser(
         "reindex",
-        help="rebuild the memory index with the configured encoder beside the old one, then switch",
+        help="rebuild the memory index (configured encoder, this pipeline) beside the old one, then switch",
     )
     reindex.add_argument(
         "--runtime", choices=["openvino", "torch"], help="encoder runtime (default: EMBEDDING_RUNTIME)"
