@@ -100,7 +100,7 @@ async def test_a_fact_inside_a_long_user_message_is_found_first_through_its_sent
     long_turn = turns[-2]
     assert len(await key_rows(db, long_turn.id)) == len(sentence_keys(LONG_MESSAGE, role="user", name=None))
 
-    memories, _ = await recall_memories(
+    recalled = await recall_memories(
         db,
         real_encoder,
         tenant_id=OWNER.tenant_id,
@@ -109,6 +109,7 @@ async def test_a_fact_inside_a_long_user_message_is_found_first_through_its_sent
         k=5,
         unindexed_limit=0,
     )
+    memories = recalled.memories
     assert memories[0].turn_id == long_turn.id
     # The memory returned is the chunk (the whole message), once; never a key's sentence.
     assert memories[0].text == LONG_MESSAGE and memories[0].chunk_index == 0
@@ -131,7 +132,7 @@ async def test_a_fact_inside_a_long_user_message_is_found_first_through_its_sent
     # Without its keys the message's own vector is about hiking: the fact is not found first.
     async with db.transaction() as session:
         await session.execute(text("DELETE FROM memory_items WHERE kind = 'sentence'"))
-    without, _ = await recall_memories(
+    recalled = await recall_memories(
         db,
         real_encoder,
         tenant_id=OWNER.tenant_id,
@@ -140,6 +141,7 @@ async def test_a_fact_inside_a_long_user_message_is_found_first_through_its_sent
         k=5,
         unindexed_limit=0,
     )
+    without = recalled.memories
     assert without[0].turn_id != long_turn.id
 
 
@@ -177,7 +179,7 @@ async def test_forgetting_or_correcting_an_item_removes_its_turns_keys_for_good(
     # The turn's payload delivered again (a redelivery, a retry) writes no keys for it.
     await IndexPipeline(db, encoder, test_settings(pg_url)).index([turn_payload(long_turn)])
     assert await key_rows(db, long_turn.id) == []
-    memories, _ = await recall_memories(
+    recalled = await recall_memories(
         db,
         encoder,
         tenant_id=OWNER.tenant_id,
@@ -186,6 +188,7 @@ async def test_forgetting_or_correcting_an_item_removes_its_turns_keys_for_good(
         k=5,
         unindexed_limit=0,
     )
+    memories = recalled.memories
     assert all("Biscuit" not in m.text for m in memories)
 
 
