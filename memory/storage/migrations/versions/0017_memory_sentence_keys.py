@@ -1,15 +1,15 @@
 """Memory rows get a kind: a chunk (a memory) or a sentence key pointing to its chunk
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-11-26 07:00:00.000000
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
