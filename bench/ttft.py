@@ -11,7 +11,13 @@ stay in lockstep and send in bursts of N at the same instant. The clients' start
 spread over one reply's duration and each waits a random 0–100 ms before its next
 message, so arrivals are spread as real users' are.
 
-    python bench/ttft.py --concurrency 1 32 --requests 200
+With memory on, recall searches the user's memory. Empty, that flatters memory's cost:
+`--memory-rows N` first imports N turns of varied text into each measuring user's memory
+(through the import API, indexed by the server's indexer before the clock starts), and
+every message asks something different, so neither the search nor a cache sees the same
+question twice.
+
+    python bench/ttft.py --concurrency 1 32 --requests 200 --memory-rows 0 2000
 """
 
 from __future__ import annotations
@@ -26,7 +32,64 @@ from pathlib import Path
 import httpx
 from common import Server, database, headers, print_table, summary_ms, write_json
 
+from chat_api.cli.imports import create_conversation, post_turns, wait_until_indexed
+
 REPLY_SECONDS = 1.5  # a demo reply at 40 tokens/s
+
+# Words the memory's turns and the messages are made of: varied enough that no two texts
+# are alike, so that neither the keyword nor the dense search finds the same rows each time.
+PLACES = ("Lisbon", "Kyoto", "Leeds", "Porto", "Oslo", "Quito", "Hanoi", "Tunis", "Perth", "Cork")
+PEOPLE = ("my sister", "Mara", "my neighbour", "our coach", "Ines", "my boss", "Tomas", "grandma")
+THINGS = (
+    "the bike",
+    "a sourdough starter",
+    "the tax form",
+    "a violin",
+    "the garden shed",
+    "my Volvo",
+    "the night shift",
+    "a Japanese course",
+    "the marathon",
+    "a rescue dog",
+)
+TURNS_PER_IMPORT = 500
+
+
+def remembered_text(rng: random.Random) -> str:
+    """One turn of a user's past chats: a statement about their life, never the same twice."""
+    return (
+        f"In {rng.choice(('March', 'June', 'October', 'December'))} {rng.randint(2015, 2025)} "
+        f"{rng.choice(PEOPLE)} and I took {rng.choice(THINGS)} to {rng.choice(PLACES)}; "
+        f"it cost {rng.randint(10, 900)} euros and took {rng.randint(2, 60)} days."
+    )
+
+
+def question(rng: random.Random, i: int) -> str:
+    """A message that makes recall search: a different question each time."""
+    return (
+        f"What did {rng.choice(PEOPLE)} say about {rng.choice(THINGS)} in "
+        f"{rng.choice(PLACES)}? (question {i})"
+    )
+
+
+async def fill_memory(url: str, users: list[str], rows: int) -> None:
+    """Import `rows` varied turns into each user's memory and wait until they are indexed."""
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        targets: dict[str, dict[str, int]] = {}
+        for user in users:
+            rng = random.Random(f"memory-{user}")
+            auth = headers(user=user)
+            cid = await create_conversation(client, auth, "past chats")
+            for start in range(0, rows, TURNS_PER_IMPORT):
+                turns = [
+                    {"role": "user" if i % 2 == 0 else "assistant", "content": remembered_text(rng)}
+                    for i in range(start, min(rows, start + TURNS_PER_IMPORT))
+                ]
+                answer = await post_turns(client, auth, cid, turns)
+            targets[user] = {cid: int(answer["last_seq"])}
+        for user, target in targets.items():
+            if not await wait_until_indexed(client, headers(user=user), target, timeout=3600):
+                raise RuntimeError(f"{user}'s memory was not indexed within an hour")
 
 
 async def one_client(
@@ -45,7 +108,7 @@ async def one_client(
             async with client.stream(
                 "POST",
                 f"/v1/conversations/{cid}/messages",
-                json={"content": f"message {i} about my trip", "memory_scope": scope},
+                json={"content": question(rng, i), "memory_scope": scope},
             ) as response:
                 async for line in response.aiter_lines():
                     if first is None and line == "event: message.delta":
@@ -55,17 +118,19 @@ async def one_client(
                 samples.append(first)
 
 
-async def measure(url: str, concurrency: int, requests: int, scope: str) -> dict:
+def client_users(scope: str, concurrency: int, memory_rows: int) -> list[str]:
+    return [f"{scope}-rows{memory_rows}-user{c}" for c in range(concurrency)]
+
+
+async def measure(url: str, concurrency: int, requests: int, scope: str, memory_rows: int = 0) -> dict:
     samples: list[float] = []
     per_client = max(2, requests // concurrency + 1)
     spread = REPLY_SECONDS / concurrency
+    users = client_users(scope, concurrency, memory_rows)
     await asyncio.gather(
-        *(
-            one_client(url, f"{scope}-user{c}", per_client, samples, c * spread, scope)
-            for c in range(concurrency)
-        )
+        *(one_client(url, user, per_client, samples, c * spread, scope) for c, user in enumerate(users))
     )
-    return {"memory": scope, "concurrency": concurrency, **summary_ms(samples)}
+    return {"memory": scope, "memory_rows": memory_rows, "concurrency": concurrency, **summary_ms(samples)}
 
 
 async def main() -> None:
@@ -81,6 +146,13 @@ async def main() -> None:
         choices=["none", "user"],
         help="memory_scope of the messages: none skips recall; user embeds the query and searches",
     )
+    parser.add_argument(
+        "--memory-rows",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="turns imported into each measuring user's memory first (memory 'user' only; 0: empty)",
+    )
     parser.add_argument("--rate", type=float, default=40.0, help="demo tokens per second per stream")
     parser.add_argument(
         "--workers", type=int, nargs="+", default=[1], help="API processes (serve --workers N)"
@@ -89,8 +161,16 @@ async def main() -> None:
     parser.add_argument("--url", help="measure an already running server (JWT_SECRET as in bench/common.py)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
     args = parser.parse_args()
+    # (memory scope, rows in each user's memory): memory off never searches, so it runs once.
+    cells = [(m, n) for m in args.memory for n in (args.memory_rows if m == "user" else [0])]
+    filling = max(args.memory_rows) > 0
     if args.url:
-        rows = [await measure(args.url, c, args.requests, m) for m in args.memory for c in args.concurrency]
+        rows = []
+        for m, n in cells:
+            for c in args.concurrency:
+                if n:
+                    await fill_memory(args.url, client_users(m, c, n), n)
+                rows.append(await measure(args.url, c, args.requests, m, n))
     else:
         rows = []
         with database(args.database_url) as url:
@@ -98,12 +178,20 @@ async def main() -> None:
                 # --workers N: N API processes on one port; each client's connection stays on one.
                 extra = ["--workers", str(workers)] if workers > 1 else []
                 async with Server(
-                    url, args=extra, demo_first_token_delay_seconds=0, demo_tokens_per_second=args.rate
+                    url,
+                    # The indexer indexes the imported memory before the clock starts.
+                    with_workers=filling,
+                    args=extra,
+                    demo_first_token_delay_seconds=0,
+                    demo_tokens_per_second=args.rate,
+                    IMPORT_TURNS_PER_HOUR=0,  # no import quota for the filling
                 ) as server:
-                    for m in args.memory:
+                    for m, n in cells:
                         for c in args.concurrency:
+                            if n:
+                                await fill_memory(server.url, client_users(m, c, n), n)
                             load = os.getloadavg()[0]
-                            row = await measure(server.url, c, args.requests, m)
+                            row = await measure(server.url, c, args.requests, m, n)
                             rows.append(
                                 {
                                     "workers": workers,
@@ -114,7 +202,18 @@ async def main() -> None:
     print_table(
         "Time added before the first token (demo model, first token immediate)",
         rows,
-        ["workers", "memory", "concurrency", "n", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "load_1m"],
+        [
+            "workers",
+            "memory",
+            "memory_rows",
+            "concurrency",
+            "n",
+            "p50_ms",
+            "p95_ms",
+            "p99_ms",
+            "mean_ms",
+            "load_1m",
+        ],
     )
     write_json(
         args.out, {"benchmark": "ttft", "targets": {"32": {"p50_ms": 15, "p99_ms": 60}}, "results": rows}
