@@ -36,7 +36,7 @@ from memory.recall.embeddings import Embedder
 from memory.recall.index import generation_of, write_guard
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.redaction import redact
-from memory.recall.remembering import is_low_information, is_remembered_reply
+from memory.recall.remembering import is_low_information, unremembered_reason
 from memory.recall.sentence_keys import sentence_keys
 from memory.record.branches import turns_off_active_branch
 from memory.record.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
@@ -277,8 +277,8 @@ class IndexPipeline:
             return "forgotten"
         if not record.text.strip():
             return "empty"
-        if not is_remembered_reply(record.role, record.memory_use):
-            return "made_without_memory"
+        if unremembered := unremembered_reason(record.role, record.memory_use):
+            return unremembered
         if is_low_information(record.text, extra_phrases=tuple(self._settings.low_information_extra)):
             return "low_information"
         return None

@@ -353,7 +353,7 @@ async def test_conversations_with_memory_off_are_never_recalled(
         # Not indexed: the private chat's two turns, and the kept chat's demo reply, which only
         # repeats what it was shown (the question and its reply, recalled): a copy.
         assert result.indexed_turns == 3 and result.skipped["memory_off"] == 2
-        assert result.skipped["made_without_memory"] == 1
+        assert result.skipped["repeats_what_it_was_shown"] == 1
         async with db.transaction() as session:
             await session.execute(
                 update(Conversation).where(Conversation.id == kept).values(memory_mode="none")

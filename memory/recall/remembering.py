@@ -38,6 +38,14 @@ def is_remembered_reply(role: str, memory_use: str | None) -> bool:
     return role != "assistant" or memory_use is None or memory_use in REMEMBERED_MEMORY_USES
 
 
+def unremembered_reason(role: str, memory_use: str | None) -> str | None:
+    """Why the remembering rule leaves a turn out (the indexer's skip reason), None if it keeps it:
+    `repeats_what_it_was_shown` for a derivative reply, else `made_without_memory`."""
+    if is_remembered_reply(role, memory_use):
+        return None
+    return "repeats_what_it_was_shown" if memory_use == DERIVATIVE else "made_without_memory"
+
+
 def repeats_only(reply_text: str, shown: str) -> bool:
     """True when (nearly) every content term of the reply occurs in `shown` (what its prompt showed:
     the user's messages and the memories with them): a copy, not a new fact."""
