@@ -71,18 +71,24 @@ class ServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        async with httpx.AsyncClient(base_url=self.base_url) as client:
-            async with asyncio.timeout(60):
-                while True:
-                    if self.proc.poll() is not None:
-                        err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                        raise RuntimeError(f"server exited early: {err[-2000:]}")
-                    try:
-                        if (await client.get("/readyz")).status_code == 200:
-                            return
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.1)
+        try:
+            async with httpx.AsyncClient(base_url=self.base_url) as client:
+                async with asyncio.timeout(60):
+                    while True:
+                        if self.proc.poll() is not None:
+                            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                            raise RuntimeError(f"server exited early: {err[-2000:]}")
+                        try:
+                            if (await client.get("/readyz")).status_code == 200:
+                                return
+                        except httpx.TransportError:
+                            pass
+                        await asyncio.sleep(0.1)
+        except BaseException:
+            # Not ready in time (a loaded machine) or cancelled: a server left running would
+            # outlive the test run.
+            self.kill()
+            raise
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as in a crash."""

@@ -352,8 +352,8 @@ async def test_an_approval_survives_every_process_being_killed(
         "demo_tokens_per_second": 200,
     }
     first, second = ServerProcess(pg_url, **env), ServerProcess(pg_url, **env)
-    await asyncio.gather(first.start(), second.start())
     try:
+        await asyncio.gather(first.start(), second.start())
         async with first.client() as client:
             cid = await new_conversation(client)
             ask = required(await park(client, cid))
@@ -362,8 +362,8 @@ async def test_an_approval_survives_every_process_being_killed(
         second.kill()
     assert not log.exists()
     fresh = ServerProcess(pg_url, **env)
-    await fresh.start()
     try:
+        await fresh.start()
         async with fresh.client() as client:
             resumed = await decide_streaming(client, approve_url(ask), {})
             assert resumed[-1].event == EventName.TURN_COMPLETED, [e.event for e in resumed]
