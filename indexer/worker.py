@@ -41,6 +41,7 @@ from .kafka_transport import KafkaQueueConsumer, is_kafka_error
 from .pg_queue import PgQueueConsumer
 from .pipeline import IndexPipeline
 from .relay import OutboxRelay
+from .table_statistics import MemoryTableStatistics
 from .transport import Consumer, Message
 
 __all__ = [
@@ -116,9 +117,11 @@ class IndexerWorker:
         consumer: Consumer | None = None,
         backoff_base_seconds: float = 0.5,
         backoff_max_seconds: float = 30.0,
+        statistics: MemoryTableStatistics | None = None,
     ) -> None:
         self.settings = settings
         self.pipeline = IndexPipeline(db, embedder, settings)
+        self.statistics = statistics if statistics is not None else MemoryTableStatistics(db)
         self.consumer = consumer if consumer is not None else make_consumer(db, settings)
         self._backoff_base = backoff_base_seconds
         self._backoff_max = backoff_max_seconds
@@ -159,6 +162,7 @@ class IndexerWorker:
     async def process(self, batch: Sequence[Message]) -> None:
         """Index one polled batch, dead-letter what must be, then commit the transport."""
         started = time.perf_counter()
+        chunks_before = self.stats["chunks"]
         poison: list[tuple[Message, str]] = []
         good: list[Message] = []
         for message in batch:
@@ -189,6 +193,15 @@ class IndexerWorker:
         for _ in poison:
             metrics.observe_dead_letter("poison")
         metrics.observe_committed([m.payload for m in batch], time.perf_counter() - started)
+        await self._refresh_statistics(self.stats["chunks"] - chunks_before)
+
+    async def _refresh_statistics(self, rows: int) -> None:
+        """After many rows were written: the planner's statistics (searches are planned from them)."""
+        try:
+            if await self.statistics.wrote(rows):
+                self.stats["analyzed"] += 1
+        except Exception as exc:  # the batch is committed; autovacuum will analyze in time
+            log.warning("indexer: refreshing memory_items statistics failed: %r", exc)
 
     async def _one_by_one(self, messages: Sequence[Message]) -> None:
         for message in messages:
