@@ -100,16 +100,19 @@ async def test_a_fact_inside_a_long_user_message_is_found_first_through_its_sent
     long_turn = turns[-2]
     assert len(await key_rows(db, long_turn.id)) == len(sentence_keys(LONG_MESSAGE, role="user", name=None))
 
-    recalled = await recall_memories(
-        db,
-        real_encoder,
-        tenant_id=OWNER.tenant_id,
-        user_id=OWNER.user_id,
-        query_text=QUESTION,
-        k=5,
-        unindexed_limit=0,
-    )
-    memories = recalled.memories
+    async def recalled_turns() -> list[Any]:
+        recalled = await recall_memories(
+            db,
+            real_encoder,
+            tenant_id=OWNER.tenant_id,
+            user_id=OWNER.user_id,
+            query_text=QUESTION,
+            k=5,
+            unindexed_limit=0,
+        )
+        return recalled.memories
+
+    memories = await recalled_turns()
     assert memories[0].turn_id == long_turn.id
     # The memory returned is the chunk (the whole message), once; never a key's sentence.
     assert memories[0].text == LONG_MESSAGE and memories[0].chunk_index == 0
@@ -132,16 +135,7 @@ async def test_a_fact_inside_a_long_user_message_is_found_first_through_its_sent
     # Without its keys the message's own vector is about hiking: the fact is not found first.
     async with db.transaction() as session:
         await session.execute(text("DELETE FROM memory_items WHERE kind = 'sentence'"))
-    recalled = await recall_memories(
-        db,
-        real_encoder,
-        tenant_id=OWNER.tenant_id,
-        user_id=OWNER.user_id,
-        query_text=QUESTION,
-        k=5,
-        unindexed_limit=0,
-    )
-    without = recalled.memories
+    without = await recalled_turns()
     assert without[0].turn_id != long_turn.id
 
 
