@@ -15,8 +15,8 @@ once for every method. Choices measured on the LoCoMo slice (``bench/memory_eval
   their conversation's active branch (``on_active_branch``, a flag kept by
   ``memory.record.branches``), so it costs one column test per row and no join.
 
-- The dense list holds chunks and sentence keys together (one HNSW scan); each kind is
-  ranked on its own. A key is never a candidate: the chunk it points to is (also when
+- The dense list holds chunks and their keys together (one HNSW scan); chunks and keys
+  are ranked apart (a key is any row whose kind is not ``chunk``). A key is never a candidate: the chunk it points to is (also when
   the chunk itself is in neither list), with the key's rank and the best cosine of its
   keys as signals (``memory.recall.sentence_keys``). The keyword list holds chunks only.
 
@@ -109,7 +109,7 @@ vector_ranked AS (
 key_ranked AS (
     SELECT c.id, k.rank AS key_rank
     FROM (SELECT turn_id, chunk_index, min(rank) AS rank FROM vector_kinds
-          WHERE kind = 'sentence' GROUP BY turn_id, chunk_index) k
+          WHERE kind <> 'chunk' GROUP BY turn_id, chunk_index) k
     JOIN memory_items c
       ON c.index_id = :index_id AND c.turn_id = k.turn_id AND c.kind = 'chunk'
      AND c.chunk_index = k.chunk_index AND c.key_index = 0
@@ -177,7 +177,7 @@ key_cosines AS (
     SELECT c.id, max(1 - (k.embedding <=> :embedding)) AS key_cosine
     FROM candidate_rows c
     JOIN memory_items k
-      ON k.index_id = :index_id AND k.turn_id = c.turn_id AND k.kind = 'sentence'
+      ON k.index_id = :index_id AND k.turn_id = c.turn_id AND k.kind <> 'chunk'
      AND k.chunk_index = c.chunk_index
     WHERE k.deleted_at IS NULL
     GROUP BY c.id
