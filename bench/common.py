@@ -11,7 +11,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,34 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+async def wait_until_ready(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    *,
+    exited: Callable[[], str] | None = None,
+) -> None:
+    """Wait until the chatmem server at `url` answers /readyz with 200.
+
+    Raises when `proc` exits first (with `exited()`'s text, say its standard error, when given)
+    and TimeoutError after `timeout` seconds; stopping the process is the caller's.
+    """
+    async with httpx.AsyncClient(base_url=url) as client:
+        async with asyncio.timeout(timeout):
+            while True:
+                if proc.poll() is not None:
+                    detail = f": {exited()}" if exited is not None else ""
+                    raise RuntimeError(
+                        f"the server exited with {proc.returncode} before it was ready{detail}"
+                    )
+                try:
+                    if (await client.get("/readyz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.1)
+
+
 class Server:
     """`chatmem serve` in its own process, so the load generator does not share its event loop."""
 
@@ -136,29 +164,13 @@ class Server:
             cwd=ROOT,
         )
         try:
-            await self._wait_ready()
+            await wait_until_ready(self.url, self.proc, self.start_timeout)
         except BaseException:
             # A server that never got ready must not outlive the benchmark (it would keep
             # running against a database the benchmark is about to delete).
             self._stop()
             raise
         return self
-
-    async def _wait_ready(self) -> None:
-        assert self.proc is not None
-        async with httpx.AsyncClient(base_url=self.url) as client:
-            async with asyncio.timeout(self.start_timeout):
-                while True:
-                    if self.proc.poll() is not None:
-                        raise RuntimeError(
-                            f"the server exited with {self.proc.returncode} before it was ready"
-                        )
-                    try:
-                        if (await client.get("/readyz")).status_code == 200:
-                            return
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.1)
 
     def _stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

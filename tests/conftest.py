@@ -100,24 +100,18 @@ async def db(pg_url: str) -> AsyncIterator[Database]:
 
 import asyncio  # noqa: E402
 import contextlib  # noqa: E402
-import socket  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
+from bench.common import free_port  # noqa: E402  (tests import it from here)
 from chat_api.app import create_app  # noqa: E402
 from chat_api.auth import issue_token  # noqa: E402
 from memory.config import Settings, get_settings  # noqa: E402
 
 TEST_SECRET = "test-secret-not-for-production-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def token_for(tenant: str = "t1", user: str = "u1") -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from bench.common import wait_until_ready
 from tests.conftest import TEST_SECRET, auth, free_port
 
 
@@ -72,23 +73,16 @@ class ServerProcess:
             stderr=subprocess.PIPE,
         )
         try:
-            async with httpx.AsyncClient(base_url=self.base_url) as client:
-                async with asyncio.timeout(60):
-                    while True:
-                        if self.proc.poll() is not None:
-                            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                            raise RuntimeError(f"server exited early: {err[-2000:]}")
-                        try:
-                            if (await client.get("/readyz")).status_code == 200:
-                                return
-                        except httpx.TransportError:
-                            pass
-                        await asyncio.sleep(0.1)
+            await wait_until_ready(self.base_url, self.proc, 60, exited=self._stderr_tail)
         except BaseException:
             # Not ready in time (a loaded machine) or cancelled: a server left running would
             # outlive the test run.
             self.kill()
             raise
+
+    def _stderr_tail(self) -> str:
+        assert self.proc is not None
+        return self.proc.stderr.read().decode()[-2000:] if self.proc.stderr else ""
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as in a crash."""

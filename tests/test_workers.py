@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.common import wait_until_ready
 from memory.events import EventName
 from tests.conftest import TEST_SECRET, auth, free_port
 from tests.procs import hand_index_to_the_real_encoder
@@ -47,13 +48,7 @@ async def two_workers(pg_url: str) -> AsyncIterator[str]:
     proc = subprocess.Popen([*command, "--workers", "2"], env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient(base_url=url) as client, asyncio.timeout(300):
-            while True:
-                assert proc.poll() is None, "the server exited while starting"
-                with contextlib.suppress(httpx.TransportError):
-                    if (await client.get("/readyz")).status_code == 200:
-                        break
-                await asyncio.sleep(0.2)
+        await wait_until_ready(url, proc, 300)
         yield url
     finally:
         proc.send_signal(signal.SIGINT)
