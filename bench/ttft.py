@@ -118,15 +118,18 @@ async def one_client(
                 samples.append(first)
 
 
-def client_users(scope: str, concurrency: int, memory_rows: int) -> list[str]:
-    return [f"{scope}-rows{memory_rows}-user{c}" for c in range(concurrency)]
+def client_users(scope: str, concurrency: int, memory_rows: int, workers: int = 1) -> list[str]:
+    """The measuring users of one cell: fresh ones per cell, so no user's memory is filled twice."""
+    return [f"{scope}-rows{memory_rows}-w{workers}-c{concurrency}-user{c}" for c in range(concurrency)]
 
 
-async def measure(url: str, concurrency: int, requests: int, scope: str, memory_rows: int = 0) -> dict:
+async def measure(
+    url: str, concurrency: int, requests: int, scope: str, memory_rows: int = 0, workers: int = 1
+) -> dict:
     samples: list[float] = []
     per_client = max(2, requests // concurrency + 1)
     spread = REPLY_SECONDS / concurrency
-    users = client_users(scope, concurrency, memory_rows)
+    users = client_users(scope, concurrency, memory_rows, workers)
     await asyncio.gather(
         *(one_client(url, user, per_client, samples, c * spread, scope) for c, user in enumerate(users))
     )
@@ -189,9 +192,9 @@ async def main() -> None:
                     for m, n in cells:
                         for c in args.concurrency:
                             if n:
-                                await fill_memory(server.url, client_users(m, c, n), n)
+                                await fill_memory(server.url, client_users(m, c, n, workers), n)
                             load = os.getloadavg()[0]
-                            row = await measure(server.url, c, args.requests, m, n)
+                            row = await measure(server.url, c, args.requests, m, n, workers)
                             rows.append(
                                 {
                                     "workers": workers,
