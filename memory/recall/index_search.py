@@ -16,9 +16,10 @@ once for every method. Choices measured on the LoCoMo slice (``bench/memory_eval
   ``memory.record.branches``), so it costs one column test per row and no join.
 
 - The dense list holds chunks and their keys together (one HNSW scan); chunks and keys
-  are ranked apart (a key is any row whose kind is not ``chunk``). A key is never a candidate: the chunk it points to is (also when
-  the chunk itself is in neither list), with the key's rank and the best cosine of its
-  keys as signals (``memory.recall.sentence_keys``). The keyword list holds chunks only.
+  are ranked apart (a key is any row whose kind is not ``chunk``). A key is never a
+  candidate: the chunk it points to is (also when the chunk itself is in neither list),
+  with the key's rank and the best cosine of its keys as signals
+  (``memory.recall.sentence_keys``). The keyword list holds chunks only.
 
 The dense side uses pgvector 0.8 iterative index scans so a per-user filter on a shared
 HNSW index still yields ``candidates`` rows instead of whatever survived the filter
