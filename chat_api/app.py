@@ -56,6 +56,7 @@ from memory.config import Settings
 from memory.prompt.templates import load_prompts
 from memory.recall.access import MemoryAccess
 from memory.recall.embeddings import Embedder, load_embedder
+from memory.recall.fact_keys import FactAsker
 from memory.recall.index import open_index
 from memory.recall.recaller import Recaller
 from memory.storage.db import Database
@@ -78,6 +79,20 @@ def make_provider(settings: Settings) -> ChatProvider:
     return DemoProvider(
         tokens_per_second=settings.demo_tokens_per_second,
         first_token_delay=settings.demo_first_token_delay_seconds,
+    )
+
+
+def fact_asker(settings: Settings, provider: ChatProvider) -> FactAsker | None:
+    """The indexer's fact-key requests through the rewrite model: None unless FACT_KEYS=model and a
+    real model is configured (the demo provider never makes keys)."""
+    if settings.fact_keys != "model" or settings.llm_provider != "openai":
+        return None
+    return FactAsker(
+        complete=partial(
+            provider.complete, model=settings.rewrite_model, timeout=settings.fact_keys_timeout_seconds
+        ),
+        prompts=load_prompts(settings.prompt_language),
+        timeout=settings.fact_keys_timeout_seconds,
     )
 
 

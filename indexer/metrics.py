@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from memory.recall.embeddings import Embedder
+from memory.recall.fact_keys import FactAnswer
 
 BATCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -40,6 +41,17 @@ EMBEDDING_BATCH_SECONDS = Histogram(
     buckets=BATCH_BUCKETS,
 )
 EMBEDDING_TEXTS = Counter("chatmem_embedding_texts_total", "Texts embedded by the indexer.")
+KEYS_INDEXED = Counter(
+    "chatmem_indexer_keys_total", "Search keys upserted beside the chunks, by kind.", ["kind"]
+)
+FACT_REQUESTS = Counter(
+    "chatmem_indexer_fact_requests_total",
+    "Fact-key requests to the rewrite model, by outcome (facts, none, junk, timeout, error).",
+    ["outcome"],
+)
+FACT_SECONDS = Histogram(
+    "chatmem_indexer_fact_seconds", "One fact-key request to the rewrite model.", buckets=BATCH_BUCKETS
+)
 RELAY_PUBLISHED = Counter("chatmem_relay_published_total", "Outbox rows published to Kafka and marked.")
 RELAY_FAILURES = Counter("chatmem_relay_failures_total", "Relay publish attempts that failed (then retried).")
 
@@ -69,10 +81,18 @@ def observe_committed(payloads: Sequence[Any], seconds: float, now: datetime | N
             INDEX_LAG.observe(max((current - finished).total_seconds(), 0.0))
 
 
-def observe_indexed(turns: int, chunks: int) -> None:
-    """Count turns and chunks written by one pipeline call."""
+def observe_indexed(turns: int, chunks: int, *, sentences: int = 0, facts: int = 0) -> None:
+    """Count turns, chunks and keys written by one pipeline call."""
     TURNS_INDEXED.inc(max(turns, 0))
     CHUNKS_INDEXED.inc(max(chunks, 0))
+    KEYS_INDEXED.labels(kind="sentence").inc(max(sentences, 0))
+    KEYS_INDEXED.labels(kind="fact").inc(max(facts, 0))
+
+
+def observe_fact_answer(answer: FactAnswer) -> None:
+    """Count one fact-key request by how it ended, and time it."""
+    FACT_REQUESTS.labels(outcome=answer.outcome).inc()
+    FACT_SECONDS.observe(max(answer.seconds, 0.0))
 
 
 def observe_dead_letter(reason: str) -> None:

@@ -1,7 +1,8 @@
 """The indexing pipeline: finished-turn payloads in, searchable memory rows out.
 
 filter (low information, memory off, deleted, forgotten, empty) → redact → chunk (and the
-sentence keys of a long chunk a person wrote, ``memory.recall.sentence_keys``) → embed
+sentence keys of a long chunk a person wrote, ``memory.recall.sentence_keys``; with
+``FACT_KEYS=model`` the facts a user's message states, ``memory.recall.fact_keys``) → embed
 (one call per batch, off the event loop) → upsert keyed by (turn_id, kind, chunk_index,
 key_index) and advance the conversations' watermarks, all in one transaction. A turn's
 keyword terms also carry the words of the message before it (``memory_search_terms``),
@@ -9,7 +10,8 @@ read for the whole batch in one statement.
 
 A redelivered payload changes nothing: its rows conflict on (turn_id, chunk_index) and
 the update only fires when the stored text differs. A turn whose memory the user corrected or
-forgot gets no sentence keys (its old words must not be found through them). The conversations of a batch are
+forgot gets no sentence or fact keys (its old words must not be found through them). The
+conversations of a batch are
 locked (``FOR NO KEY UPDATE``, in id order) while their rows are written, so a
 conversation deleted or switched to memory mode `none` during the batch never gets rows
 written after the switch, and each row's ``on_active_branch`` is read under the same lock
@@ -30,11 +32,12 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from indexer.chunking import chunk_text
-from indexer.metrics import TimedEmbedder
+from indexer.metrics import TimedEmbedder, observe_fact_answer
 from memory.config import Settings
 from memory.recall.embeddings import Embedder
+from memory.recall.fact_keys import FactAnswer, FactAsker, wants_facts
 from memory.recall.index import generation_of, write_guard
-from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
+from memory.recall.keywords import memory_search_terms, memory_text, photo_caption, query_terms
 from memory.recall.redaction import redact
 from memory.recall.remembering import is_low_information, unremembered_reason
 from memory.recall.sentence_keys import sentence_keys
@@ -129,6 +132,14 @@ DELETE_STALE_KEYS = text(
     """
 )
 
+# Of these turns, the ones already in the index (any chunk, also a corrected or forgotten one).
+INDEXED_TURNS = text(
+    """
+    SELECT DISTINCT turn_id FROM memory_items
+    WHERE index_id = :index_id AND turn_id = ANY(CAST(:turn_ids AS uuid[])) AND kind = 'chunk'
+    """
+)
+
 # Of these turns, the ones with a chunk the user corrected or forgot: no keys for them.
 CHANGED_BY_USER = text(
     """
@@ -177,6 +188,8 @@ class IndexResult:
     indexed_turns: int = 0
     chunks: int = 0
     keys: int = 0  # sentence keys written beside the chunks
+    facts: int = 0  # fact keys written beside the chunks
+    fact_answers: list[FactAnswer] = field(default_factory=list)  # one per user turn the model was asked
     skipped: Counter[str] = field(default_factory=Counter)
     watermarks: dict[uuid.UUID, int] = field(default_factory=dict)
 
@@ -239,7 +252,7 @@ def _vector_literal(vector: Sequence[float]) -> str:
 
 @dataclass(slots=True)
 class _Chunk:
-    """A row to write: a chunk of a turn, or (``key_index`` not None) one of its sentence keys."""
+    """A row to write: a chunk of a turn, or (``key_index`` not None) one of its keys (sentence or fact)."""
 
     record: TurnRecord
     index: int
@@ -247,17 +260,28 @@ class _Chunk:
     memory_text: str
     previous: str | None
     key_index: int | None = None
+    kind: str = "chunk"
+
+
+def _best_chunk(fact: str, pieces: list[_Chunk]) -> int:
+    """The chunk of a turn that shares the most words with the fact (the first on a tie)."""
+    terms = set(query_terms(fact))
+    best = max(pieces, key=lambda c: (len(terms.intersection(query_terms(c.text))), -c.index))
+    return best.index
 
 
 class IndexPipeline:
     """Turns finished-turn payloads into memory rows, idempotently."""
 
-    def __init__(self, db: Database, embedder: Embedder, settings: Settings) -> None:
+    def __init__(
+        self, db: Database, embedder: Embedder, settings: Settings, *, facts: FactAsker | None = None
+    ) -> None:
         if embedder.dim != EMBEDDING_DIM:
             raise ValueError(f"embedder makes {embedder.dim}-d vectors; memory_items holds {EMBEDDING_DIM}-d")
         self._db = db
         self._embedder = embedder
         self._settings = settings
+        self._facts = facts
 
     @staticmethod
     def validate(payload: object) -> str | None:
@@ -286,10 +310,46 @@ class IndexPipeline:
     def _redact(self, text: str) -> str:
         return redact(text) if self._settings.redact_pii else text
 
-    def _chunks(self, records: list[TurnRecord], previous: dict[uuid.UUID, Any]) -> list[_Chunk]:
+    async def _ask_facts(self, index_id: int, records: list[TurnRecord]) -> dict[uuid.UUID, FactAnswer]:
+        """The model's facts of each user turn worth asking about, one request at a time.
+
+        A turn already in the index is not asked again (a redelivery keeps the facts it got, and a
+        turn the user corrected or forgot gets none). After a request that timed out or failed,
+        the rest of the batch is not asked: a model that is away costs a batch one time box, not
+        one per turn.
+        """
+        answers: dict[uuid.UUID, FactAnswer] = {}
+        asked = [r for r in records if wants_facts(r.text, role=r.role)]
+        if self._facts is None or not asked:
+            return answers
+        async with self._db.session() as session:
+            indexed = set(
+                (
+                    await session.execute(
+                        INDEXED_TURNS, {"index_id": index_id, "turn_ids": [str(r.turn_id) for r in asked]}
+                    )
+                ).scalars()
+            )
+        for record in asked:
+            if record.turn_id in indexed:
+                continue
+            answer = await self._facts.ask(self._redact(record.text))
+            observe_fact_answer(answer)
+            answers[record.turn_id] = answer
+            if answer.outcome in ("timeout", "error"):
+                break
+        return answers
+
+    def _chunks(
+        self,
+        records: list[TurnRecord],
+        previous: dict[uuid.UUID, Any],
+        facts: dict[uuid.UUID, FactAnswer] | None = None,
+    ) -> list[_Chunk]:
         # Runs in a worker thread: regexes and string work over a whole batch.
         out: list[_Chunk] = []
         for record in records:
+            start = len(out)
             body = self._redact(record.text)
             before = previous.get(record.turn_id)
             before_text = None
@@ -306,7 +366,15 @@ class IndexPipeline:
                 keys = sentence_keys(piece, role=record.role, name=record.name)
                 for key_index, sentence in enumerate(keys):
                     key_text = memory_text(sentence, name=record.name, created_at=record.created_at)
-                    out.append(_Chunk(record, index, sentence, key_text, None, key_index))
+                    out.append(_Chunk(record, index, sentence, key_text, None, key_index, "sentence"))
+            answer = (facts or {}).get(record.turn_id)
+            own = [c for c in out[start:] if c.kind == "chunk"]
+            if answer is not None and own:
+                for key_index, fact in enumerate(answer.facts):
+                    fact_text = memory_text(fact, name=record.name, created_at=record.created_at)
+                    out.append(
+                        _Chunk(record, _best_chunk(fact, own), fact, fact_text, None, key_index, "fact")
+                    )
         return out
 
     @staticmethod
@@ -317,7 +385,7 @@ class IndexPipeline:
                 "user_id": c.record.user_id,
                 "conversation_id": str(c.record.conversation_id),
                 "turn_id": str(c.record.turn_id),
-                "kind": "chunk" if c.key_index is None else "sentence",
+                "kind": c.kind,
                 "chunk_index": c.index,
                 "key_index": c.key_index or 0,
                 "turn_seq": c.record.seq,
@@ -372,9 +440,12 @@ class IndexPipeline:
                     },
                 )
                 previous = {row.turn_id: row for row in rows_before}
-        chunks = await asyncio.to_thread(self._chunks, wanted, previous)
         # The vectors and the rows they go into belong to one generation (memory/recall/index.py).
         generation = await generation_of(self._embedder, self._db)
+        # Outside any transaction: a slow model holds no lock and no connection.
+        facts = await self._ask_facts(generation.id, wanted)
+        result.fact_answers = list(facts.values())
+        chunks = await asyncio.to_thread(self._chunks, wanted, previous, facts)
         # Timed here, around the generation's own encoder: a wrapper around the MemoryIndex
         # would hide the generation from generation_of (and record the wrapper as the encoder).
         vectors = await self._embed(TimedEmbedder(generation.embedder), [c.memory_text for c in chunks])
@@ -458,6 +529,7 @@ class IndexPipeline:
                 )
         result.indexed_turns = sum(1 for n in counts.values() if n > 0)
         result.chunks = sum(1 for row in keep if row["kind"] == "chunk")
-        result.keys = len(keep) - result.chunks
+        result.facts = sum(1 for row in keep if row["kind"] == "fact")
+        result.keys = len(keep) - result.chunks - result.facts
         result.watermarks = live
         return result

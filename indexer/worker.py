@@ -33,13 +33,14 @@ from sqlalchemy import exc as sa_exc
 from memory.config import Settings
 from memory.recall.embedding_service import EmbeddingServiceError
 from memory.recall.embeddings import Embedder, load_embedder
+from memory.recall.fact_keys import FactAsker
 from memory.recall.index import IndexChanged, open_index
 from memory.storage.db import Database
 
 from . import metrics
 from .kafka_transport import KafkaQueueConsumer, is_kafka_error
 from .pg_queue import PgQueueConsumer
-from .pipeline import IndexPipeline
+from .pipeline import IndexPipeline, IndexResult
 from .relay import OutboxRelay
 from .table_statistics import MemoryTableStatistics
 from .transport import Consumer, Message
@@ -118,9 +119,10 @@ class IndexerWorker:
         backoff_base_seconds: float = 0.5,
         backoff_max_seconds: float = 30.0,
         statistics: MemoryTableStatistics | None = None,
+        facts: FactAsker | None = None,
     ) -> None:
         self.settings = settings
-        self.pipeline = IndexPipeline(db, embedder, settings)
+        self.pipeline = IndexPipeline(db, embedder, settings, facts=facts)
         self.statistics = statistics if statistics is not None else MemoryTableStatistics(db)
         self.consumer = consumer if consumer is not None else make_consumer(db, settings)
         self._backoff_base = backoff_base_seconds
@@ -229,10 +231,14 @@ class IndexerWorker:
         except Exception:  # the transport is what failed; stop() or the next poll cleans up
             log.debug("indexer: abandoning the batch failed", exc_info=True)
 
-    def _count(self, result: object) -> None:
-        self.stats["indexed_turns"] += getattr(result, "indexed_turns", 0)
-        self.stats["chunks"] += getattr(result, "chunks", 0)
-        metrics.observe_indexed(getattr(result, "indexed_turns", 0), getattr(result, "chunks", 0))
+    def _count(self, result: IndexResult) -> None:
+        self.stats["indexed_turns"] += result.indexed_turns
+        self.stats["chunks"] += result.chunks
+        self.stats["keys"] += result.keys
+        self.stats["facts"] += result.facts
+        metrics.observe_indexed(
+            result.indexed_turns, result.chunks, sentences=result.keys, facts=result.facts
+        )
 
 
 @contextmanager
@@ -280,8 +286,10 @@ async def run_relay_main(settings: Settings) -> None:
         await db.dispose()
 
 
-async def run_indexer_main(settings: Settings, *, embedder: Embedder | None = None) -> None:
-    """`chatmem indexer`: index finished turns until SIGTERM/SIGINT."""
+async def run_indexer_main(
+    settings: Settings, *, embedder: Embedder | None = None, facts: FactAsker | None = None
+) -> None:
+    """`chatmem indexer`: index finished turns until SIGTERM/SIGINT (``facts``: FACT_KEYS=model)."""
     serve_metrics(settings)
     db = _database(settings)
     stop = asyncio.Event()
@@ -289,6 +297,6 @@ async def run_indexer_main(settings: Settings, *, embedder: Embedder | None = No
         encoder = embedder if embedder is not None else await load_embedder(settings, threads=0)
         model = await open_index(db, settings, encoder, threads=0)
         with _stop_on_signals(stop):
-            await IndexerWorker(db, settings, model).run(stop)
+            await IndexerWorker(db, settings, model, facts=facts).run(stop)
     finally:
         await db.dispose()

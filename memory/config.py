@@ -327,6 +327,18 @@ class IndexerSettings(BaseSettings):
     low_information_extra: list[str] = Field(
         default_factory=list, description="More phrases not worth remembering."
     )
+    fact_keys: Literal["off", "model"] = Field(
+        "off",
+        description=(
+            "`model`: the indexer asks the rewrite model (REWRITE_MODEL, else LLM_MODEL) for the short facts "
+            "each user turn states about the user and indexes them as extra search keys of that turn "
+            "(one model call per user turn; needs LLM_PROVIDER=openai, never in demo mode). A failed "
+            "or late answer gives no keys; the turn is indexed all the same."
+        ),
+    )
+    fact_keys_timeout_seconds: float = Field(
+        20.0, gt=0, description="Time box of one fact-key request of the indexer."
+    )
 
     @model_validator(mode="after")
     def _check_embedding_service(self) -> Self:

@@ -26,7 +26,7 @@ from chat_api.cli.local_model import add_local_model_arguments
 from chat_api.cli.mcp import add_mcp_arguments, run_mcp_command
 from chat_api.cli.memory_index import add_memory_arguments
 from chat_api.cli.serve import cmd_serve, cmd_up
-from memory.config import SettingsError, get_settings
+from memory.config import Settings, SettingsError, get_settings
 
 
 def cmd_token(args: argparse.Namespace) -> None:
@@ -82,7 +82,7 @@ def cmd_keys(args: argparse.Namespace) -> None:
 
 
 def _worker_main(which: str) -> None:
-    from indexer.worker import run_indexer_main, run_relay_main
+    from indexer.worker import run_relay_main
 
     settings = load_settings()
     if not settings.database_url:
@@ -92,7 +92,18 @@ def _worker_main(which: str) -> None:
             "KAFKA_BOOTSTRAP_SERVERS is not set (without Kafka the indexer reads Postgres directly)"
         )
     check_database(settings.database_url)
-    asyncio.run(run_relay_main(settings) if which == "relay" else run_indexer_main(settings))
+    asyncio.run(run_relay_main(settings) if which == "relay" else _run_indexer(settings))
+
+
+async def _run_indexer(settings: Settings) -> None:
+    from chat_api.app import fact_asker, make_provider
+    from indexer.worker import run_indexer_main
+
+    provider = make_provider(settings)
+    try:
+        await run_indexer_main(settings, facts=fact_asker(settings, provider))
+    finally:
+        await provider.aclose()
 
 
 WORKERS_HELP = (

@@ -38,6 +38,7 @@ from memory.config import Settings
 
 def embedded_workers(settings: Settings) -> list[Any]:
     """The relay or Postgres consumer and the indexer, run inside the API process."""
+    from chat_api.app import fact_asker
     from indexer.worker import IndexerWorker, OutboxRelay
     from memory.recall.embeddings import SentenceTransformerEmbedder
     from memory.recall.index import MemoryIndex, open_index
@@ -51,7 +52,8 @@ def embedded_workers(settings: Settings) -> list[Any]:
             encoder = encoder.twin()
             await asyncio.to_thread(encoder.load)
         twin = await open_index(services.db, settings, encoder, threads=0)
-        await IndexerWorker(services.db, settings, twin).run(stop)
+        facts = fact_asker(settings, services.provider)
+        await IndexerWorker(services.db, settings, twin, facts=facts).run(stop)
 
     async def relay(services: Any, stop: asyncio.Event) -> None:
         await OutboxRelay(services.db, settings).run(stop)

@@ -35,6 +35,7 @@ TEMPLATE_FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
         "memory_role_tool": frozenset(),
         "query_rewrite": frozenset({"history", "message"}),
         "query_rewrite_history_line": frozenset({"role", "text"}),
+        "fact_keys": frozenset({"message"}),
         "history_role_user": frozenset(),
         "history_role_assistant": frozenset(),
         "tool_result_truncated": frozenset({"kept_chars", "total_chars", "omitted_chars"}),

@@ -1,11 +1,11 @@
 """Memory items a user can see and change: list, read, correct, forget one, state a fact.
 
-An item is one chunk row of ``memory_items`` (never a sentence key, which only helps search
-find its chunk: memory/recall/sentence_keys.py): a chunk of a finished turn (``source = 'turn'``,
-written by the indexer) or a fact the user stated directly (``source = 'stated'``, no turn
-behind it: its ``turn_id`` is its own random id, and it has a conversation only if one was
-named). Every function is scoped to one owner and never commits; the caller owns the
-transaction, and whatever it commits is what the next search sees, on every replica.
+An item is one chunk row of ``memory_items`` (never a search key, which only helps search
+find its chunk: memory/recall/sentence_keys.py, fact_keys.py): a chunk of a finished turn
+(``source = 'turn'``, written by the indexer) or a fact the user stated directly (``source =
+'stated'``, no turn behind it: its ``turn_id`` is its own random id, and it has a conversation
+only if one was named). Every function is scoped to one owner and never commits; the caller
+owns the transaction, and whatever it commits is what the next search sees, on every replica.
 
 Visible items are the ones retrieval may return: not deleted (retention) or forgotten,
 on their conversation's active branch, and of a live conversation whose memory mode is
@@ -16,7 +16,7 @@ Changes outlive the indexer reprocessing a turn (a redelivered message, a reinde
 
 - a correction sets ``edited_at``; the indexer's upsert skips rows that have it, so the
   corrected text and its vector stay. The turn itself is never changed.
-- correcting or forgetting an item deletes the sentence keys of its turn (in every
+- correcting or forgetting an item deletes the search keys of its turn (in every
   generation), so the old words are not found through them; the indexer writes no keys
   for a turn with a corrected or forgotten item.
 - forgetting a turn's item leaves a tombstone: ``forgotten_at`` and ``deleted_at`` set,
@@ -285,12 +285,12 @@ async def correct_item(session: AsyncSession, owner: Owner, item_id: int, embedd
     if result.scalar_one_or_none() is None:
         raise NotFound("memory item not found", item_id=item_id)
     item = await get_item(session, owner, item_id)
-    await _delete_sentence_keys(session, owner, item)
+    await _delete_keys(session, owner, item)
     return item
 
 
-async def _delete_sentence_keys(session: AsyncSession, owner: Owner, item: StoredMemory) -> None:
-    """The sentence keys of the item's turn, in every generation (a stated fact has none)."""
+async def _delete_keys(session: AsyncSession, owner: Owner, item: StoredMemory) -> None:
+    """The search keys (sentences, facts) of the item's turn, in every generation (a stated fact has none)."""
     if item.turn_id is None:
         return
     await session.execute(
@@ -298,7 +298,7 @@ async def _delete_sentence_keys(session: AsyncSession, owner: Owner, item: Store
             MemoryItem.tenant_id == owner.tenant_id,
             MemoryItem.user_id == owner.user_id,
             MemoryItem.turn_id == item.turn_id,
-            MemoryItem.kind == MemoryItemKind.SENTENCE,
+            MemoryItem.kind != MemoryItemKind.CHUNK,
         )
     )
 
@@ -315,7 +315,7 @@ async def forget_item(session: AsyncSession, owner: Owner, item_id: int) -> None
     if item.source == MemoryItemSource.STATED:
         await session.execute(delete(MemoryItem).where(mine))
         return
-    await _delete_sentence_keys(session, owner, item)
+    await _delete_keys(session, owner, item)
     await session.execute(
         update(MemoryItem)
         .where(mine)

@@ -21,7 +21,10 @@ What is copied are the chunks (the memories); their sentence keys (memory/recall
 sentence_keys.py) are made again from each copied chunk's text, as the indexer makes them,
 so a rebuild also serves a change of the ``PIPELINE`` version that only adds or changes keys
 (version 2 added them: an index built before gets its keys from `chatmem memory reindex`
-with the same encoder). A corrected or forgotten chunk gets none. A change of the chunks
+with the same encoder). Fact keys (memory/recall/fact_keys.py) are made by a model, not
+from the text: a copied chunk's facts are copied from the old generation, their stored text
+embedded again, and the model is never asked. A corrected or forgotten chunk gets none.
+A change of the chunks
 themselves (other chunk sizes, other text) would need the indexer pipeline run over the
 turns; that is not built.
 """
@@ -102,7 +105,7 @@ DELETE_KEYS = text(
     """
     DELETE FROM memory_items b
     USING memory_items a
-    WHERE a.id = ANY(:ids) AND b.index_id = :new AND b.kind = 'sentence'
+    WHERE a.id = ANY(:ids) AND b.index_id = :new AND b.kind <> 'chunk'
       AND b.turn_id = a.turn_id AND b.chunk_index = a.chunk_index
     """
 ).bindparams(bindparam("ids", type_=ARRAY(BigInteger)))
@@ -114,7 +117,7 @@ _KEY_COLUMNS = (
 INSERT_KEYS = text(
     f"""
     INSERT INTO memory_items (index_id, kind, key_index, text, search_terms, embedding, {_KEY_COLUMNS})
-    SELECT :new, 'sentence', v.key_index, v.text, to_tsvector('simple', ''), CAST(v.embedding AS vector),
+    SELECT :new, :kind, v.key_index, v.text, to_tsvector('simple', ''), CAST(v.embedding AS vector),
            {", ".join("a." + c.strip() for c in _KEY_COLUMNS.split(","))}
     FROM unnest(:ids, :key_indexes, :texts, :embeddings) AS v(id, key_index, text, embedding)
     JOIN memory_items a ON a.id = v.id
@@ -125,6 +128,18 @@ INSERT_KEYS = text(
     bindparam("texts", type_=ARRAY(Text)),
     bindparam("embeddings", type_=ARRAY(Text)),
 )
+# The fact keys of these chunks in the old generation: copied with their text embedded again.
+OLD_FACTS = text(
+    """
+    SELECT a.id, f.key_index, f.text, a.name, a.turn_created_at
+    FROM memory_items a
+    JOIN memory_items f
+      ON f.index_id = a.index_id AND f.kind = 'fact' AND f.turn_id = a.turn_id
+     AND f.chunk_index = a.chunk_index
+    WHERE a.id = ANY(:ids)
+    ORDER BY a.id, f.key_index
+    """
+).bindparams(bindparam("ids", type_=ARRAY(BigInteger)))
 # Copies (and keys) whose chunk is gone from the old generation (a stated fact forgotten, a turn deleted).
 ORPHANS = text(
     """
@@ -230,9 +245,13 @@ async def _copy_batch(
         if r.keyed
         for key_index, sentence in enumerate(sentence_keys(r.text, role=r.role, name=r.name))
     ]
-    texts = [_embedded_text(r) for r in live] + [
-        memory_text(sentence, name=r.name, created_at=r.turn_created_at) for r, _, sentence in keys
-    ]
+    keyed = [r.id for r in live if r.keyed]
+    facts = list(await session.execute(OLD_FACTS, {"ids": keyed})) if keyed else []
+    texts = (
+        [_embedded_text(r) for r in live]
+        + [memory_text(sentence, name=r.name, created_at=r.turn_created_at) for r, _, sentence in keys]
+        + [memory_text(f.text, name=f.name, created_at=f.turn_created_at) for f in facts]
+    )
     vectors = [_vector_literal(list(v)) for v in await encoder.embed(texts)] if texts else []
     by_id = dict(zip((r.id for r in live), vectors, strict=False))
     ids = [r.id for r in rows]
@@ -243,10 +262,23 @@ async def _copy_batch(
             INSERT_KEYS,
             {
                 "new": new,
+                "kind": "sentence",
                 "ids": [r.id for r, _, _ in keys],
                 "key_indexes": [key_index for _, key_index, _ in keys],
                 "texts": [sentence for _, _, sentence in keys],
-                "embeddings": vectors[len(live) :],
+                "embeddings": vectors[len(live) : len(live) + len(keys)],
+            },
+        )
+    if facts:
+        await session.execute(
+            INSERT_KEYS,
+            {
+                "new": new,
+                "kind": "fact",
+                "ids": [f.id for f in facts],
+                "key_indexes": [f.key_index for f in facts],
+                "texts": [f.text for f in facts],
+                "embeddings": vectors[len(live) + len(keys) :],
             },
         )
     return int(rows[-1].id)

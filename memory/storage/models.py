@@ -272,6 +272,7 @@ class MemoryItemKind:
 
     CHUNK = "chunk"  # a memory: a chunk of a turn, or a stated fact
     SENTENCE = "sentence"  # a search key of a chunk, never a memory (memory/recall/sentence_keys.py)
+    FACT = "fact"  # a fact the turn states, in the model's words: a search key (memory/recall/fact_keys.py)
 
 
 class MemoryItem(Base):
@@ -322,7 +323,7 @@ class MemoryItem(Base):
         UniqueConstraint(
             "index_id", "turn_id", "kind", "chunk_index", "key_index", name="uq_memory_index_turn_key"
         ),
-        CheckConstraint("kind IN ('chunk', 'sentence')", name="ck_memory_items_kind"),
+        CheckConstraint("kind IN ('chunk', 'sentence', 'fact')", name="ck_memory_items_kind"),
         Index(
             "ix_memory_owner_listed",
             "tenant_id",
