@@ -89,6 +89,11 @@ def test_facts_are_parsed_bounded_and_checked_against_the_message() -> None:
         "The user hikes.",
     )
     assert parse_facts("NONE", LONG_MESSAGE) == ()
+    # Small models write the facts as one paragraph: one fact a sentence; a question is none.
+    assert parse_facts(
+        "The user has a greyhound named Biscuit. They need boots for the hiking trip. Can you help?",
+        LONG_MESSAGE,
+    ) == ("The user has a greyhound named Biscuit.", "They need boots for the hiking trip.")
     # Junk: code, JSON, headings, empty, and lines that share no word with the message (invented).
     assert parse_facts('```json\n{"facts": ["Biscuit"]}\n```', LONG_MESSAGE) is None
     assert parse_facts("Here is what the message says:", LONG_MESSAGE) is None

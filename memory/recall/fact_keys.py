@@ -45,8 +45,9 @@ NO_FACTS = "NONE"
 
 FactOutcome = Literal["facts", "none", "junk", "timeout", "error"]
 _BULLET = re.compile(r"^\s*(?:[-*•·]|\d+[.)、]|[（(]?\d+[)）])\s*")
-# Code, markup, JSON, or a heading ("Facts:", "Here is what I found:") is not a fact.
-_NOT_A_FACT = re.compile(r"[{}<>`]|[:：]\s*$")
+# Code, markup, JSON, a heading ("Facts:", "Here is what I found:") or a question is not a fact.
+_NOT_A_FACT = re.compile(r"[{}<>`]|[:：?？]\s*$")
+_SENTENCE_END = re.compile(r"(?<=[.!。！])\s+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +79,9 @@ def parse_facts(answer: str, message: str) -> tuple[str, ...] | None:
         return ()
     said = set(query_terms(message))
     facts: list[str] = []
-    for line in lines:
-        fact = _BULLET.sub("", line).strip().strip("\"'“”").strip()
+    # One fact a sentence: small models often write the facts as one paragraph.
+    for sentence in (s for line in lines for s in _SENTENCE_END.split(_BULLET.sub("", line))):
+        fact = sentence.strip().strip("\"'“”").strip()
         if not (MIN_FACT_CHARS <= len(fact) <= MAX_FACT_CHARS) or _NOT_A_FACT.search(fact):
             continue
         # A fact the message states shares a word with it; a line that shares none was invented.
