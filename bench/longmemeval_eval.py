@@ -79,9 +79,12 @@ class Pool:
         ]
 
 
-def load_pool(path: Path, limit: int = 0) -> Pool:
-    """The slice's sessions (each once) and questions; ``limit``: the first questions only."""
+def load_pool(path: Path, limit: int = 0, picked: Sequence[int] = ()) -> Pool:
+    """The slice's sessions (each once) and questions; ``limit``: the first questions only;
+    ``picked``: these questions (positions in the file) only."""
     raw = json.loads(path.read_text())
+    if picked:
+        raw = [raw[i] for i in picked]
     if limit:
         raw = raw[:limit]
     sessions: dict[str, tuple[datetime, list[dict[str, Any]]]] = {}
@@ -219,7 +222,7 @@ def print_table(title: str, table: dict[str, dict[str, float]]) -> None:
 
 
 async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
-    pool = load_pool(args.data, args.limit_questions)
+    pool = load_pool(args.data, args.limit_questions, getattr(args, "questions", None) or ())
     questions = pool.questions
     async with Server(
         database_url, with_workers=not args.no_load, rate_limit_per_minute=RATE_LIMIT_PER_MINUTE
@@ -268,6 +271,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--limit-questions", type=int, default=0, help="the first N questions and their sessions"
+    )
+    parser.add_argument(
+        "--questions", type=int, nargs="*", default=[], help="only these questions (0-based positions)"
     )
     parser.add_argument(
         "--no-load", action="store_true", help="the pool is already in --database-url: only ask (latency A/B)"
