@@ -316,7 +316,8 @@ class IndexPipeline:
         A turn already in the index is not asked again (a redelivery keeps the facts it got, and a
         turn the user corrected or forgot gets none). After a request that timed out or failed,
         the rest of the batch is not asked: a model that is away costs a batch one time box, not
-        one per turn.
+        one per turn; nor is it once the batch spent FACT_KEYS_BATCH_SECONDS on requests (those
+        turns are indexed without facts).
         """
         answers: dict[uuid.UUID, FactAnswer] = {}
         asked = [r for r in records if wants_facts(r.text, role=r.role)]
@@ -330,12 +331,17 @@ class IndexPipeline:
                     )
                 ).scalars()
             )
+        budget = self._settings.fact_keys_batch_seconds
+        spent = 0.0
         for record in asked:
             if record.turn_id in indexed:
                 continue
+            if spent >= budget:
+                break
             answer = await self._facts.ask(self._redact(record.text))
             observe_fact_answer(answer)
             answers[record.turn_id] = answer
+            spent += answer.seconds
             if answer.outcome in ("timeout", "error"):
                 break
         return answers

@@ -339,6 +339,15 @@ class IndexerSettings(BaseSettings):
     fact_keys_timeout_seconds: float = Field(
         20.0, gt=0, description="Time box of one fact-key request of the indexer."
     )
+    fact_keys_batch_seconds: float = Field(
+        120.0,
+        gt=0,
+        description=(
+            "Most time one indexer batch spends on fact-key requests; the batch's later turns are "
+            "indexed without facts. Keeps a batch inside Kafka's poll interval (5 minutes) and a "
+            "live turn from waiting behind a batch of imported history."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_embedding_service(self) -> Self:

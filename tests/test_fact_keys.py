@@ -200,6 +200,19 @@ async def test_a_late_failed_or_unusable_answer_gives_no_keys_and_the_turn_is_in
         assert elapsed < 10.0
 
 
+async def test_a_batch_stops_asking_once_it_spent_its_fact_budget(
+    db: Database, pg_url: str, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.script(Reply(text=FACTS, chunk_delay=0.4), Reply(text=FACTS))
+    settings = fact_settings(pg_url, fake_openai.base_url, fact_keys_batch_seconds=0.2)
+    second = LONG_MESSAGE.replace("Biscuit", "Pepper")
+    turns, result = await index_with_facts(db, settings, HashEmbedder(), [LONG_MESSAGE, REPLY, second])
+    assert [a.outcome for a in result.fact_answers] == ["facts"]
+    assert len(fake_openai.requests) == 1
+    assert {r.turn_id for r in await rows(db, "fact")} == {turns[0].id}
+    assert result.indexed_turns == 3
+
+
 async def test_a_reindex_copies_the_fact_keys_without_asking_the_model(
     db: Database, pg_url: str, fake_openai: FakeOpenAI
 ) -> None:
