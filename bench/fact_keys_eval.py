@@ -126,6 +126,8 @@ def main() -> None:
             "LLM_MAX_RETRIES": "0",
             "FACT_KEYS": "model",
             "FACT_KEYS_TIMEOUT_SECONDS": str(args.timeout),
+            # Every user turn asked: the figure is what facts do, not what one batch's budget allows.
+            "FACT_KEYS_BATCH_SECONDS": "1000000",
         }
     )
     with database(None) as url:
