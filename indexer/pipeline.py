@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -39,7 +39,7 @@ from memory.recall.fact_keys import FactAnswer, FactAsker, wants_facts
 from memory.recall.index import generation_of, write_guard
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption, query_terms
 from memory.recall.redaction import redact
-from memory.recall.remembering import is_low_information, unremembered_reason
+from memory.recall.remembering import FORGOTTEN, is_low_information, unremembered_reason
 from memory.recall.sentence_keys import sentence_keys
 from memory.record.branches import turns_off_active_branch
 from memory.record.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
@@ -147,6 +147,14 @@ CHANGED_BY_USER = text(
     WHERE index_id = :index_id AND turn_id = ANY(CAST(:turn_ids AS uuid[])) AND kind = 'chunk'
       AND (edited_at IS NOT NULL OR forgotten_at IS NOT NULL)
     """
+)
+
+# The assistant turns of a batch whose reply is no longer remembered since their payload was
+# written (shown a memory the user forgot or corrected, memory/recall/forgetting.py): read under
+# the conversations' locks, which the forgetting takes too, so a queued reply is never indexed later.
+FORGOTTEN_SINCE = text(
+    "SELECT id FROM turns WHERE id = ANY(CAST(:turn_ids AS uuid[])) AND role = 'assistant'"
+    " AND memory_use = :forgotten"
 )
 
 ADVANCE_WATERMARKS = text(
@@ -292,7 +300,9 @@ class IndexPipeline:
             return str(exc)
         return None
 
-    def _skip_reason(self, record: TurnRecord, conversation: Any) -> str | None:
+    def _skip_reason(
+        self, record: TurnRecord, conversation: Any, forgotten: Collection[uuid.UUID] = ()
+    ) -> str | None:
         if conversation is None or conversation.deleted_at is not None:
             return "deleted"
         if conversation.memory_mode == "none":
@@ -301,7 +311,8 @@ class IndexPipeline:
             return "forgotten"
         if not record.text.strip():
             return "empty"
-        if unremembered := unremembered_reason(record.role, record.memory_use):
+        memory_use = FORGOTTEN if record.turn_id in forgotten else record.memory_use
+        if unremembered := unremembered_reason(record.role, memory_use):
             return unremembered
         if is_low_information(record.text, extra_phrases=tuple(self._settings.low_information_extra)):
             return "low_information"
@@ -465,11 +476,19 @@ class IndexPipeline:
             locked = {
                 row.id: row for row in await session.execute(LOCK_CONVERSATIONS, {"ids": conversation_ids})
             }
+            replies = [str(r.turn_id) for r in records if r.role == "assistant"]
+            forgotten: set[uuid.UUID] = set()
+            if replies:
+                forgotten = set(
+                    (
+                        await session.execute(FORGOTTEN_SINCE, {"turn_ids": replies, "forgotten": FORGOTTEN})
+                    ).scalars()
+                )
             live: dict[uuid.UUID, int] = {}
             counts: dict[uuid.UUID, int] = {}
             for record in records:
                 conversation = locked.get(record.conversation_id)
-                reason = self._skip_reason(record, conversation)
+                reason = self._skip_reason(record, conversation, forgotten)
                 if conversation is not None and conversation.deleted_at is None:
                     live[record.conversation_id] = max(live.get(record.conversation_id, 0), record.seq)
                     counts[record.turn_id] = 0
@@ -479,7 +498,8 @@ class IndexPipeline:
                 if (
                     chunk.key_index is None
                     and chunk.record.turn_id in counts
-                    and self._skip_reason(chunk.record, locked.get(chunk.record.conversation_id)) is None
+                    and self._skip_reason(chunk.record, locked.get(chunk.record.conversation_id), forgotten)
+                    is None
                 ):
                     counts[chunk.record.turn_id] += 1
             changed = set()

@@ -12,11 +12,12 @@ import json
 import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from memory.events import EventName
 from memory.recall.remembering import repeats_only
-from memory.storage.models import OutboxRow, Turn
+from memory.storage.models import MemoryItem, OutboxRow, Turn
 from tests.conftest import LiveServer
 from tests.fake_openai import Reply
 from tests.support import new_conversation
@@ -193,3 +194,89 @@ def test_repeats_only_counts_content_terms() -> None:
     assert not repeats_only("Your sister Mara lives in Lisbon, near the river.", shown)
     assert not repeats_only("Based on the conversation provided, my sister lives in Porto.", shown)
     assert not repeats_only("Hi!", shown)  # no content terms: not this rule's to judge
+
+
+async def _memory_rows(db: Any, turn_ids: list[uuid.UUID]) -> list[tuple[str, str, bool]]:
+    """(turn id, text, forgotten) of every chunk row of these turns, in every generation."""
+    async with db.transaction() as session:
+        rows = await session.execute(
+            select(MemoryItem.turn_id, MemoryItem.text, MemoryItem.forgotten_at.is_not(None)).where(
+                MemoryItem.turn_id.in_(turn_ids), MemoryItem.kind == "chunk"
+            )
+        )
+        return [(str(turn), text, forgotten) for turn, text, forgotten in rows]
+
+
+async def _replies(db: Any, conversation: str) -> list[tuple[uuid.UUID, str | None]]:
+    async with db.transaction() as session:
+        rows = await session.execute(
+            select(Turn.id, Turn.memory_use).where(
+                Turn.conversation_id == uuid.UUID(conversation), Turn.role == "assistant"
+            )
+        )
+        return [(turn_id, use) for turn_id, use in rows]
+
+
+@pytest.mark.parametrize("change", ["forget", "correct"])
+async def test_a_forgotten_fact_does_not_come_back_through_a_reply_that_repeated_it(
+    start_server: Any, fake_openai: Any, make_settings: Any, change: str
+) -> None:
+    """A reply that repeated the user's fact in new words is remembered (it is not a copy); once
+    the user forgets or corrects the fact, that reply and a reply shown the fact as a memory are
+    not found either: the indexed one is taken out, the one still queued is never indexed."""
+    server: LiveServer = await start_server(
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        max_tool_steps=0,
+        query_rewrite="heuristic",
+    )
+    db = server.services.db
+    retold = "Noted: a green Volvo estate from 2009, a fine choice for family trips."
+    recalled = "You drive a Volvo estate from 2009; estates like it keep their value well."
+    async with server.client() as client:
+        stated = await new_conversation(client, "Cars")
+        fake_openai.script(Reply(text=retold))
+        await say(client, stated, STATEMENT)
+        indexed = await index_outbox(db, make_settings())
+        assert indexed.indexed_turns == 2  # the statement and the reply that retold it
+        asked = await new_conversation(client, "Question")
+        fake_openai.script(Reply(text=recalled))
+        await say(client, asked, QUESTION)  # shown the statement as a memory; still queued
+        assert STATEMENT in json.dumps(fake_openai.requests[-1].messages)
+        [(retold_id, retold_use)] = await _replies(db, stated)
+        [(recalled_id, recalled_use)] = await _replies(db, asked)
+        assert (retold_use, recalled_use) == ("on", "on")  # new words: both remembered
+
+        def texts(found: dict[str, Any]) -> list[str]:
+            return [item["text"] for item in found["items"]]
+
+        fake_openai.script(Reply(text="Noted."))
+        before = texts(retrieved(await say(client, await new_conversation(client), QUESTION)))
+        assert {STATEMENT, retold, recalled} <= set(before)  # the test could fail: all three are found
+
+        items = (await client.get("/v1/memory/items", params={"limit": 50})).json()["items"]
+        [statement] = [item for item in items if item["text"] == STATEMENT]
+        if change == "forget":
+            assert (await client.delete(f"/v1/memory/items/{statement['id']}")).status_code == 204
+        else:
+            corrected = "My car is a 2015 Skoda Octavia in silver."
+            patched = await client.patch(f"/v1/memory/items/{statement['id']}", json={"text": corrected})
+            assert patched.status_code == 200
+        assert [use for _, use in await _replies(db, stated)] == ["forgotten"]
+        assert [use for _, use in await _replies(db, asked)] == ["forgotten"]
+
+        def old_fact(found: list[str]) -> list[str]:
+            return [text for text in found if "2009" in text]
+
+        # Before the queued reply is indexed (the not-yet-indexed search), and after.
+        fake_openai.script(Reply(text="Noted."), Reply(text="Noted."))
+        assert old_fact(texts(retrieved(await say(client, await new_conversation(client), QUESTION)))) == []
+        result = await index_outbox(db, make_settings())
+        assert result.skipped["shown_a_forgotten_memory"] >= 2  # both replies, redelivered or queued
+        assert old_fact(texts(retrieved(await say(client, await new_conversation(client), QUESTION)))) == []
+        searched = await client.post("/v1/memory/search", json={"query": QUESTION, "k": 10})
+        assert old_fact([item["text"] for item in searched.json()["items"]]) == []
+    rows = await _memory_rows(db, [retold_id, recalled_id])
+    # The indexed reply is a tombstone; the queued one has no row at all.
+    assert rows == [(str(retold_id), "", True)]

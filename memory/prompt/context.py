@@ -42,6 +42,7 @@ from sqlalchemy import text as sql_text
 from memory.events import INTERRUPTED_STATUSES, ToolCallState, TurnStatus
 from memory.prompt.templates import PromptSet
 from memory.prompt.tokens import count_tokens
+from memory.recall.remembering import FORGOTTEN
 from memory.record.turns import recent_turn_rows
 
 if TYPE_CHECKING:
@@ -651,7 +652,8 @@ def build_window(
 
 # Which memories shown by stored parts still exist: an indexed one while its memory row is
 # there with the same text (not forgotten, corrected, expired or deleted); one shown before
-# it was indexed while its turn is there and not forgotten (or once its row is there).
+# it was indexed while its turn is there and not forgotten (nor a reply shown a memory forgotten
+# since: memory/recall/forgetting.py), or once its row is there.
 LIVE_SHOWN_MEMORIES = sql_text(
     """
     SELECT s.turn_id::text AS turn_id, s.chunk_index
@@ -665,7 +667,7 @@ LIVE_SHOWN_MEMORIES = sql_text(
     ) OR (NOT s.indexed AND EXISTS (
         SELECT 1 FROM turns t JOIN conversations c ON c.id = t.conversation_id
         WHERE t.id = s.turn_id AND t.deleted_at IS NULL AND c.deleted_at IS NULL
-          AND t.seq > c.memory_forgotten_seq
+          AND t.seq > c.memory_forgotten_seq AND t.memory_use IS DISTINCT FROM :forgotten
     ))
     """
 )
@@ -688,6 +690,7 @@ async def read_window(
                     "chunks": [m.chunk_index for m in memories.values()],
                     "texts": [m.text for m in memories.values()],
                     "indexed": [m.indexed for m in memories.values()],
+                    "forgotten": FORGOTTEN,
                 },
             )
             alive = {(row.turn_id, row.chunk_index) for row in found}

@@ -13,9 +13,12 @@ changes. Two things make that hold against the asynchronous indexer:
 
 from __future__ import annotations
 
+import uuid
+
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memory.recall.remembering import FORGOTTEN
 from memory.record.conversations import Owner
 
 LOCK_USER_CONVERSATIONS = text(
@@ -44,3 +47,92 @@ async def forget_user_memory(session: AsyncSession, owner: Owner) -> int:
     await session.execute(MARK_FORGOTTEN, params)
     result = await session.execute(DELETE_USER_MEMORY, params)
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+# A reply that was shown a memory can repeat it in its own words ("Noted: a green 2009 Volvo,
+# a fine estate for family trips."); remembered, it would bring a forgotten or corrected fact
+# back. A reply was shown a turn when the turn is the message it answered (the user turn's
+# `reply_id`) or a memory its prompt part listed (`turns.prompt_part`, which every reply's first
+# turn stores). Followed a few steps: a reply shown such a reply saw the fact too.
+REPLIES_SHOWN = text(
+    """
+    SELECT DISTINCT r.id, r.conversation_id
+    FROM turns r
+    WHERE r.role = 'assistant' AND r.tenant_id = :tenant_id AND r.user_id = :user_id
+      AND r.id <> ALL(CAST(:seen AS uuid[]))
+      AND r.reply_id IN (
+        SELECT t.reply_id FROM turns t
+        WHERE t.id = ANY(CAST(:turn_ids AS uuid[])) AND t.reply_id IS NOT NULL
+          AND t.tenant_id = :tenant_id AND t.user_id = :user_id
+        UNION ALL
+        SELECT p.id FROM conversations c JOIN turns p ON p.conversation_id = c.id
+        WHERE c.tenant_id = :tenant_id AND c.user_id = :user_id
+          AND p.role = 'assistant' AND p.prompt_part IS NOT NULL
+          AND EXISTS (SELECT 1 FROM jsonb_array_elements(p.prompt_part -> 'memories') AS m
+                      WHERE m ->> 'turn_id' = ANY(CAST(:turn_id_texts AS text[])))
+      )
+    """
+)
+# How many steps of "shown a reply that was shown it" are followed.
+SHOWN_DEPTH = 4
+
+LOCK_CONVERSATIONS = text(
+    "SELECT id FROM conversations WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY id FOR NO KEY UPDATE"
+)
+# The reply's turns stop being remembered: the indexer reads this under the same conversation
+# locks (so a reply still queued is never indexed later), the not-yet-indexed search reads it too.
+MARK_REPLIES_FORGOTTEN = text(
+    "UPDATE turns SET memory_use = :forgotten WHERE id = ANY(CAST(:ids AS uuid[])) AND role = 'assistant'"
+)
+# Rows already indexed, in every generation: a tombstone, as memory/recall/items.py leaves for a
+# forgotten item (the indexer's upsert never revives it); a reply's keys, if any, go.
+TOMBSTONE_TURN_ROWS = text(
+    """
+    UPDATE memory_items SET forgotten_at = now(), deleted_at = now(), text = '', name = NULL,
+        metadata = NULL, search_terms = to_tsvector('simple', ''), embedding = NULL
+    WHERE tenant_id = :tenant_id AND user_id = :user_id AND turn_id = ANY(CAST(:ids AS uuid[]))
+      AND kind = 'chunk' AND forgotten_at IS NULL
+    """
+)
+DELETE_TURN_KEYS = text(
+    """
+    DELETE FROM memory_items
+    WHERE tenant_id = :tenant_id AND user_id = :user_id AND turn_id = ANY(CAST(:ids AS uuid[]))
+      AND kind <> 'chunk'
+    """
+)
+
+
+async def forget_replies_shown(session: AsyncSession, owner: Owner, turn_id: uuid.UUID) -> list[uuid.UUID]:
+    """Stop remembering every assistant reply that was shown this turn's words; returns their turn ids.
+
+    Their rows are tombstoned in every generation, and their turns marked `forgotten`, so the
+    indexer skips them if they are still queued and recall never finds them before indexing.
+    """
+    params = {"tenant_id": owner.tenant_id, "user_id": owner.user_id}
+    found: dict[uuid.UUID, uuid.UUID] = {}
+    frontier = [turn_id]
+    for _ in range(SHOWN_DEPTH):
+        rows = await session.execute(
+            REPLIES_SHOWN,
+            {
+                **params,
+                "turn_ids": [str(t) for t in frontier],
+                "turn_id_texts": [str(t) for t in frontier],
+                "seen": [str(t) for t in (turn_id, *found)],
+            },
+        )
+        frontier = []
+        for row in rows:
+            found[row.id] = row.conversation_id
+            frontier.append(row.id)
+        if not frontier:
+            break
+    if not found:
+        return []
+    ids = [str(t) for t in found]
+    await session.execute(LOCK_CONVERSATIONS, {"ids": sorted({str(c) for c in found.values()})})
+    await session.execute(MARK_REPLIES_FORGOTTEN, {"ids": ids, "forgotten": FORGOTTEN})
+    await session.execute(DELETE_TURN_KEYS, {**params, "ids": ids})
+    await session.execute(TOMBSTONE_TURN_ROWS, {**params, "ids": ids})
+    return list(found)

@@ -23,6 +23,9 @@ Changes outlive the indexer reprocessing a turn (a redelivered message, a reinde
   text, keywords and vector emptied. The upsert conflicts with it and skips it (so the
   item does not come back), and the retention purge leaves it while its turn exists.
   A stated fact has nothing to come back from: forgetting it deletes the row.
+- correcting or forgetting an item also stops remembering every assistant reply that was
+  shown it (the reply to its message, a reply whose prompt listed it), indexed or still
+  queued: such a reply may repeat the old fact in new words (memory/recall/forgetting.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
 from memory.errors import Conflict, InvalidInput, NotFound
+from memory.recall.forgetting import forget_replies_shown
 from memory.record.conversations import Owner, get_conversation
 from memory.storage.models import Conversation, MemoryIndex, MemoryItem, MemoryItemKind, MemoryItemSource
 
@@ -286,7 +290,15 @@ async def correct_item(session: AsyncSession, owner: Owner, item_id: int, embedd
         raise NotFound("memory item not found", item_id=item_id)
     item = await get_item(session, owner, item_id)
     await _delete_keys(session, owner, item)
+    await forget_replies_shown(session, owner, await _turn_of(session, item))
     return item
+
+
+async def _turn_of(session: AsyncSession, item: StoredMemory) -> uuid.UUID:
+    """The turn id the item's row carries (a stated fact's own random id, which prompts list too)."""
+    if item.turn_id is not None:
+        return item.turn_id
+    return (await session.execute(select(MemoryItem.turn_id).where(MemoryItem.id == item.id))).scalar_one()
 
 
 async def _delete_keys(session: AsyncSession, owner: Owner, item: StoredMemory) -> None:
@@ -312,6 +324,7 @@ async def forget_item(session: AsyncSession, owner: Owner, item_id: int) -> None
         MemoryItem.user_id == owner.user_id,
         MemoryItem.deleted_at.is_(None),
     )
+    await forget_replies_shown(session, owner, await _turn_of(session, item))
     if item.source == MemoryItemSource.STATED:
         await session.execute(delete(MemoryItem).where(mine))
         return

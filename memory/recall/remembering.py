@@ -29,6 +29,9 @@ from memory.recall.redaction import redact
 # and they would bring a forgotten fact back. Turns from before this rule have no value (None).
 REMEMBERED_MEMORY_USES = frozenset({"on"})
 DERIVATIVE = "derivative"
+# A reply that was shown a memory the user later forgot or corrected: it may repeat the old
+# fact in its own words, so it is no longer remembered (memory/recall/forgetting.py).
+FORGOTTEN = "forgotten"
 # The share of a reply's content terms found in what it was shown that makes it a copy.
 DERIVATIVE_SHARE = 0.9
 
@@ -40,10 +43,13 @@ def is_remembered_reply(role: str, memory_use: str | None) -> bool:
 
 def unremembered_reason(role: str, memory_use: str | None) -> str | None:
     """Why the remembering rule leaves a turn out (the indexer's skip reason), None if it keeps it:
-    `repeats_what_it_was_shown` for a derivative reply, else `made_without_memory`."""
+    `repeats_what_it_was_shown` for a derivative reply, `shown_a_forgotten_memory`, else
+    `made_without_memory`."""
     if is_remembered_reply(role, memory_use):
         return None
-    return "repeats_what_it_was_shown" if memory_use == DERIVATIVE else "made_without_memory"
+    if memory_use == DERIVATIVE:
+        return "repeats_what_it_was_shown"
+    return "shown_a_forgotten_memory" if memory_use == FORGOTTEN else "made_without_memory"
 
 
 def repeats_only(reply_text: str, shown: str) -> bool:

@@ -7,12 +7,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, column, func, select, text, update
+from sqlalchemy import and_, case, column, func, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from memory.errors import NotFound
 from memory.events import TERMINAL_STATUSES, Event, TurnStatus
+from memory.recall.remembering import FORGOTTEN
 from memory.record.conversations import Owner, allocate_seq
 from memory.record.tool_calls import ToolCall
 from memory.storage.models import Conversation, Turn, TurnEventChunk
@@ -92,7 +94,11 @@ async def note_reply_memory(
     the conversation's prompt only grows at its end and a model server's cache holds; the
     remembering rule reads `memory_use` (`memory.record.outbox`, the not-yet-indexed search).
     """
-    values: dict[str, Any] = {"memory_use": memory_use}
+    # A reply found to have been shown a memory forgotten since (memory/recall/forgetting.py)
+    # stays forgotten: none of its steps, nor its ending, make it remembered again.
+    first = aliased(Turn)
+    forgotten = select(first.id).where(first.id == Turn.reply_id, first.memory_use == FORGOTTEN).exists()
+    values: dict[str, Any] = {"memory_use": case((forgotten, FORGOTTEN), else_=memory_use)}
     if prompt_part is not None:
         values["prompt_part"] = prompt_part
     await session.execute(update(Turn).where(Turn.id == turn_id).values(**values))
