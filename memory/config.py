@@ -361,6 +361,24 @@ class RecallSettings(BaseSettings):
 
     memory_top_k: int = Field(6, ge=1, le=100, description="Memories put in front of the model.")
     memory_min_score: float = Field(0.0, ge=0, description="Relevance threshold on the fused score.")
+    memory_sentences: int = Field(
+        0,
+        ge=0,
+        le=20,
+        description=(
+            "Show only each memory's best N sentences in a reply's block, memories ranked by their"
+            " best sentence (0: whole memories, as recall ranks them)."
+        ),
+    )
+    memory_relative_cut: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Leave out of a reply's block the memories scoring below this share of the first one's"
+            " score (its best sentence's with MEMORY_SENTENCES; 0: keep all)."
+        ),
+    )
     memory_fusion: Literal["learned", "rrf"] = Field(
         "learned",
         description=(

@@ -79,6 +79,7 @@ async def recall_for_reply(
                     extra_exclude=[reply.user_turn_id],
                     store_query_on=reply.id,
                     window=window,
+                    for_block=True,
                 )
     except TimeoutError:
         observe_recall("timeout")

@@ -193,6 +193,8 @@ class ShownMemory:
     role: str
     score: float
     indexed: bool = True
+    # What the block showed of it, when only its best sentences (memory.recall.excerpts).
+    excerpt: str | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -209,6 +211,7 @@ class ShownMemory:
             "role": self.role,
             "score": self.score,
             "indexed": self.indexed,
+            **({"excerpt": self.excerpt} if self.excerpt is not None else {}),
         }
 
     @classmethod
@@ -223,6 +226,7 @@ class ShownMemory:
             role=str(data.get("role") or "user"),
             score=float(data.get("score") or 0.0),
             indexed=bool(data.get("indexed", True)),
+            excerpt=data["excerpt"] if isinstance(data.get("excerpt"), str) else None,
         )
 
     @classmethod
@@ -237,6 +241,7 @@ class ShownMemory:
             role=memory.role,
             score=memory.score,
             indexed=bool(getattr(memory, "indexed", True)),
+            excerpt=getattr(memory, "excerpt", None),
         )
 
 
@@ -553,7 +558,8 @@ def _memory_block(
     lines: list[str] = []
     kept: list[PromptMemory] = []
     for item in sorted(memory, key=lambda item: item.score, reverse=True):
-        text = " ".join(item.text.split())
+        # Its best sentences when recall chose them (memory.recall.excerpts), else all of it.
+        text = " ".join((getattr(item, "excerpt", None) or item.text).split())
         if not text:
             dropped["memory_empty"] += 1
             continue

@@ -41,6 +41,8 @@ class FoundMemory:
     keyword_rank: int | None = None
     # False when it came from a finished turn the indexer had not reached yet.
     indexed: bool = True
+    # The sentences a reply's block shows instead of the whole text (memory.recall.excerpts).
+    excerpt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,10 @@ from memory.config import Settings
 from memory.prompt.context import ContextBudget, PromptWindow, read_window
 from memory.prompt.templates import PromptSet
 from memory.recall.embeddings import Embedder
-from memory.recall.found import RecallResult
+from memory.recall.excerpts import cut_relative, fetch_count, focus
+from memory.recall.found import FoundMemory, RecallResult
 from memory.recall.fusion import Fusion
+from memory.recall.index import generation_of
 from memory.recall.remembering import remembered_text
 from memory.recall.rewrite import Complete, HistoryLine, Rewrite, rewrite_query
 from memory.recall.search import recall_memories
@@ -98,11 +100,14 @@ class Recaller:
         rewrite: bool = True,
         store_query_on: uuid.UUID | None = None,
         window: PromptWindow | None = None,
+        for_block: bool = False,
     ) -> RecallResult:
         """Rewrite (with the history of ``window``, or of ``history_conversation``) and search.
 
         ``exclude_window``: never return the turns already in that window.
         ``store_query_on``: store the searched query on this turn, in the search's transaction.
+        ``for_block``: the memories are for a reply's block: shaped by MEMORY_SENTENCES and
+        MEMORY_RELATIVE_CUT (memory.recall.excerpts).
         """
         started = time.perf_counter()
         latency: dict[str, float] = {}
@@ -142,7 +147,7 @@ class Recaller:
             tenant_id=owner.tenant_id,
             user_id=owner.user_id,
             query_text=result.query,
-            k=k,
+            k=fetch_count(k, self.settings.memory_sentences) if for_block else k,
             conversation_id=scope_conversation,
             exclude_turn_ids=exclude,
             min_score=self.settings.memory_min_score,
@@ -153,8 +158,30 @@ class Recaller:
         )
         latency["embed"] = recalled.latency_ms.get("embed", 0.0)
         latency["search"] = _ms_since(mark)
+        memories = recalled.memories
+        if for_block:
+            mark = time.perf_counter()
+            memories = await self._for_block(result.query, memories, k)
+            latency["excerpts"] = _ms_since(mark)
         latency["total"] = _ms_since(started)
-        return RecallResult(result.query, result, recalled.memories, latency, degraded=recalled.degraded)
+        return RecallResult(result.query, result, memories, latency, degraded=recalled.degraded)
+
+    async def _for_block(self, query: str, memories: list[FoundMemory], k: int) -> list[FoundMemory]:
+        """The memories a reply's block shows: by best sentence (with excerpts), cut relative to the first."""
+        shown, cut = self.settings.memory_sentences, self.settings.memory_relative_cut
+        if shown <= 0:
+            return cut_relative(memories, cut)[:k]
+        generation = await generation_of(self.embedder, self.db)
+        return await focus(
+            generation.embedder,
+            query,
+            memories,
+            k=k,
+            sentences_shown=shown,
+            cut=cut,
+            cache=self.turn_vectors,
+            cache_prefix=str(generation.id),
+        )
 
 
 def _ms_since(started: float) -> float:
