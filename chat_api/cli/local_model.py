@@ -377,6 +377,8 @@ class Running:
                 "MEMORY_TOOL": "off",
                 "QUERY_REWRITE": "heuristic",
                 "MEMORY_TOP_K": "2",
+                "MEMORY_SENTENCES": "1",
+                "MEMORY_RELATIVE_CUT": "0.75",
             }
         return settings
 
