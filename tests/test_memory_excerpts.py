@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +21,8 @@ import pytest
 from sqlalchemy import select
 
 from memory.config import default_embedding_model
+from memory.prompt.context import ContextBudget, ShownMemory, ShownPart, TurnView, build_context
+from memory.prompt.templates import load_prompts
 from memory.recall.embeddings import SentenceTransformerEmbedder
 from memory.recall.excerpts import cut_relative, focus
 from memory.recall.found import FoundMemory
@@ -139,3 +142,27 @@ async def test_the_block_shows_the_excerpt_and_replays_it_with_its_message(
     assert item["score"] > 0
     # The second prompt begins with the first one's messages, the excerpt where it was.
     assert json.dumps(second[: len(first)]) == json.dumps(first)
+
+
+def test_a_block_leaves_out_what_an_earlier_message_shows_but_not_another_sentence_of_it() -> None:
+    """A follow-up is not shown again the sentence its conversation already shows; another sentence
+    of the same memory (another fact) is new to it and is shown."""
+    prompts = load_prompts("en")
+    shown = memory(WORK, 0.6)
+    first = replace(shown, excerpt="More about me: my dog is called Biscuit.")
+    part = ShownPart("Thursday, 26 November 2026, 10:00 UTC", (ShownMemory.of(first),)).to_json()
+    turns = [
+        TurnView(role="user", status="completed", content="What is my dog called?", id=1, seq=1),
+        TurnView(role="assistant", status="completed", content="Biscuit.", id=2, seq=2, prompt_part=part),
+        TurnView(role="user", status="completed", content="And what do I do?", id=3, seq=3),
+    ]
+    budget = ContextBudget()
+    again = build_context(turns, prompts=prompts, budget=budget, memory=[first])
+    assert again.memory_used == [] and again.dropped["memory_already_shown"] == 1
+    other = replace(shown, excerpt="I work as a nurse at St. Mary's hospital. I was born in 1987.")
+    built = build_context(turns, prompts=prompts, budget=budget, memory=[other])
+    assert built.memory_used == [other]
+    assert "I work as a nurse" in built.messages[-1]["content"]
+    assert "Biscuit" not in built.messages[-1]["content"]  # the earlier sentence stays where it was shown
+    whole = build_context(turns, prompts=prompts, budget=budget, memory=[shown])
+    assert whole.memory_used == [shown]  # the whole message holds more than the earlier sentence

@@ -559,7 +559,7 @@ def _memory_block(
     kept: list[PromptMemory] = []
     for item in sorted(memory, key=lambda item: item.score, reverse=True):
         # Its best sentences when recall chose them (memory.recall.excerpts), else all of it.
-        text = " ".join((getattr(item, "excerpt", None) or item.text).split())
+        text = _shown_text(item)
         if not text:
             dropped["memory_empty"] += 1
             continue
@@ -604,8 +604,9 @@ class PromptWindow:
     now: datetime
     # The parts earlier replies were given, by the index (in `messages`) of their user message.
     parts: dict[int, str] = field(default_factory=dict)
-    # The memories those parts show (by turn id): a new block does not show them again.
-    shown_turn_ids: frozenset[str] = frozenset()
+    # What those parts show of each memory (turn id -> the texts shown): a new block does not
+    # show it again, unless it is another excerpt of it (memory.recall.excerpts).
+    shown_texts: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # The conversation's "use memory in this chat" switch, read with the turns.
     use_memory: bool = True
 
@@ -635,11 +636,12 @@ def build_window(
     messages: list[dict[str, Any]] = []
     turn_ids: list[Any] = []
     parts: dict[int, str] = {}
-    shown: set[str] = set()
+    shown: dict[str, set[str]] = {}
     for unit in reversed(units):
         if unit.part is not None:
             parts[len(messages)] = unit.part
-            shown.update(str(m.turn_id) for m in unit.shown)
+            for m in unit.shown:
+                shown.setdefault(str(m.turn_id), set()).add(_shown_text(m))
         messages.extend(unit.messages)
         turn_ids.extend(unit.turn_ids)
     current_conversation = turns[-1].conversation_id if turns else None
@@ -651,9 +653,23 @@ def build_window(
         current_conversation,
         now,
         parts,
-        frozenset(shown),
+        {turn: frozenset(texts) for turn, texts in shown.items()},
         use_memory,
     )
+
+
+def _shown_text(memory: PromptMemory | ShownMemory) -> str:
+    """What a block shows of a memory: its excerpt if it has one, else its text (spacing normalised)."""
+    return " ".join((getattr(memory, "excerpt", None) or memory.text).split())
+
+
+def _already_shown(memory: PromptMemory, shown: Mapping[str, frozenset[str]]) -> bool:
+    """An earlier message of the window shows this memory, or the part of it this block would show."""
+    texts = shown.get(str(getattr(memory, "turn_id", None)))
+    if not texts:
+        return False
+    text = _shown_text(memory)
+    return any(text in earlier for earlier in texts)
 
 
 # Which memories shown by stored parts still exist: an indexed one while its memory row is
@@ -736,7 +752,7 @@ def prompt_from_window(
     elif latest not in window.parts:  # a later step of a reply replays the part its first step made
         now = _spoken_time(window.now)
         # What an earlier message of the window still shows is not shown twice.
-        fresh = [m for m in memory if str(getattr(m, "turn_id", None)) not in window.shown_turn_ids]
+        fresh = [m for m in memory if not _already_shown(m, window.shown_texts)]
         if len(fresh) < len(memory):
             dropped["memory_already_shown"] += len(memory) - len(fresh)
         memory_text, memory_used = _memory_block(
