@@ -20,6 +20,7 @@ from memory.recall.remembering import repeats_only
 from memory.storage.models import MemoryItem, OutboxRow, Turn
 from tests.conftest import LiveServer
 from tests.fake_openai import Reply
+from tests.sse import collect
 from tests.support import new_conversation
 from tests.test_memory_recall import index_outbox, retrieved, say
 
@@ -207,6 +208,11 @@ async def _memory_rows(db: Any, turn_ids: list[uuid.UUID]) -> list[tuple[str, st
         return [(str(turn), text, forgotten) for turn, text, forgotten in rows]
 
 
+def _by_seq(first: dict[str, Any]) -> Any:
+    """Sort key putting the first answer (by id) before its regenerated sibling."""
+    return lambda reply: reply[0] != uuid.UUID(first["id"])
+
+
 async def _replies(db: Any, conversation: str) -> list[tuple[uuid.UUID, str | None]]:
     async with db.transaction() as session:
         rows = await session.execute(
@@ -233,27 +239,38 @@ async def test_a_forgotten_fact_does_not_come_back_through_a_reply_that_repeated
     )
     db = server.services.db
     retold = "Noted: a green Volvo estate from 2009, a fine choice for family trips."
+    regenerated = "Understood, a dark green 2009 Volvo estate: a sturdy car for long drives."
     recalled = "You drive a Volvo estate from 2009; estates like it keep their value well."
     async with server.client() as client:
         stated = await new_conversation(client, "Cars")
-        fake_openai.script(Reply(text=retold))
+        fake_openai.script(Reply(text=retold), Reply(text=regenerated))
         await say(client, stated, STATEMENT)
+        [_, first] = (await client.get(f"/v1/conversations/{stated}/turns")).json()["items"]
+        async with client.stream("POST", f"/v1/turns/{first['id']}/regenerate", json={}) as r:
+            assert r.status_code == 200
+            assert (await collect(r))[-1].event == EventName.TURN_COMPLETED
         indexed = await index_outbox(db, make_settings())
-        assert indexed.indexed_turns == 2  # the statement and the reply that retold it
+        assert (
+            indexed.indexed_turns == 3
+        )  # the statement, the reply that retold it, and its regenerated answer
         asked = await new_conversation(client, "Question")
         fake_openai.script(Reply(text=recalled))
         await say(client, asked, QUESTION)  # shown the statement as a memory; still queued
         assert STATEMENT in json.dumps(fake_openai.requests[-1].messages)
-        [(retold_id, retold_use)] = await _replies(db, stated)
+        retold_id, regenerated_id = (
+            turn for turn, _ in sorted(await _replies(db, stated), key=_by_seq(first))
+        )
         [(recalled_id, recalled_use)] = await _replies(db, asked)
-        assert (retold_use, recalled_use) == ("on", "on")  # new words: both remembered
+        uses = {use for _, use in await _replies(db, stated)} | {recalled_use}
+        assert uses == {"on"}  # new words: all remembered
 
         def texts(found: dict[str, Any]) -> list[str]:
             return [item["text"] for item in found["items"]]
 
         fake_openai.script(Reply(text="Noted."))
         before = texts(retrieved(await say(client, await new_conversation(client), QUESTION)))
-        assert {STATEMENT, retold, recalled} <= set(before)  # the test could fail: all three are found
+        # The test could fail: all three are found (the first answer is off the active branch now).
+        assert {STATEMENT, regenerated, recalled} <= set(before)
 
         items = (await client.get("/v1/memory/items", params={"limit": 50})).json()["items"]
         [statement] = [item for item in items if item["text"] == STATEMENT]
@@ -263,7 +280,7 @@ async def test_a_forgotten_fact_does_not_come_back_through_a_reply_that_repeated
             corrected = "My car is a 2015 Skoda Octavia in silver."
             patched = await client.patch(f"/v1/memory/items/{statement['id']}", json={"text": corrected})
             assert patched.status_code == 200
-        assert [use for _, use in await _replies(db, stated)] == ["forgotten"]
+        assert [use for _, use in await _replies(db, stated)] == ["forgotten", "forgotten"]
         assert [use for _, use in await _replies(db, asked)] == ["forgotten"]
 
         def old_fact(found: list[str]) -> list[str]:
@@ -273,10 +290,10 @@ async def test_a_forgotten_fact_does_not_come_back_through_a_reply_that_repeated
         fake_openai.script(Reply(text="Noted."), Reply(text="Noted."))
         assert old_fact(texts(retrieved(await say(client, await new_conversation(client), QUESTION)))) == []
         result = await index_outbox(db, make_settings())
-        assert result.skipped["shown_a_forgotten_memory"] >= 2  # both replies, redelivered or queued
+        assert result.skipped["shown_a_forgotten_memory"] >= 3  # every reply, redelivered or queued
         assert old_fact(texts(retrieved(await say(client, await new_conversation(client), QUESTION)))) == []
         searched = await client.post("/v1/memory/search", json={"query": QUESTION, "k": 10})
         assert old_fact([item["text"] for item in searched.json()["items"]]) == []
-    rows = await _memory_rows(db, [retold_id, recalled_id])
-    # The indexed reply is a tombstone; the queued one has no row at all.
-    assert rows == [(str(retold_id), "", True)]
+    rows = await _memory_rows(db, [retold_id, regenerated_id, recalled_id])
+    # The indexed replies are tombstones; the queued one has no row at all.
+    assert sorted(rows) == sorted([(str(retold_id), "", True), (str(regenerated_id), "", True)])

@@ -251,9 +251,13 @@ class ShownPart:
 
     now: str
     memories: tuple[ShownMemory, ...]
+    # The user message the reply answers: forgetting it also forgets the replies that were shown
+    # it (memory/recall/forgetting.py), a regenerated answer included.
+    asked: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"now": self.now, "memories": [m.to_json() for m in self.memories]}
+        shown = {"now": self.now, "memories": [m.to_json() for m in self.memories]}
+        return shown | ({"asked": self.asked} if self.asked is not None else {})
 
     @classmethod
     def stored(cls, data: Mapping[str, Any] | None) -> ShownPart | None:
@@ -261,7 +265,9 @@ class ShownPart:
         if not isinstance(data, Mapping):
             return None
         try:
-            return cls(str(data["now"]), tuple(ShownMemory.from_json(m) for m in data.get("memories") or ()))
+            memories = tuple(ShownMemory.from_json(m) for m in data.get("memories") or ())
+            asked = data.get("asked")
+            return cls(str(data["now"]), memories, asked if isinstance(asked, str) else None)
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -609,6 +615,8 @@ class PromptWindow:
     shown_texts: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # The conversation's "use memory in this chat" switch, read with the turns.
     use_memory: bool = True
+    # The turn id of the window's latest user message (the one the reply answers).
+    asked: Any = None
 
 
 def build_window(
@@ -655,6 +663,7 @@ def build_window(
         parts,
         {turn: frozenset(texts) for turn, texts in shown.items()},
         use_memory,
+        next((unit.turn_ids[0] for unit in units if unit.is_user), None),
     )
 
 
@@ -765,7 +774,8 @@ def prompt_from_window(
             tokens += count_tokens(messages[latest]["content"]) - count_tokens(words)
         else:
             tokens += count_tokens(part) + 1
-        new_part = ShownPart(now, tuple(ShownMemory.of(m) for m in memory_used))
+        asked = str(window.asked) if window.asked is not None else None
+        new_part = ShownPart(now, tuple(ShownMemory.of(m) for m in memory_used), asked)
     return BuiltContext(
         messages=[{"role": "system", "content": system_text}, *messages],
         window_turn_ids=list(window.turn_ids),

@@ -52,8 +52,9 @@ async def forget_user_memory(session: AsyncSession, owner: Owner) -> int:
 # A reply that was shown a memory can repeat it in its own words ("Noted: a green 2009 Volvo,
 # a fine estate for family trips."); remembered, it would bring a forgotten or corrected fact
 # back. A reply was shown a turn when the turn is the message it answered (the user turn's
-# `reply_id`) or a memory its prompt part listed (`turns.prompt_part`, which every reply's first
-# turn stores). Followed a few steps: a reply shown such a reply saw the fact too.
+# `reply_id`; the part's `asked` for a regenerated answer too) or a memory its prompt part listed
+# (`turns.prompt_part`, which every reply's first turn stores). Followed a few steps: a reply
+# shown such a reply saw the fact too.
 REPLIES_SHOWN = text(
     """
     SELECT DISTINCT r.id, r.conversation_id
@@ -68,8 +69,9 @@ REPLIES_SHOWN = text(
         SELECT p.id FROM conversations c JOIN turns p ON p.conversation_id = c.id
         WHERE c.tenant_id = :tenant_id AND c.user_id = :user_id
           AND p.role = 'assistant' AND p.prompt_part IS NOT NULL
-          AND EXISTS (SELECT 1 FROM jsonb_array_elements(p.prompt_part -> 'memories') AS m
-                      WHERE m ->> 'turn_id' = ANY(CAST(:turn_id_texts AS text[])))
+          AND (p.prompt_part ->> 'asked' = ANY(CAST(:turn_id_texts AS text[]))
+               OR EXISTS (SELECT 1 FROM jsonb_array_elements(p.prompt_part -> 'memories') AS m
+                          WHERE m ->> 'turn_id' = ANY(CAST(:turn_id_texts AS text[]))))
       )
     """
 )
