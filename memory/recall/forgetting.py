@@ -14,12 +14,14 @@ changes. Two things make that hold against the asynchronous indexer:
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import func, null, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.recall.remembering import FORGOTTEN
 from memory.record.conversations import Owner
+from memory.storage.models import MemoryItem, MemoryItemKind
 
 LOCK_USER_CONVERSATIONS = text(
     """
@@ -86,16 +88,17 @@ LOCK_CONVERSATIONS = text(
 MARK_REPLIES_FORGOTTEN = text(
     "UPDATE turns SET memory_use = :forgotten WHERE id = ANY(CAST(:ids AS uuid[])) AND role = 'assistant'"
 )
-# Rows already indexed, in every generation: a tombstone, as memory/recall/items.py leaves for a
-# forgotten item (the indexer's upsert never revives it); a reply's keys, if any, go.
-TOMBSTONE_TURN_ROWS = text(
-    """
-    UPDATE memory_items SET forgotten_at = now(), deleted_at = now(), text = '', name = NULL,
-        metadata = NULL, search_terms = to_tsvector('simple', ''), embedding = NULL
-    WHERE tenant_id = :tenant_id AND user_id = :user_id AND turn_id = ANY(CAST(:ids AS uuid[]))
-      AND kind = 'chunk' AND forgotten_at IS NULL
-    """
-)
+# What a forgotten memory row becomes: a tombstone, kept so that the indexer's upsert (which
+# skips rows with forgotten_at) never brings it back; text, keywords and vector emptied.
+TOMBSTONE: dict[Any, Any] = {
+    MemoryItem.forgotten_at: func.now(),
+    MemoryItem.deleted_at: func.now(),
+    MemoryItem.text: "",
+    MemoryItem.name: None,
+    MemoryItem.meta: null(),
+    MemoryItem.search_terms: func.to_tsvector("simple", ""),
+    MemoryItem.embedding: None,
+}
 DELETE_TURN_KEYS = text(
     """
     DELETE FROM memory_items
@@ -136,5 +139,16 @@ async def forget_replies_shown(session: AsyncSession, owner: Owner, turn_id: uui
     await session.execute(LOCK_CONVERSATIONS, {"ids": sorted({str(c) for c in found.values()})})
     await session.execute(MARK_REPLIES_FORGOTTEN, {"ids": ids, "forgotten": FORGOTTEN})
     await session.execute(DELETE_TURN_KEYS, {**params, "ids": ids})
-    await session.execute(TOMBSTONE_TURN_ROWS, {**params, "ids": ids})
+    # Rows already indexed, in every generation (a reply's keys, if any, went just above).
+    await session.execute(
+        update(MemoryItem)
+        .where(
+            MemoryItem.tenant_id == owner.tenant_id,
+            MemoryItem.user_id == owner.user_id,
+            MemoryItem.turn_id.in_(list(found)),
+            MemoryItem.kind == MemoryItemKind.CHUNK,
+            MemoryItem.forgotten_at.is_(None),
+        )
+        .values(TOMBSTONE)
+    )
     return list(found)

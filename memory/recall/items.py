@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, null, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.recall.forgetting import forget_replies_shown
+from memory.recall.forgetting import TOMBSTONE, forget_replies_shown
 from memory.record.conversations import Owner, get_conversation
 from memory.storage.models import Conversation, MemoryIndex, MemoryItem, MemoryItemKind, MemoryItemSource
 
@@ -329,18 +329,4 @@ async def forget_item(session: AsyncSession, owner: Owner, item_id: int) -> None
         await session.execute(delete(MemoryItem).where(mine))
         return
     await _delete_keys(session, owner, item)
-    await session.execute(
-        update(MemoryItem)
-        .where(mine)
-        .values(
-            {
-                MemoryItem.forgotten_at: func.now(),
-                MemoryItem.deleted_at: func.now(),
-                MemoryItem.text: "",
-                MemoryItem.name: None,
-                MemoryItem.meta: null(),
-                MemoryItem.search_terms: func.to_tsvector("simple", ""),
-                MemoryItem.embedding: None,
-            }
-        )
-    )
+    await session.execute(update(MemoryItem).where(mine).values(TOMBSTONE))
