@@ -255,6 +255,14 @@ def reply_text(page: Page, index: int = -1) -> str:
     )
 
 
+def rendered_text(page: Page, text: str) -> str:
+    """What the page shows for a text it renders as Markdown: its visible characters (a fence's
+    ```` ```json ```` line, the ``**`` of bold, a list's ``- `` are markup, not text)."""
+    return str(
+        page.evaluate("async t => (await import('/static/markdown.js')).renderMarkdown(t).textContent", text)
+    )
+
+
 def last_reply_id(page: Page) -> str:
     """The id of the last reply on the page (its first assistant turn)."""
     return str(page.locator(".reply").last.get_attribute("data-reply-id"))

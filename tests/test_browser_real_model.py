@@ -28,6 +28,7 @@ from tests.browser_support import (  # noqa: E402
     last_reply_id,
     new_chat,
     open_chat,
+    rendered_text,
     reply_text,
     send,
     shot,
@@ -116,7 +117,9 @@ def test_send_tool_call_and_stop_on_the_real_model(
     # step it took, the stopped one last.
     steps = reply_steps(api, tab)
     assert steps[-1]["status"] == "interrupted_by_user"
-    assert "".join(step["content"] for step in steps) == shown
+    # Each step is shown as Markdown: a fenced block the model wrote is shown without its fence
+    # (compared raw, this failed whenever the small model wrote one).
+    assert "".join(rendered_text(tab, step["content"]) for step in steps) == shown
     slot = wait_server_idle(real_model)
     decoded = slot["next_token"][0]["n_decoded"]  # type: ignore[index]
     assert decoded < MAX_TOKENS, "the real generation ran to its cap instead of stopping"
