@@ -34,7 +34,7 @@ from memory.recall.embeddings import Embedder
 from memory.recall.found import FoundMemory
 from memory.recall.fusion import is_question
 from memory.recall.sentence_keys import sentences
-from memory.recall.vector_cache import VectorCache
+from memory.recall.vector_cache import VectorCache, embed_with_query
 
 # How many memories are fetched for each one shown (and at least FETCH_MIN) when excerpts are on.
 FETCH_PER_SHOWN = 4
@@ -73,14 +73,8 @@ async def focus(
     pieces = [sentences(m.text)[:MAX_SENTENCES] or [m.text] for m in memories]
     flat = [sentence for piece in pieces for sentence in piece]
     keys = [f"{cache_prefix}\x00sentence\x00{sentence}" for sentence in flat]
-    kept = cache.take(keys) if cache is not None else [None] * len(flat)
-    missing = [i for i, vector in enumerate(kept) if vector is None]
-    query_vector, *encoded = await embedder.embed([query, *(flat[i] for i in missing)])
-    if cache is not None:
-        cache.keep([keys[i] for i in missing], encoded)
-    fresh = iter(encoded)
-    vectors = np.asarray([vector if vector is not None else next(fresh) for vector in kept], dtype=float)
-    cosines = _cosines(vectors, np.asarray(query_vector, dtype=float))
+    query_vector, vectors = await embed_with_query(embedder, query, flat, keys, cache)
+    cosines = _cosines(np.asarray(vectors, dtype=float), np.asarray(query_vector, dtype=float))
     scored: list[tuple[float, int, FoundMemory]] = []
     start = 0
     for position, (memory, piece) in enumerate(zip(memories, pieces, strict=True)):

@@ -36,7 +36,7 @@ from memory.recall.index import generation_of
 from memory.recall.index_search import fuse, search_candidates
 from memory.recall.keywords import memory_text, photo_caption
 from memory.recall.unindexed import UNINDEXED_LIMIT, UnindexedTurn, find_unindexed, score_unindexed
-from memory.recall.vector_cache import VectorCache
+from memory.recall.vector_cache import VectorCache, embed_with_query
 from memory.storage.db import Database
 
 # Characters of an unindexed turn that are embedded (the model reads ~256 tokens anyway).
@@ -186,14 +186,7 @@ async def embed_for_recall(
         for turn in unindexed
     ]
     keys = [f"{generation_id}\x00{text}" for text in embedded]
-    kept = cache.take(keys) if cache is not None else [None] * len(embedded)
-    missing = [i for i, vector in enumerate(kept) if vector is None]
-    query_vector, *encoded = await embedder.embed([query_text, *(embedded[i] for i in missing)])
-    if cache is not None:
-        cache.keep([keys[i] for i in missing], encoded)
-    fresh = iter(encoded)
-    turn_vectors = [vector if vector is not None else next(fresh) for vector in kept]
-    return query_vector, turn_vectors
+    return await embed_with_query(embedder, query_text, embedded, keys, cache)
 
 
 async def rank_memories(

@@ -18,6 +18,10 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memory.recall.embeddings import Embedder
 
 DEFAULT_MAX_ENTRIES = 4096
 
@@ -64,3 +68,19 @@ class VectorCache:
             self._vectors.move_to_end(key)
         while len(self._vectors) > self.max_entries:
             self._vectors.popitem(last=False)
+
+
+async def embed_with_query(
+    embedder: Embedder, query: str, texts: Sequence[str], keys: Sequence[str], cache: VectorCache | None
+) -> tuple[list[float], list[list[float]]]:
+    """One encode call for the query and the texts ``cache`` does not keep (by ``keys``); their vectors.
+
+    One call, because the encoder runs one at a time; queries are never kept.
+    """
+    kept = cache.take(keys) if cache is not None else [None] * len(texts)
+    missing = [i for i, vector in enumerate(kept) if vector is None]
+    query_vector, *encoded = await embedder.embed([query, *(texts[i] for i in missing)])
+    if cache is not None:
+        cache.keep([keys[i] for i in missing], encoded)
+    fresh = iter(encoded)
+    return query_vector, [vector if vector is not None else next(fresh) for vector in kept]
