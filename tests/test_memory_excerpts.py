@@ -27,10 +27,10 @@ from memory.recall.embeddings import SentenceTransformerEmbedder
 from memory.recall.excerpts import cut_relative, focus
 from memory.recall.found import FoundMemory
 from memory.storage.models import Turn
-from tests.conftest import LiveServer
 from tests.fake_openai import Reply
 from tests.support import new_conversation
 from tests.test_memory_recall import retrieved, say
+from tests.test_remembering_rule import small_model_server
 
 SISTER = (
     "Some things about me. My sister Mara lives in Porto. My car is a 2009 Volvo. I'm allergic to peanuts."
@@ -105,15 +105,7 @@ async def test_the_block_shows_the_excerpt_and_replays_it_with_its_message(
     """Through a live server: the model is shown one sentence of the memory, the part stored with
     the reply keeps that excerpt (and the whole text, to tell a corrected memory), and the next
     prompt of the conversation shows the same text again: the prefix the model server cached."""
-    server: LiveServer = await start_server(
-        llm_provider="openai",
-        llm_base_url=fake_openai.base_url,
-        llm_api_key="test",
-        max_tool_steps=0,
-        query_rewrite="heuristic",
-        memory_sentences=1,
-        memory_relative_cut=0.75,
-    )
+    server = await small_model_server(start_server, fake_openai, memory_sentences=1, memory_relative_cut=0.75)
     async with server.client() as client:
         fake_openai.script(Reply(text="Noted, thank you for telling me."))
         await say(client, await new_conversation(client, "About me"), WORK)

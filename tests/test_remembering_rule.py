@@ -25,6 +25,21 @@ from tests.support import new_conversation
 from tests.test_memory_recall import index_outbox, retrieved, say
 
 STATEMENT = "My car is a 2009 Volvo estate in dark green."
+
+
+async def small_model_server(start_server: Any, fake_openai: Any, **settings: Any) -> LiveServer:
+    """A live server on the strict fake model, set up as for a small local model (no tools)."""
+    server: LiveServer = await start_server(
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        max_tool_steps=0,
+        query_rewrite="heuristic",
+        **settings,
+    )
+    return server
+
+
 QUESTION = "Which Volvo car do I drive?"
 
 
@@ -138,13 +153,7 @@ async def test_a_reply_that_only_repeats_what_it_was_shown_is_not_remembered(
     """Found with a real small model: replies that repeated the user's statement ("Your car is
     a 2009 Volvo…") or the memories they were shown were indexed, and took recall's first
     places above the user's own words. A reply with something new stays remembered."""
-    server: LiveServer = await start_server(
-        llm_provider="openai",
-        llm_base_url=fake_openai.base_url,
-        llm_api_key="test",
-        max_tool_steps=0,
-        query_rewrite="heuristic",
-    )
+    server = await small_model_server(start_server, fake_openai)
     echo = "Your car is a 2009 Volvo estate, in dark green!"
     from_memory = "You drive a dark green Volvo estate from 2009."
     new = "Volvo estates are roomy, safe family cars with large boots."
@@ -230,13 +239,7 @@ async def test_a_forgotten_fact_does_not_come_back_through_a_reply_that_repeated
     """A reply that repeated the user's fact in new words is remembered (it is not a copy); once
     the user forgets or corrects the fact, that reply and a reply shown the fact as a memory are
     not found either: the indexed one is taken out, the one still queued is never indexed."""
-    server: LiveServer = await start_server(
-        llm_provider="openai",
-        llm_base_url=fake_openai.base_url,
-        llm_api_key="test",
-        max_tool_steps=0,
-        query_rewrite="heuristic",
-    )
+    server = await small_model_server(start_server, fake_openai)
     db = server.services.db
     retold = "Noted: a green Volvo estate from 2009, a fine choice for family trips."
     regenerated = "Understood, a dark green 2009 Volvo estate: a sturdy car for long drives."
