@@ -115,13 +115,20 @@ key_ranked AS (
       ON c.index_id = :index_id AND c.turn_id = k.turn_id AND c.kind = 'chunk'
      AND c.chunk_index = k.chunk_index AND c.key_index = 0
 ),
-keyword_rows AS MATERIALIZED (
-    SELECT m.id, m.search_terms
+-- The owner's rows, read once (owner btree), for the keyword list, the corpus count and the
+-- neighbours. Matching the question's terms here, not through the GIN index, reads only this
+-- user's rows: the GIN's posting lists hold every user's rows, so its cost grew with the table.
+owner_rows AS MATERIALIZED (
+    SELECT m.id, m.kind, m.conversation_id, m.turn_id, m.turn_seq, m.chunk_index,
+           CASE WHEN m.search_terms @@ q.tsq THEN m.search_terms END AS matched_terms
     FROM memory_items m, keyword_query q
-    WHERE {owner} AND m.search_terms @@ q.tsq
+    WHERE {owner}
+),
+keyword_rows AS MATERIALIZED (
+    SELECT o.id, o.matched_terms AS search_terms FROM owner_rows o WHERE o.matched_terms IS NOT NULL
 ),
 corpus AS (
-    SELECT greatest(count(*), 1) AS n FROM memory_items m WHERE {owner} AND m.kind = 'chunk'
+    SELECT greatest(count(*), 1) AS n FROM owner_rows WHERE kind = 'chunk'
 ),
 term_freqs AS (
     SELECT k.id, t.lexeme, coalesce(array_length(t.positions, 1), 1) AS tf,
@@ -186,11 +193,11 @@ key_cosines AS (
 -- The indexed turns just before and after each turn of the candidates' conversations (first
 -- chunks; rows the owner filter hides are skipped over).
 neighbours AS (
-    SELECT m.turn_id, lag(m.id) OVER turns AS previous_id, lead(m.id) OVER turns AS next_id
-    FROM memory_items m
-    WHERE {owner} AND m.kind = 'chunk' AND m.chunk_index = 0
-      AND m.conversation_id IN (SELECT conversation_id FROM candidate_rows)
-    WINDOW turns AS (PARTITION BY m.conversation_id ORDER BY m.turn_seq, m.id)
+    SELECT o.turn_id, lag(o.id) OVER turns AS previous_id, lead(o.id) OVER turns AS next_id
+    FROM owner_rows o
+    WHERE o.kind = 'chunk' AND o.chunk_index = 0
+      AND o.conversation_id IN (SELECT conversation_id FROM candidate_rows)
+    WINDOW turns AS (PARTITION BY o.conversation_id ORDER BY o.turn_seq, o.id)
 )
 SELECT c.turn_id, c.conversation_id, c.chunk_index, c.role, c.name, c.text, c.turn_created_at,
        c.external_id, c.metadata, c.vector_rank, c.keyword_rank, c.cosine,
