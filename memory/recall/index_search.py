@@ -14,6 +14,11 @@ once for every method. Choices measured on the LoCoMo slice (``bench/memory_eval
   lists; nothing is joined in later without it. The same filter drops rows of turns off
   their conversation's active branch (``on_active_branch``, a flag kept by
   ``memory.record.branches``), so it costs one column test per row and no join.
+- The keyword list, the BM25 corpus count and the neighbours window read one materialized
+  pass over the owner's rows (the owner btree), matching the question's terms there.
+  Through the GIN index the keyword list read every user's postings of the question's
+  words, a cost that grew with the whole table (``bench/retrieval_latency.py``,
+  docs/scaling.md).
 
 - The dense list holds chunks and their keys together (one HNSW scan); chunks and keys
   are ranked apart (a key is any row whose kind is not ``chunk``). A key is never a
