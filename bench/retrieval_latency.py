@@ -26,11 +26,17 @@ the previous ones:
 - ``inline``: the vectors kept in the row (``SET STORAGE MAIN``, table rewritten) instead of
   TOAST; since migration 0016 that is the schema's own storage, so rows loaded now are
   already inline and this only shows what the rewrite costs;
+- ``clustered``: the table rewritten in owner order (``CLUSTER … USING ix_memory_owner``),
+  so a user's rows share pages;
 - ``covering``: a covering btree for the dense top list, ``(tenant_id, user_id, index_id)
   INCLUDE (id, turn_id, embedding)`` on live rows, so it is answered from the index alone.
 
     nice -n 10 python bench/retrieval_latency.py --rows 1000000 --users 1000
     nice -n 10 python bench/retrieval_latency.py --rows 2000000 --users 1000 --configs today covering
+    nice -n 10 python bench/retrieval_latency.py --rows 1000000 --users 1000 --configs today \
+        --skip-indexes ix_memory_embedding --data-dir DIR --keep-data   # then, another statement:
+    nice -n 10 python bench/retrieval_latency.py --rows 1000000 --users 1000 --configs today clustered \
+        --data-dir DIR --reuse-data
     python bench/retrieval_latency.py --small          # CI: 3,000 rows, a few questions
 """
 
@@ -551,6 +557,14 @@ async def set_config(url: str, name: str, args: argparse.Namespace) -> dict[str,
             rewrite = round(time.perf_counter() - started, 1)
             await conn.execute("VACUUM (ANALYZE) memory_items")
             return {"embedding_storage": "main", "rewrite_s": rewrite}
+        if name == "clustered":
+            # Rows in owner order: a user's rows share heap pages instead of one page per row.
+            await conn.execute("SET maintenance_work_mem = '2GB'")
+            started = time.perf_counter()
+            await conn.execute("CLUSTER memory_items USING ix_memory_owner")
+            rewrite = round(time.perf_counter() - started, 1)
+            await conn.execute("VACUUM (ANALYZE) memory_items")
+            return {"clustered_by": "ix_memory_owner", "rewrite_s": rewrite}
         if name == "covering":
             await conn.execute("SET maintenance_work_mem = '2GB'")
             started = time.perf_counter()
@@ -593,7 +607,10 @@ async def prepare(
     rng = np.random.default_rng(args.seed)
     plan = layout(args.rows, args.users, args.conversations, len(pool), rng)
     started = time.perf_counter()
-    timings = await load(dsn, plan, pool, generation.id, args.skip_indexes)
+    if args.reuse_data:
+        timings: dict[str, Any] = {"reused": str(args.data_dir)}
+    else:
+        timings = await load(dsn, plan, pool, generation.id, args.skip_indexes)
     timings["load_total_s"] = round(time.perf_counter() - started, 1)
     users = rng.integers(0, args.users, args.queries)
     asked = [
@@ -637,7 +654,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["encoder_misses"] = known.misses
     finally:
         server.stop()
-        if not args.keep_data:
+        if not args.keep_data and not args.reuse_data:
             shutil.rmtree(data_dir, ignore_errors=True)
     return result
 
@@ -655,7 +672,7 @@ def main() -> None:
         "--configs",
         nargs="+",
         default=["today", "shared_buffers", "inline", "covering"],
-        choices=["today", "shared_buffers", "inline", "covering"],
+        choices=["today", "shared_buffers", "inline", "covering", "clustered"],
     )
     parser.add_argument("--shared-buffers", default="4GB")
     parser.add_argument(
@@ -676,8 +693,16 @@ def main() -> None:
         "--data-dir", type=Path, help="the embedded Postgres' directory (default: a temp dir)"
     )
     parser.add_argument("--keep-data", action="store_true", help="keep the data directory afterwards")
+    parser.add_argument(
+        "--reuse-data",
+        action="store_true",
+        help="--data-dir already holds the rows of a --keep-data run with the same --rows/--users/--seed:"
+        " measure them again without loading (a statement's before/after on the same rows)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/retrieval_latency.json"))
     args = parser.parse_args()
+    if args.reuse_data and args.data_dir is None:
+        parser.error("--reuse-data needs --data-dir")
     if args.small:
         args.rows, args.users, args.conversations = 3_000, 30, 5
         args.pool_turns, args.queries, args.warmup = args.pool_turns or 200, 10, 2
