@@ -195,36 +195,52 @@ key_cosines AS (
     WHERE k.deleted_at IS NULL
     GROUP BY c.id
 ),
--- The indexed turns just before and after each turn of the candidates' conversations (first
--- chunks; rows the owner filter hides are skipped over).
-neighbours AS (
-    SELECT o.turn_id, lag(o.id) OVER turns AS previous_id, lead(o.id) OVER turns AS next_id
-    FROM owner_rows o
-    WHERE o.kind = 'chunk' AND o.chunk_index = 0
-      AND o.conversation_id IN (SELECT conversation_id FROM candidate_rows)
-    WINDOW turns AS (PARTITION BY o.conversation_id ORDER BY o.turn_seq, o.id)
+-- The indexed turns just before and after each candidate's turn (first chunks; rows the owner
+-- filter hides are skipped over), for the candidates' turns only.
+neighbour_ids AS MATERIALIZED (
+    SELECT w.turn_id, w.previous_id, w.next_id
+    FROM (
+        SELECT o.turn_id, lag(o.id) OVER turns AS previous_id, lead(o.id) OVER turns AS next_id
+        FROM owner_rows o
+        WHERE o.kind = 'chunk' AND o.chunk_index = 0
+          AND o.conversation_id = ANY(ARRAY(SELECT conversation_id FROM candidate_rows))
+        WINDOW turns AS (PARTITION BY o.conversation_id ORDER BY o.turn_seq, o.id)
+    ) w
+    WHERE w.turn_id = ANY(ARRAY(SELECT turn_id FROM candidate_rows))
+),
+-- Their signals, one row per candidate turn. The planner estimates every CTE here at a row or
+-- so: joined in the final select, it re-read the neighbour rows (and re-ran the window) once
+-- per candidate; the ARRAY(...) filters run their subquery once, not per row.
+neighbours AS MATERIALIZED (
+    SELECT n.turn_id,
+           p.id IS NOT NULL AS has_previous, 1 - (p.embedding <=> :embedding) AS previous_cosine,
+           coalesce(pk.score, 0) AS previous_bm25, pc.vector_rank AS previous_vector_rank,
+           pc.keyword_rank AS previous_keyword_rank, p.text ~ :question_pattern AS previous_is_question,
+           p.role AS previous_role, p.name AS previous_name,
+           x.id IS NOT NULL AS has_next, 1 - (x.embedding <=> :embedding) AS next_cosine,
+           coalesce(xk.score, 0) AS next_bm25, xc.vector_rank AS next_vector_rank,
+           xc.keyword_rank AS next_keyword_rank, x.text ~ :question_pattern AS next_is_question,
+           x.role AS next_role, x.name AS next_name
+    FROM neighbour_ids n
+    LEFT JOIN memory_items p ON p.id = n.previous_id
+    LEFT JOIN keyword_scored pk ON pk.id = p.id
+    LEFT JOIN candidates pc ON pc.id = p.id
+    LEFT JOIN memory_items x ON x.id = n.next_id
+    LEFT JOIN keyword_scored xk ON xk.id = x.id
+    LEFT JOIN candidates xc ON xc.id = x.id
 )
 SELECT c.turn_id, c.conversation_id, c.chunk_index, c.role, c.name, c.text, c.turn_created_at,
        c.external_id, c.metadata, c.vector_rank, c.keyword_rank, c.cosine,
        coalesce(ck.score, 0) AS bm25, c.key_rank, kc.key_cosine,
-       p.id IS NOT NULL AS has_previous, 1 - (p.embedding <=> :embedding) AS previous_cosine,
-       coalesce(pk.score, 0) AS previous_bm25, pc.vector_rank AS previous_vector_rank,
-       pc.keyword_rank AS previous_keyword_rank, p.text ~ :question_pattern AS previous_is_question,
-       p.role AS previous_role, p.name AS previous_name,
-       x.id IS NOT NULL AS has_next, 1 - (x.embedding <=> :embedding) AS next_cosine,
-       coalesce(xk.score, 0) AS next_bm25, xc.vector_rank AS next_vector_rank,
-       xc.keyword_rank AS next_keyword_rank, x.text ~ :question_pattern AS next_is_question,
-       x.role AS next_role, x.name AS next_name
+       coalesce(n.has_previous, false) AS has_previous, n.previous_cosine,
+       coalesce(n.previous_bm25, 0) AS previous_bm25, n.previous_vector_rank, n.previous_keyword_rank,
+       n.previous_is_question, n.previous_role, n.previous_name,
+       coalesce(n.has_next, false) AS has_next, n.next_cosine, coalesce(n.next_bm25, 0) AS next_bm25,
+       n.next_vector_rank, n.next_keyword_rank, n.next_is_question, n.next_role, n.next_name
 FROM candidate_rows c
 LEFT JOIN keyword_scored ck ON ck.id = c.id
 LEFT JOIN key_cosines kc ON kc.id = c.id
 LEFT JOIN neighbours n ON n.turn_id = c.turn_id
-LEFT JOIN memory_items p ON p.id = n.previous_id
-LEFT JOIN keyword_scored pk ON pk.id = p.id
-LEFT JOIN candidates pc ON pc.id = p.id
-LEFT JOIN memory_items x ON x.id = n.next_id
-LEFT JOIN keyword_scored xk ON xk.id = x.id
-LEFT JOIN candidates xc ON xc.id = x.id
 """
 
 
