@@ -1,6 +1,12 @@
-from sqlalchemy import text
+import asyncio
+import uuid
 
-from memory.storage.db import Database
+import asyncpg
+from sqlalchemy import make_url, text
+
+from memory.recall.embeddings import HashEmbedder
+from memory.recall.index_search import search_index
+from memory.storage.db import Database, async_url, asyncpg_dsn, upgrade
 
 
 async def test_migrations_create_pgvector_tables(db: Database) -> None:
@@ -15,3 +21,69 @@ async def test_migrations_create_pgvector_tables(db: Database) -> None:
         )
     assert version is not None
     assert {"conversations", "turns", "turn_events", "outbox", "memory_items", "tool_invocations"} <= tables
+
+
+def test_an_installation_at_0017_upgrades_to_keyword_search_without_the_gin_index(pg_url: str) -> None:
+    # Migration 0018 drops the GIN index of memory search terms (the search matches terms on the
+    # owner's rows): an existing installation keeps its rows, its key, its upsert and its keyword
+    # search.
+    async def admin(statement: str) -> None:
+        conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin("DROP DATABASE IF EXISTS upgrade_0018"))
+    asyncio.run(admin("CREATE DATABASE upgrade_0018"))
+    url = make_url(async_url(pg_url)).set(database="upgrade_0018").render_as_string(hide_password=False)
+    upgrade(url, "0017")
+    turn_id = uuid.uuid4()
+    asyncio.run(_remember_and_search(url, turn_id, before=True))
+    upgrade(url, "head")
+    asyncio.run(_remember_and_search(url, turn_id, before=False))
+    asyncio.run(admin("DROP DATABASE upgrade_0018"))
+
+
+UPSERT_ROW = text(
+    "INSERT INTO memory_items (index_id, tenant_id, user_id, conversation_id, turn_id, chunk_index,"
+    " turn_seq, role, text, search_terms, embedding, turn_created_at)"
+    " VALUES (1, 't1', 'u1', :conversation_id, :turn_id, 0, 1, 'user', :text,"
+    " to_tsvector('simple', :text), CAST(:vector AS vector), now())"
+    " ON CONFLICT (index_id, turn_id, kind, chunk_index, key_index) DO UPDATE SET text = EXCLUDED.text"
+)
+MEMORY_INDEXES = text(
+    "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_items' AND indexdef LIKE '%USING gin%'"
+)
+
+
+async def _remember_and_search(url: str, turn_id: uuid.UUID, *, before: bool) -> None:
+    db = Database(url, pool_size=1)
+    text_now = "My sister Anna lives in Lisbon." if before else "My sister Anna moved to Porto."
+    (vector,) = await HashEmbedder().embed([text_now])
+    try:
+        async with db.transaction() as session:
+            gin = list((await session.execute(MEMORY_INDEXES)).scalars())
+            assert gin == (["ix_memory_terms"] if before else [])
+            params = {
+                "conversation_id": uuid.uuid4(),
+                "turn_id": turn_id,
+                "text": text_now,
+                "vector": str(vector),
+            }
+            await session.execute(UPSERT_ROW, params)
+        async with db.transaction() as session:
+            rows = (await session.execute(text("SELECT turn_id, text FROM memory_items"))).all()
+            hits = await search_index(
+                session,
+                tenant_id="t1",
+                user_id="u1",
+                query_text="Where does Anna live?",
+                query_embedding=vector,
+                index_id=1,
+                k=5,
+            )
+        assert rows == [(turn_id, text_now)]  # one row: the second write hit the unique key
+        assert [(h.turn_id, h.keyword_rank) for h in hits] == [(turn_id, 1)]
+    finally:
+        await db.dispose()
