@@ -725,10 +725,13 @@ def main() -> None:
         ["config", "rows", "users", "search p50/p95 ms", "dense p50/p95 ms", "load avg", "storage MB"],
     )
     load = result["load"]
-    print(
-        f"\nload: copy {load['copy_s']} s, index builds {load['index_build_s']}, vacuum {load['vacuum_s']} s,"
-        f" total {load['load_total_s']} s; encode {load['encode_s']} s"
-    )
+    if "reused" in load:
+        print(f"\nrows reused from {load['reused']}; encode {load['encode_s']} s")
+    else:
+        print(
+            f"\nload: copy {load['copy_s']} s, index builds {load['index_build_s']},"
+            f" vacuum {load['vacuum_s']} s, total {load['load_total_s']} s; encode {load['encode_s']} s"
+        )
     for name, c in result["configs"].items():
         print(f"\n{name}: dense plan (first question)\n{c['dense_plan']}")
         if c["search_plan"]:
