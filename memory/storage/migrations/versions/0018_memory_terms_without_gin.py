@@ -1,7 +1,7 @@
 """Memory search terms lose their GIN index: no statement reads it any more
 
 Revision ID: 0018
-Revises: 0017
+Revises: 0019
 Create Date: 2026-11-26 10:30:00.000000
 
 The search statement (memory/recall/index_search.py) matches a question's terms against the
@@ -14,7 +14,7 @@ time and ~6 % of the table's storage. Nothing else moves: rows, keys and constra
 from alembic import op
 
 revision = "0018"
-down_revision = "0017"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
