@@ -23,8 +23,8 @@ async def test_migrations_create_pgvector_tables(db: Database) -> None:
     assert {"conversations", "turns", "turn_events", "outbox", "memory_items", "tool_invocations"} <= tables
 
 
-def test_an_installation_before_0018_upgrades_to_keyword_search_without_the_gin_index(pg_url: str) -> None:
-    # Migration 0018 drops the GIN index of memory search terms (the search matches terms on the
+def test_an_installation_before_0020_upgrades_to_keyword_search_without_the_gin_index(pg_url: str) -> None:
+    # Migration 0020 drops the GIN index of memory search terms (the search matches terms on the
     # owner's rows): an existing installation keeps its rows, its key, its upsert and its keyword
     # search.
     async def admin(statement: str) -> None:
@@ -34,15 +34,15 @@ def test_an_installation_before_0018_upgrades_to_keyword_search_without_the_gin_
         finally:
             await conn.close()
 
-    asyncio.run(admin("DROP DATABASE IF EXISTS upgrade_0018"))
-    asyncio.run(admin("CREATE DATABASE upgrade_0018"))
-    url = make_url(async_url(pg_url)).set(database="upgrade_0018").render_as_string(hide_password=False)
-    upgrade(url, "0019")  # the revision 0018 follows
+    asyncio.run(admin("DROP DATABASE IF EXISTS upgrade_0020"))
+    asyncio.run(admin("CREATE DATABASE upgrade_0020"))
+    url = make_url(async_url(pg_url)).set(database="upgrade_0020").render_as_string(hide_password=False)
+    upgrade(url, "0019")  # the revision 0020 follows
     turn_id = uuid.uuid4()
     asyncio.run(_remember_and_search(url, turn_id, before=True))
     upgrade(url, "head")
     asyncio.run(_remember_and_search(url, turn_id, before=False))
-    asyncio.run(admin("DROP DATABASE upgrade_0018"))
+    asyncio.run(admin("DROP DATABASE upgrade_0020"))
 
 
 UPSERT_ROW = text(

@@ -336,7 +336,7 @@ class MemoryItem(Base):
         Index("ix_memory_conversation", "conversation_id"),
         # sqlalchemy.text, not the `text` column above.
         Index("ix_memory_deleted", "deleted_at", postgresql_where=sql_text("deleted_at IS NOT NULL")),
-        # No GIN on search_terms: a search matches terms on its owner's rows (migration 0018).
+        # No GIN on search_terms: a search matches terms on its owner's rows (migration 0020).
         Index(
             "ix_memory_embedding",
             "embedding",

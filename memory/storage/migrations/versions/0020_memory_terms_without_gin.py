@@ -1,6 +1,6 @@
 """Memory search terms lose their GIN index: no statement reads it any more
 
-Revision ID: 0018
+Revision ID: 0020
 Revises: 0019
 Create Date: 2026-11-26 10:30:00.000000
 
@@ -13,7 +13,7 @@ time and ~6 % of the table's storage. Nothing else moves: rows, keys and constra
 
 from alembic import op
 
-revision = "0018"
+revision = "0020"
 down_revision = "0019"
 branch_labels = None
 depends_on = None
