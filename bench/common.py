@@ -75,8 +75,8 @@ def database(url: str | None = None) -> Iterator[str]:
         return
     server = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="chatmem-bench-")), delete_on_stop=True)
     dsn = server.start()
-    upgrade(dsn)
     try:
+        upgrade(dsn)  # a failed migration must not leave the private Postgres running
         yield dsn
     finally:
         server.stop()
