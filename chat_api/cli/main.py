@@ -99,6 +99,9 @@ async def _run_indexer(settings: Settings) -> None:
     from chat_api.app import fact_asker, make_provider
     from indexer.worker import run_indexer_main
 
+    if settings.fact_keys != "model":  # no model client in an indexer that never asks one
+        await run_indexer_main(settings)
+        return
     provider = make_provider(settings)
     try:
         await run_indexer_main(settings, facts=fact_asker(settings, provider))
