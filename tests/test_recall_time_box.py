@@ -33,7 +33,8 @@ class GatedEmbedder(HashEmbedder):
 
 async def test_late_recall_replies_without_memory_and_says_so(start_server: Any) -> None:
     embedder = GatedEmbedder()
-    server: LiveServer = await start_server(embedder=embedder, recall_timeout_seconds=0.3)
+    # The time box is wide enough for a recall in time on a loaded machine.
+    server: LiveServer = await start_server(embedder=embedder, recall_timeout_seconds=1.5)
     async with server.client() as client:
         await say(client, await new_conversation(client, "Family"), FACT)
         embedder.held = True
@@ -45,9 +46,9 @@ async def test_late_recall_replies_without_memory_and_says_so(start_server: Any)
         memory = retrieved(late)
         assert memory["items"] == []
         assert memory["error"]["code"] == "memory_timeout"
-        assert "0.3s" in memory["error"]["message"]
+        assert "1.5s" in memory["error"]["message"]
         assert "I remember" not in reply_text(late)  # the prompt had no memory block
-        assert elapsed < 3.0  # not held until the encoder came back
+        assert elapsed < 5.0  # not held until the encoder came back
         # The encoder recovers: the next reply gets its memory again.
         embedder.held = False
         embedder.gate.set()
