@@ -163,7 +163,7 @@ async def test_a_user_turn_gets_the_models_facts_as_keys_never_listed_and_gone_w
 @pytest.mark.parametrize(
     "reply, outcome",
     [
-        (Reply(text=FACTS, chunk_delay=3.0), "timeout"),
+        (Reply(text=FACTS, chunk_delay=8.0), "timeout"),
         (Reply(fail_status=500, fail_message="the model is down"), "error"),
         (Reply(text='```json\n{"facts": ["The user owns a yacht"]}\n```'), "junk"),
     ],
@@ -173,7 +173,8 @@ async def test_a_late_failed_or_unusable_answer_gives_no_keys_and_the_turn_is_in
     db: Database, pg_url: str, fake_openai: FakeOpenAI, reply: Reply, outcome: str
 ) -> None:
     fake_openai.script(reply, Reply(text=FACTS))
-    settings = fact_settings(pg_url, fake_openai.base_url, fact_keys_timeout_seconds=0.5)
+    # The time box leaves room for the answers meant to fit on a loaded machine.
+    settings = fact_settings(pg_url, fake_openai.base_url, fact_keys_timeout_seconds=1.5)
     second = LONG_MESSAGE.replace("Biscuit", "Pepper")
     started = time.monotonic()
     turns, result = await index_with_facts(db, settings, HashEmbedder(), [LONG_MESSAGE, REPLY, second])
@@ -196,8 +197,8 @@ async def test_a_late_failed_or_unusable_answer_gives_no_keys_and_the_turn_is_in
         assert [a.outcome for a in result.fact_answers] == ["junk", "facts"]
         assert {r.turn_id for r in await rows(db, "fact")} == {turns[2].id}
     if outcome == "timeout":
-        assert result.fact_answers[0].seconds < 2.0
-        assert elapsed < 10.0
+        assert result.fact_answers[0].seconds < 4.0  # the 8 s answer was not awaited
+        assert elapsed < 15.0
 
 
 async def test_a_batch_stops_asking_once_it_spent_its_fact_budget(
