@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, insert
+import pytest
+from sqlalchemy import func, insert, text
 
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.fusion import Fusion
-from memory.recall.index_search import search_index
+from memory.recall.index_search import BM25_B, BM25_K1, search_candidates, search_index
 from memory.recall.keywords import memory_search_terms, memory_text
 from memory.storage.db import Database
 from memory.storage.models import MemoryItem
@@ -153,3 +155,52 @@ async def test_k_limits_results(db: Database) -> None:
         await remember(db, f"Memory number {i} about gardening tomatoes.", seq=i + 1)
     assert len(await search(db, "gardening tomatoes", k=3)) == 3
     assert await search(db, "gardening tomatoes", k=0) == []
+
+
+async def test_keyword_score_is_okapi_bm25_of_the_question_terms(db: Database) -> None:
+    """Term frequency counts a question word's every occurrence; other words only count in the length."""
+    repeated = await remember(db, "Biscuit chewed a slipper, biscuit again, BISCUIT always.", seq=1)
+    once = await remember(db, "Biscuit sleeps on the old slipper by the front door.", seq=2)
+    await remember(db, "The weather was rainy all week in the valley.", seq=3)
+    question = "biscuit slipper umbrella"
+    async with db.transaction() as session:
+        lexemes = (
+            await session.execute(
+                text(
+                    "SELECT m.turn_id, length(m.search_terms) AS doc_len, t.lexeme,"
+                    " array_length(t.positions, 1) AS tf"
+                    " FROM memory_items m, unnest(m.search_terms) AS t"
+                )
+            )
+        ).all()
+        (vector,) = await EMBEDDER.embed([question])
+        found = await search_candidates(
+            session,
+            tenant_id="t1",
+            user_id="u1",
+            query_text=question,
+            query_embedding=vector,
+            index_id=1,
+            depth=10,
+        )
+    words = ["biscuit", "slipper", "umbrella"]
+    tf = {(r.turn_id, r.lexeme): r.tf for r in lexemes}
+    doc_len = {r.turn_id: r.doc_len for r in lexemes}
+    matching = {turn for turn, lexeme in tf if lexeme in words}
+    assert matching == {repeated, once} and tf[(repeated, "biscuit")] == 3
+    average = sum(doc_len[t] for t in matching) / len(matching)
+
+    def bm25(turn: uuid.UUID) -> float:
+        score = 0.0
+        for word in words:
+            df = sum(1 for t in matching if (t, word) in tf)
+            f = tf.get((turn, word), 0)
+            if f:
+                idf = math.log(1 + (len(doc_len) - df + 0.5) / (df + 0.5))
+                length = 1 - BM25_B + BM25_B * doc_len[turn] / average
+                score += idf * f * (BM25_K1 + 1) / (f + BM25_K1 * length)
+        return score
+
+    scores = {c.memory.turn_id: c.signals.bm25 for c in found}
+    assert scores[repeated] == pytest.approx(bm25(repeated)) and scores[once] == pytest.approx(bm25(once))
+    assert scores[repeated] > scores[once] > 0
