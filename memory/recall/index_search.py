@@ -92,7 +92,9 @@ WITH query_lexemes AS (
     FROM unnest(tsvector_to_array(to_tsvector('simple', :query_terms))) AS lexeme
 ),
 keyword_query AS (
-    SELECT to_tsquery('simple', string_agg(quote_literal(lexeme), ' | ')) AS tsq FROM query_lexemes
+    SELECT to_tsquery('simple', string_agg(quote_literal(lexeme), ' | ')) AS tsq,
+           array_agg(lexeme) AS lexemes
+    FROM query_lexemes
 ),
 vector_hits AS MATERIALIZED (
     SELECT m.id, m.embedding <=> :embedding AS distance
@@ -123,29 +125,36 @@ key_ranked AS (
 -- The owner's rows, read once (owner btree), for the keyword list, the corpus count and the
 -- neighbours. Matching the question's terms here, not through the GIN index, reads only this
 -- user's rows: the GIN's posting lists hold every user's rows, so its cost grew with the table.
+-- A row's tsvector is mostly stored out of line (TOAST: the vector fills the row): `terms` reads
+-- it once (OFFSET 0 keeps the subquery from being inlined into each use), with the question's
+-- lexemes weighted A, so ts_filter keeps just them for the term frequencies. Each later read of
+-- the stored column fetched it again, and unnesting whole vectors was most of the search at
+-- 5,000 rows a user.
 owner_rows AS MATERIALIZED (
     SELECT m.id, m.kind, m.conversation_id, m.turn_id, m.turn_seq, m.chunk_index,
-           CASE WHEN m.search_terms @@ q.tsq THEN m.search_terms END AS matched_terms
-    FROM memory_items m, keyword_query q
+           CASE WHEN t.terms @@ q.tsq THEN ts_filter(t.terms, '{{a}}') END AS matched_terms,
+           CASE WHEN t.terms @@ q.tsq THEN length(t.terms) END AS doc_len
+    FROM memory_items m
+    CROSS JOIN keyword_query q
+    CROSS JOIN LATERAL (SELECT setweight(m.search_terms, 'A', q.lexemes) AS terms OFFSET 0) t
     WHERE {owner}
 ),
 keyword_rows AS MATERIALIZED (
-    SELECT o.id, o.matched_terms AS search_terms FROM owner_rows o WHERE o.matched_terms IS NOT NULL
+    SELECT o.id, o.matched_terms, o.doc_len FROM owner_rows o WHERE o.matched_terms IS NOT NULL
 ),
 corpus AS (
     SELECT greatest(count(*), 1) AS n FROM owner_rows WHERE kind = 'chunk'
 ),
 term_freqs AS (
-    SELECT k.id, t.lexeme, coalesce(array_length(t.positions, 1), 1) AS tf,
-           length(k.search_terms) AS doc_len
-    FROM keyword_rows k, unnest(k.search_terms) AS t
-    WHERE t.lexeme IN (SELECT lexeme FROM query_lexemes)
+    SELECT k.id, t.lexeme, coalesce(array_length(t.positions, 1), 1) AS tf, k.doc_len
+    FROM keyword_rows k, keyword_query q, unnest(k.matched_terms) AS t
+    WHERE t.lexeme = ANY(q.lexemes)
 ),
 doc_freqs AS (
     SELECT lexeme, count(*) AS df FROM term_freqs GROUP BY lexeme
 ),
 average_length AS (
-    SELECT greatest(avg(length(search_terms)), 1) AS avg_len FROM keyword_rows
+    SELECT greatest(avg(doc_len), 1) AS avg_len FROM keyword_rows
 ),
 keyword_scored AS (
     SELECT f.id,
@@ -210,7 +219,9 @@ neighbour_ids AS MATERIALIZED (
 ),
 -- Their signals, one row per candidate turn. The planner estimates every CTE here at a row or
 -- so: joined in the final select, it re-read the neighbour rows (and re-ran the window) once
--- per candidate; the ARRAY(...) filters run their subquery once, not per row.
+-- per candidate; the ARRAY(...) filters run their subquery once, not per row. The scores are
+-- joined on the neighbour ids, not on the fetched rows: joined after a row fetch, each
+-- neighbour re-scanned the whole keyword list (1,500 rows at 5,000 rows a user).
 neighbours AS MATERIALIZED (
     SELECT n.turn_id,
            p.id IS NOT NULL AS has_previous, 1 - (p.embedding <=> :embedding) AS previous_cosine,
@@ -222,12 +233,12 @@ neighbours AS MATERIALIZED (
            xc.keyword_rank AS next_keyword_rank, x.text ~ :question_pattern AS next_is_question,
            x.role AS next_role, x.name AS next_name
     FROM neighbour_ids n
+    LEFT JOIN keyword_scored pk ON pk.id = n.previous_id
+    LEFT JOIN candidates pc ON pc.id = n.previous_id
+    LEFT JOIN keyword_scored xk ON xk.id = n.next_id
+    LEFT JOIN candidates xc ON xc.id = n.next_id
     LEFT JOIN memory_items p ON p.id = n.previous_id
-    LEFT JOIN keyword_scored pk ON pk.id = p.id
-    LEFT JOIN candidates pc ON pc.id = p.id
     LEFT JOIN memory_items x ON x.id = n.next_id
-    LEFT JOIN keyword_scored xk ON xk.id = x.id
-    LEFT JOIN candidates xc ON xc.id = x.id
 )
 SELECT c.turn_id, c.conversation_id, c.chunk_index, c.role, c.name, c.text, c.turn_created_at,
        c.external_id, c.metadata, c.vector_rank, c.keyword_rank, c.cosine,
