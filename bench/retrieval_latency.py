@@ -26,6 +26,9 @@ the previous ones:
 - ``inline``: the vectors kept in the row (``SET STORAGE MAIN``, table rewritten) instead of
   TOAST; since migration 0016 that is the schema's own storage, so rows loaded now are
   already inline and this only shows what the rewrite costs;
+- ``terms_inline``: the keyword terms (tsvector) kept in the row the same way, table
+  rewritten: a search reads every one of the user's tsvectors, each through the TOAST index
+  and a TOAST page while it is stored out of line;
 - ``clustered``: the table rewritten in owner order (``CLUSTER … USING ix_memory_owner``),
   so a user's rows share pages;
 - ``covering``: a covering btree for the dense top list, ``(tenant_id, user_id, index_id)
@@ -557,6 +560,14 @@ async def set_config(url: str, name: str, args: argparse.Namespace) -> dict[str,
             rewrite = round(time.perf_counter() - started, 1)
             await conn.execute("VACUUM (ANALYZE) memory_items")
             return {"embedding_storage": "main", "rewrite_s": rewrite}
+        if name == "terms_inline":
+            await conn.execute("ALTER TABLE memory_items ALTER COLUMN search_terms SET STORAGE MAIN")
+            started = time.perf_counter()
+            await conn.execute("SET maintenance_work_mem = '2GB'")
+            await conn.execute("VACUUM (FULL) memory_items")
+            rewrite = round(time.perf_counter() - started, 1)
+            await conn.execute("VACUUM (ANALYZE) memory_items")
+            return {"search_terms_storage": "main", "rewrite_s": rewrite}
         if name == "clustered":
             # Rows in owner order: a user's rows share heap pages instead of one page per row.
             await conn.execute("SET maintenance_work_mem = '2GB'")
@@ -672,7 +683,7 @@ def main() -> None:
         "--configs",
         nargs="+",
         default=["today", "shared_buffers", "inline", "covering"],
-        choices=["today", "shared_buffers", "inline", "covering", "clustered"],
+        choices=["today", "shared_buffers", "inline", "terms_inline", "covering", "clustered"],
     )
     parser.add_argument("--shared-buffers", default="4GB")
     parser.add_argument(
