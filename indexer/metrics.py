@@ -41,6 +41,10 @@ EMBEDDING_BATCH_SECONDS = Histogram(
     buckets=BATCH_BUCKETS,
 )
 EMBEDDING_TEXTS = Counter("chatmem_embedding_texts_total", "Texts embedded by the indexer.")
+REUSED_VECTORS = Counter(
+    "chatmem_indexer_reused_vectors_total",
+    "Chunk vectors the indexer took from the API process's recall instead of encoding them again.",
+)
 KEYS_INDEXED = Counter(
     "chatmem_indexer_keys_total", "Search keys upserted beside the chunks, by kind.", ["kind"]
 )
@@ -87,6 +91,11 @@ def observe_indexed(turns: int, chunks: int, *, sentences: int = 0, facts: int =
     CHUNKS_INDEXED.inc(max(chunks, 0))
     KEYS_INDEXED.labels(kind="sentence").inc(max(sentences, 0))
     KEYS_INDEXED.labels(kind="fact").inc(max(facts, 0))
+
+
+def observe_reused_vectors(count: int) -> None:
+    """Count chunk vectors one pipeline call reused instead of encoding."""
+    REUSED_VECTORS.inc(max(count, 0))
 
 
 def observe_fact_answer(answer: FactAnswer) -> None:

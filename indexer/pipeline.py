@@ -32,15 +32,16 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from indexer.chunking import chunk_text
-from indexer.metrics import TimedEmbedder, observe_fact_answer
+from indexer.metrics import TimedEmbedder, observe_fact_answer, observe_reused_vectors
 from memory.config import Settings
 from memory.recall.embeddings import Embedder
 from memory.recall.fact_keys import FactAnswer, FactAsker, wants_facts
-from memory.recall.index import generation_of, write_guard
+from memory.recall.index import Generation, generation_of, write_guard
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption, query_terms
 from memory.recall.redaction import redact
 from memory.recall.remembering import FORGOTTEN, is_low_information, unremembered_reason
 from memory.recall.sentence_keys import sentence_keys
+from memory.recall.vector_cache import VectorCache, turn_key
 from memory.record.branches import turns_off_active_branch
 from memory.record.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.storage.db import Database
@@ -282,7 +283,13 @@ class IndexPipeline:
     """Turns finished-turn payloads into memory rows, idempotently."""
 
     def __init__(
-        self, db: Database, embedder: Embedder, settings: Settings, *, facts: FactAsker | None = None
+        self,
+        db: Database,
+        embedder: Embedder,
+        settings: Settings,
+        *,
+        facts: FactAsker | None = None,
+        vectors: VectorCache | None = None,
     ) -> None:
         if embedder.dim != EMBEDDING_DIM:
             raise ValueError(f"embedder makes {embedder.dim}-d vectors; memory_items holds {EMBEDDING_DIM}-d")
@@ -290,6 +297,8 @@ class IndexPipeline:
         self._embedder = embedder
         self._settings = settings
         self._facts = facts
+        # The recall's cache of turn vectors, when this pipeline runs in the API's process.
+        self._vectors = vectors
 
     @staticmethod
     def validate(payload: object) -> str | None:
@@ -430,6 +439,30 @@ class IndexPipeline:
             vectors.extend(await embedder.embed(texts[start : start + EMBED_SLICE]))
         return vectors
 
+    async def _vectors_of(self, generation: Generation, chunks: list[_Chunk]) -> list[list[float]]:
+        """The chunks' vectors: those the shared cache keeps for this generation, the rest encoded.
+
+        Only a chunk's text is looked up and kept: recall embeds an unindexed turn as exactly
+        that text (memory.recall.search), never a turn's sentence or fact keys.
+        """
+        texts = [c.memory_text for c in chunks]
+        shared = [i for i, c in enumerate(chunks) if c.kind == "chunk"] if self._vectors is not None else []
+        keys = {i: turn_key(generation.id, texts[i]) for i in shared}
+        vectors: list[list[float] | None] = [None] * len(chunks)
+        if self._vectors is not None and keys:
+            for i, kept in zip(keys, self._vectors.take(list(keys.values())), strict=True):
+                vectors[i] = kept
+        missing = [i for i, vector in enumerate(vectors) if vector is None]
+        # Timed here, around the generation's own encoder: a wrapper around the MemoryIndex
+        # would hide the generation from generation_of (and record the wrapper as the encoder).
+        fresh_vectors = await self._embed(TimedEmbedder(generation.embedder), [texts[i] for i in missing])
+        encoded = dict(zip(missing, fresh_vectors, strict=True))
+        if self._vectors is not None:
+            fresh = [i for i in missing if i in keys]
+            self._vectors.keep([keys[i] for i in fresh], [encoded[i] for i in fresh])
+        observe_reused_vectors(len(chunks) - len(missing))
+        return [encoded[i] if vector is None else vector for i, vector in enumerate(vectors)]
+
     async def index(self, payloads: Sequence[dict[str, Any]]) -> IndexResult:
         """Index a batch in one transaction; raises PoisonPayload if any payload is invalid."""
         result = IndexResult()
@@ -463,9 +496,7 @@ class IndexPipeline:
         facts = await self._ask_facts(generation.id, wanted)
         result.fact_answers = list(facts.values())
         chunks = await asyncio.to_thread(self._chunks, wanted, previous, facts)
-        # Timed here, around the generation's own encoder: a wrapper around the MemoryIndex
-        # would hide the generation from generation_of (and record the wrapper as the encoder).
-        vectors = await self._embed(TimedEmbedder(generation.embedder), [c.memory_text for c in chunks])
+        vectors = await self._vectors_of(generation, chunks)
         rows = await asyncio.to_thread(self._rows, chunks, vectors)
         for row in rows:
             row["index_id"] = generation.id

@@ -35,6 +35,7 @@ from memory.recall.embedding_service import EmbeddingServiceError
 from memory.recall.embeddings import Embedder, load_embedder
 from memory.recall.fact_keys import FactAsker
 from memory.recall.index import IndexChanged, open_index
+from memory.recall.vector_cache import VectorCache
 from memory.storage.db import Database
 
 from . import metrics
@@ -120,9 +121,11 @@ class IndexerWorker:
         backoff_max_seconds: float = 30.0,
         statistics: MemoryTableStatistics | None = None,
         facts: FactAsker | None = None,
+        vectors: VectorCache | None = None,
     ) -> None:
         self.settings = settings
-        self.pipeline = IndexPipeline(db, embedder, settings, facts=facts)
+        # vectors: the API's recall cache, when this worker runs in the API's process.
+        self.pipeline = IndexPipeline(db, embedder, settings, facts=facts, vectors=vectors)
         self.statistics = statistics if statistics is not None else MemoryTableStatistics(db)
         self.consumer = consumer if consumer is not None else make_consumer(db, settings)
         self._backoff_base = backoff_base_seconds

@@ -1,4 +1,4 @@
-"""What tests share: a conversation factory and one bounded wait (the SSE parser is tests/sse.py)."""
+"""What tests share: a conversation factory, one bounded wait, a counting encoder (SSE: tests/sse.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,21 @@ from typing import Any, TypeVar
 
 import httpx
 
+from memory.recall.embeddings import HashEmbedder
+
 T = TypeVar("T")
+
+
+class CountingEmbedder(HashEmbedder):
+    """The deterministic embedder, counting the texts it is asked to encode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.texts.extend(texts)
+        return await super().embed(texts)
 
 
 async def new_conversation(client: httpx.AsyncClient, title: str = "", **fields: Any) -> str:

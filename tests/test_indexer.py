@@ -17,13 +17,17 @@ from indexer.worker import IndexerWorker
 from memory.config import Settings, get_settings
 from memory.events import TurnStatus
 from memory.recall.embeddings import HashEmbedder
+from memory.recall.index import generation_of
+from memory.recall.keywords import memory_text
 from memory.recall.redaction import redact
+from memory.recall.search import recall_memories
+from memory.recall.vector_cache import VectorCache, turn_key
 from memory.record.conversations import Owner, create_conversation
 from memory.record.outbox import PAYLOAD_VERSION, record_finished_turn, turn_payload
 from memory.record.turns import add_turn
 from memory.storage.db import Database, asyncpg_dsn
 from memory.storage.models import Conversation, MemoryItem, OutboxRow, Turn
-from tests.support import wait_until
+from tests.support import CountingEmbedder, wait_until
 
 OWNER = Owner("tenant-a", "user-a")
 
@@ -329,3 +333,41 @@ async def test_the_indexer_refreshes_the_planners_statistics_after_writing_many_
     # Few rows, or few against what the statistics already count, are left to autovacuum.
     assert not await MemoryTableStatistics(db, min_rows=20).wrote(19)
     assert not await MemoryTableStatistics(db, min_rows=1, share=0.5).wrote(int(known * 0.5) - 1)
+
+
+async def test_a_turn_recall_encoded_while_unindexed_is_indexed_with_that_vector(
+    db: Database, pg_url: str
+) -> None:
+    # In the API's process the indexer shares the recall's cache: a turn recall already encoded
+    # while it was unindexed was encoded again for the index (two thirds of the indexer's text
+    # in bench/capacity.py with the indexer running).
+    settings = test_settings(pg_url, redact_pii=False)
+    embedder = CountingEmbedder()
+    cache = VectorCache()
+    _, turns = await chat_turns(db, [memorable(1), memorable(2)])
+    found = await recall_memories(
+        db, embedder, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text="tomato", k=5, cache=cache
+    )
+    assert {m.turn_id for m in found.memories} == {t.id for t in turns}
+    assert len(embedder.texts) == 3  # the query and both turns, in one call
+    generation = await generation_of(embedder, db)
+    # A vector kept for another generation is never used for this one.
+    stranger = memory_text(memorable(3), name=None, created_at=turns[0].created_at)
+    cache.keep([turn_key(generation.id + 1, stranger)], [[1.0] + [0.0] * 383])
+    _, later = await chat_turns(db, [memorable(3)])
+    embedder.texts.clear()
+
+    result = await IndexPipeline(db, embedder, settings, vectors=cache).index(
+        [turn_payload(t) for t in [*turns, *later]]
+    )
+
+    assert result.chunks == 3
+    assert [text.endswith(memorable(3)) for text in embedder.texts] == [True]  # only the new turn
+    async with db.transaction() as session:
+        rows = (await session.execute(select(MemoryItem.text, MemoryItem.embedding))).all()
+    for row in rows:  # every row holds its own text's vector (HashEmbedder is deterministic)
+        said = next(t for t in [*turns, *later] if t.content == row.text)
+        expected = HashEmbedder().embed_one(memory_text(said.content, name=None, created_at=said.created_at))
+        assert list(row.embedding) == pytest.approx(expected, abs=1e-6)
+    # And the turn the indexer encoded is kept for a recall that runs before its batch commits.
+    assert cache.take([turn_key(generation.id, stranger)]) != [None]

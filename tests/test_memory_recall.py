@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -26,7 +25,7 @@ from memory.storage.models import Conversation, MemoryItem, OutboxRow, Turn
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.sse import SSEEvent, collect
-from tests.support import new_conversation
+from tests.support import CountingEmbedder, new_conversation
 
 FACT = "My sister Ingrid moved to Reykjavik last spring and keeps honeybees there."
 QUESTION = "Where does my sister Ingrid live now?"
@@ -78,18 +77,6 @@ async def test_fact_from_another_conversation_is_recalled_before_indexing(server
     assert set(memory["latency_ms"]) >= {"rewrite", "search", "total"}
     # The demo model quotes the memory block lines it was given.
     assert "Reykjavik" in reply_text(events)
-
-
-class CountingEmbedder(HashEmbedder):
-    """The deterministic embedder, counting the texts it is asked to encode."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.texts: list[str] = []
-
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        self.texts.extend(texts)
-        return await super().embed(texts)
 
 
 async def test_an_unindexed_turn_is_encoded_once_across_recalls(start_server: Any) -> None:

@@ -53,7 +53,9 @@ def embedded_workers(settings: Settings) -> list[Any]:
             await asyncio.to_thread(encoder.load)
         twin = await open_index(services.db, settings, encoder, threads=0)
         facts = fact_asker(settings, services.provider)
-        await IndexerWorker(services.db, settings, twin, facts=facts).run(stop)
+        # The recall's cache of turn vectors: a turn recall encoded while unindexed is not encoded again.
+        vectors = services.recaller.turn_vectors
+        await IndexerWorker(services.db, settings, twin, facts=facts, vectors=vectors).run(stop)
 
     async def relay(services: Any, stop: asyncio.Event) -> None:
         await OutboxRelay(services.db, settings).run(stop)

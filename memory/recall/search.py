@@ -36,7 +36,7 @@ from memory.recall.index import generation_of
 from memory.recall.index_search import fuse, search_candidates
 from memory.recall.keywords import memory_text, photo_caption
 from memory.recall.unindexed import UNINDEXED_LIMIT, UnindexedTurn, find_unindexed, score_unindexed
-from memory.recall.vector_cache import VectorCache, embed_with_query
+from memory.recall.vector_cache import VectorCache, embed_with_query, turn_key
 from memory.storage.db import Database
 
 # Characters of an unindexed turn that are embedded (the model reads ~256 tokens anyway).
@@ -185,7 +185,7 @@ async def embed_for_recall(
         )
         for turn in unindexed
     ]
-    keys = [f"{generation_id}\x00{text}" for text in embedded]
+    keys = [turn_key(generation_id, text) for text in embedded]
     return await embed_with_query(embedder, query_text, embedded, keys, cache)
 
 
