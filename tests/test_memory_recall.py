@@ -94,6 +94,20 @@ async def test_an_unindexed_turn_is_encoded_once_across_recalls(start_server: An
     assert len(fact_encodes) == 1, fact_encodes
 
 
+async def test_a_replys_query_is_encoded_once_when_its_block_is_shaped_by_sentences(
+    start_server: Any,
+) -> None:
+    # With MEMORY_SENTENCES the block's sentences were scored against the query encoded a
+    # second time, in a second encoder call, after the search had encoded it already.
+    embedder = CountingEmbedder()
+    server: LiveServer = await start_server(embedder=embedder, memory_sentences=1)
+    async with server.client() as client:
+        await say(client, await new_conversation(client, "Family"), FACT)
+        found = retrieved(await say(client, await new_conversation(client), QUESTION))
+    assert FACT in [item["text"] for item in found["items"]]
+    assert embedder.texts.count(QUESTION) == 1, embedder.texts
+
+
 async def test_an_unindexed_image_caption_is_searched_as_the_index_will_hold_it(server: LiveServer) -> None:
     # The indexer embeds and keyword-indexes a shared image's caption with its turn; before
     # it runs, recall must find the turn by the caption's words too.

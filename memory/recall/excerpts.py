@@ -66,14 +66,20 @@ async def focus(
     cut: float,
     cache: VectorCache | None = None,
     cache_prefix: str = "",
+    query_vector: list[float] | None = None,
 ) -> list[FoundMemory]:
-    """The ``k`` memories whose best sentences answer ``query`` best, each with its excerpt set."""
+    """The ``k`` memories whose best sentences answer ``query`` best, each with its excerpt set.
+
+    ``query_vector``: the query's vector from the search, by the same encoder (not encoded again).
+    """
     if not memories:
         return []
     pieces = [sentences(m.text)[:MAX_SENTENCES] or [m.text] for m in memories]
     flat = [sentence for piece in pieces for sentence in piece]
     keys = [f"{cache_prefix}\x00sentence\x00{sentence}" for sentence in flat]
-    query_vector, vectors = await embed_with_query(embedder, query, flat, keys, cache)
+    query_vector, vectors = await embed_with_query(
+        embedder, query, flat, keys, cache, query_vector=query_vector
+    )
     cosines = _cosines(np.asarray(vectors, dtype=float), np.asarray(query_vector, dtype=float))
     scored: list[tuple[float, int, FoundMemory]] = []
     start = 0

@@ -30,7 +30,7 @@ from memory.recall.fusion import Fusion
 from memory.recall.index import generation_of
 from memory.recall.remembering import remembered_text
 from memory.recall.rewrite import Complete, HistoryLine, Rewrite, rewrite_query
-from memory.recall.search import recall_memories
+from memory.recall.search import Recalled, recall_memories
 from memory.recall.vector_cache import VectorCache
 from memory.record.conversations import Owner
 from memory.storage.db import Database
@@ -161,17 +161,20 @@ class Recaller:
         memories = recalled.memories
         if for_block:
             mark = time.perf_counter()
-            memories = await self._for_block(result.query, memories, k)
+            memories = await self._for_block(result.query, memories, k, recalled)
             latency["excerpts"] = _ms_since(mark)
         latency["total"] = _ms_since(started)
         return RecallResult(result.query, result, memories, latency, degraded=recalled.degraded)
 
-    async def _for_block(self, query: str, memories: list[FoundMemory], k: int) -> list[FoundMemory]:
+    async def _for_block(
+        self, query: str, memories: list[FoundMemory], k: int, recalled: Recalled
+    ) -> list[FoundMemory]:
         """The memories a reply's block shows: by best sentence (with excerpts), cut relative to the first."""
         shown, cut = self.settings.memory_sentences, self.settings.memory_relative_cut
         if shown <= 0:
             return cut_relative(memories, cut)[:k]
-        generation = await generation_of(self.embedder, self.db)
+        # The search's query vector is reused with the generation it was encoded for (never mixed).
+        generation = recalled.generation or await generation_of(self.embedder, self.db)
         return await focus(
             generation.embedder,
             query,
@@ -181,6 +184,7 @@ class Recaller:
             cut=cut,
             cache=self.turn_vectors,
             cache_prefix=str(generation.id),
+            query_vector=recalled.query_vector if recalled.generation is not None else None,
         )
 
 

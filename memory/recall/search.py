@@ -32,7 +32,7 @@ from memory.recall.embedding_service import EmbeddingServiceError
 from memory.recall.embeddings import Embedder
 from memory.recall.found import FoundMemory, best_distinct
 from memory.recall.fusion import DEFAULT_FUSION, Fusion
-from memory.recall.index import generation_of
+from memory.recall.index import Generation, generation_of
 from memory.recall.index_search import fuse, search_candidates
 from memory.recall.keywords import memory_text, photo_caption
 from memory.recall.unindexed import UNINDEXED_LIMIT, UnindexedTurn, find_unindexed, score_unindexed
@@ -67,6 +67,9 @@ class Recalled:
     latency_ms: dict[str, float] = field(default_factory=dict)
     # (RecallError.EMBEDDING_UNAVAILABLE, reason): no query vector, so keyword search only.
     degraded: tuple[str, str] | None = None
+    # The query's vector and the generation it was encoded for (None when degraded or nothing searched).
+    query_vector: list[float] | None = None
+    generation: Generation | None = None
 
 
 async def recall_memories(
@@ -113,6 +116,7 @@ async def recall_memories(
     # The query is encoded by the encoder of the generation it is compared with (never mixed).
     generation = await generation_of(embedder, db)
     degraded: tuple[str, str] | None = None
+    query_vector: list[float] | None = None
     try:
         query_vector, turn_vectors = await embed_for_recall(
             generation.embedder, query_text, unindexed, cache, generation_id=generation.id
@@ -122,7 +126,7 @@ async def recall_memories(
     latency["embed"] = _ms_since(mark)
     mark = time.perf_counter()
     async with db.transaction() as session:
-        if degraded is not None:
+        if degraded is not None or query_vector is None:
             memories = await rank_by_keywords(
                 session,
                 tenant_id=tenant_id,
@@ -155,7 +159,7 @@ async def recall_memories(
         if in_search_transaction is not None:
             await in_search_transaction(session)
     latency["rank"] = _ms_since(mark)
-    return Recalled(memories, latency, degraded)
+    return Recalled(memories, latency, degraded, query_vector, generation)
 
 
 def _ms_since(started: float) -> float:

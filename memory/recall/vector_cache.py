@@ -85,15 +85,26 @@ class VectorCache:
 
 
 async def embed_with_query(
-    embedder: Embedder, query: str, texts: Sequence[str], keys: Sequence[str], cache: VectorCache | None
+    embedder: Embedder,
+    query: str,
+    texts: Sequence[str],
+    keys: Sequence[str],
+    cache: VectorCache | None,
+    *,
+    query_vector: list[float] | None = None,
 ) -> tuple[list[float], list[list[float]]]:
     """One encode call for the query and the texts ``cache`` does not keep (by ``keys``); their vectors.
 
-    One call, because the encoder runs one at a time; queries are never kept.
+    One call, because the encoder runs one at a time; queries are never kept. A
+    ``query_vector`` the caller already has (from ``embedder``) is used as it is: then only
+    the missing texts are encoded, and nothing at all when the cache keeps them all.
     """
     kept = cache.take(keys) if cache is not None else [None] * len(texts)
     missing = [i for i, vector in enumerate(kept) if vector is None]
-    query_vector, *encoded = await embedder.embed([query, *(texts[i] for i in missing)])
+    if query_vector is not None:
+        encoded = await embedder.embed([texts[i] for i in missing]) if missing else []
+    else:
+        query_vector, *encoded = await embedder.embed([query, *(texts[i] for i in missing)])
     if cache is not None:
         cache.keep([keys[i] for i in missing], encoded)
     fresh = iter(encoded)
