@@ -48,7 +48,7 @@ from memory.storage.db import Database
 from memory.storage.models import EMBEDDING_DIM
 
 # Texts per encode call of the indexer: small enough that a query queued behind one waits
-# tens of milliseconds, large enough to keep the encoder's batching (see _embed).
+# tens of milliseconds, large enough to keep the encoder's batching (see _vectors_of).
 EMBED_SLICE = 16
 
 
@@ -430,20 +430,12 @@ class IndexPipeline:
             for c, vector in zip(chunks, vectors, strict=True)
         ]
 
-    async def _embed(self, embedder: Embedder, texts: list[str]) -> list[list[float]]:
-        # In slices: where the indexer shares its encoder with replies' queries (an Embedder
-        # without a twin; the sentence-transformers one has its own copy, chat_api/cli/serve.py), a
-        # query joins the next slice instead of waiting behind a whole batch of history.
-        vectors: list[list[float]] = []
-        for start in range(0, len(texts), EMBED_SLICE):
-            vectors.extend(await embedder.embed(texts[start : start + EMBED_SLICE]))
-        return vectors
-
     async def _vectors_of(self, generation: Generation, chunks: list[_Chunk]) -> list[list[float]]:
         """The chunks' vectors: those the shared cache keeps for this generation, the rest encoded.
 
         Only a chunk's text is looked up and kept: recall embeds an unindexed turn as exactly
-        that text (memory.recall.search), never a turn's sentence or fact keys.
+        that text (memory.recall.search), never a turn's sentence or fact keys. Each slice's
+        chunk vectors are kept as soon as they are encoded, for a recall that runs meanwhile.
         """
         texts = [c.memory_text for c in chunks]
         shared = [i for i, c in enumerate(chunks) if c.kind == "chunk"] if self._vectors is not None else []
@@ -453,14 +445,20 @@ class IndexPipeline:
             for i, kept in zip(keys, self._vectors.take(list(keys.values())), strict=True):
                 vectors[i] = kept
         missing = [i for i, vector in enumerate(vectors) if vector is None]
+        observe_reused_vectors(len(chunks) - len(missing))
         # Timed here, around the generation's own encoder: a wrapper around the MemoryIndex
         # would hide the generation from generation_of (and record the wrapper as the encoder).
-        fresh_vectors = await self._embed(TimedEmbedder(generation.embedder), [texts[i] for i in missing])
-        encoded = dict(zip(missing, fresh_vectors, strict=True))
-        if self._vectors is not None:
-            fresh = [i for i in missing if i in keys]
-            self._vectors.keep([keys[i] for i in fresh], [encoded[i] for i in fresh])
-        observe_reused_vectors(len(chunks) - len(missing))
+        embedder = TimedEmbedder(generation.embedder)
+        # In slices: where the indexer shares its encoder with replies' queries (an Embedder
+        # without a twin; the sentence-transformers one has its own copy, chat_api/cli/serve.py), a
+        # query joins the next slice instead of waiting behind a whole batch of history.
+        encoded: dict[int, list[float]] = {}
+        for start in range(0, len(missing), EMBED_SLICE):
+            part = missing[start : start + EMBED_SLICE]
+            encoded.update(zip(part, await embedder.embed([texts[i] for i in part]), strict=True))
+            if self._vectors is not None:
+                fresh = [i for i in part if i in keys]
+                self._vectors.keep([keys[i] for i in fresh], [encoded[i] for i in fresh])
         return [encoded[i] if vector is None else vector for i, vector in enumerate(vectors)]
 
     async def index(self, payloads: Sequence[dict[str, Any]]) -> IndexResult:
