@@ -9,6 +9,7 @@ index through the real `IndexPipeline`.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -297,6 +298,36 @@ async def test_rewritten_query_is_stored_and_announced(server: LiveServer, db: D
             await session.execute(select(Turn.rewritten_query).where(Turn.id == uuid.UUID(reply_id)))
         ).scalar_one()
     assert stored == memory["rewritten_query"]
+
+
+async def test_the_searched_query_is_stored_with_the_first_steps_write_not_by_statements_of_its_own(
+    server: LiveServer, db: Database
+) -> None:
+    """Recall stored its query in the search's transaction: two more statements before the first token."""
+    writes: list[str] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if re.search(r"rewritten_query\s*=", statement):  # an UPDATE that sets it
+            writes.append(statement)
+
+    engine = server.services.db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        async with server.client() as client:
+            await say(client, await new_conversation(client), FACT)
+            writes.clear()
+            events = await say(client, await new_conversation(client), QUESTION)
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert FACT in [item["text"] for item in retrieved(events)["items"]]
+    assert len(writes) == 1 and "memory_use" in writes[0], writes  # one UPDATE of the reply's first turn
+    async with db.transaction() as session:
+        stored = (
+            await session.execute(
+                select(Turn.rewritten_query).where(Turn.id == uuid.UUID(events[0].data["reply_id"]))
+            )
+        ).scalar_one()
+    assert stored == QUESTION
 
 
 async def test_slow_rewrite_model_falls_back_to_the_heuristic_in_time(

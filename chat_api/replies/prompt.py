@@ -70,7 +70,10 @@ class Prompter:
         first_step = reply.turn_id == reply.id
         part = built.new_part.to_json() if built.new_part is not None and first_step else None
         async with self.db.transaction() as session:
-            await note_reply_memory(session, reply.turn_id, reply.memory_use, part)
+            # The searched query is stored for auditing with this write, not in the search (fewer
+            # statements before the first token).
+            query = reply.rewritten_query if first_step else None
+            await note_reply_memory(session, reply.turn_id, reply.memory_use, part, rewritten_query=query)
         messages = built.messages
         reply.shown_to_model = "\n".join(_user_text(m) for m in messages if m.get("role") == "user")
         if reply.instructions:

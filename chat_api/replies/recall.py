@@ -77,7 +77,6 @@ async def recall_for_reply(
                     scope_conversation=reply.conversation_id if scope == "conversation" else None,
                     exclude_window=True,
                     extra_exclude=[reply.user_turn_id],
-                    store_query_on=reply.id,
                     window=window,
                     for_block=True,
                 )
@@ -119,6 +118,7 @@ async def recall_for_reply(
         log.warning("memory recall for reply %s used keyword search only: %s", reply.id, reason)
         payload["error"] = ErrorData(code=code, message=f"keyword search only: {reason}"[:500])
     reply.memories = found.memories
+    reply.rewritten_query = found.query
     reply.publish(EventName.MEMORY_RETRIEVED, payload)
 
 

@@ -61,6 +61,7 @@ class Reply:
         self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
         self.memories: list[FoundMemory] = []  # recalled once per reply, shown to every step
+        self.rewritten_query: str | None = None  # what recall searched; stored with the first step
         # Whether the reply is made with memory: on (recall ran, even if it found nothing), off
         # (the user turned it off), unavailable (recall failed or timed out). Not remembered unless on.
         self.memory_use = "on"

@@ -6,8 +6,8 @@ and MCP (``memory.recall.access``). A ``Recaller`` is built once per process fro
 needs (database, embedder, the rewrite model's completion function, prompts, settings),
 before the prompter and the runner, which receive it.
 
-The search runs in one transaction that can also store the query on the reply's first
-assistant turn, so every retrieval can be audited later.
+The query a reply's recall searched is stored with the reply's first step
+(``memory.record.turns.note_reply_memory``), so every retrieval can be audited later.
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
-
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.config import Settings
 from memory.prompt.context import ContextBudget, PromptWindow, read_window
@@ -34,10 +31,6 @@ from memory.recall.search import Recalled, recall_memories
 from memory.recall.vector_cache import VectorCache
 from memory.record.conversations import Owner
 from memory.storage.db import Database
-
-STORE_REWRITTEN_QUERY = text("UPDATE turns SET rewritten_query = :query WHERE id = :turn_id")
-# A crash may lose the audited query; that is acceptable.
-ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
 
 def history_lines(messages: Sequence[dict[str, Any]]) -> list[HistoryLine]:
@@ -98,14 +91,12 @@ class Recaller:
         exclude_window: bool = False,
         extra_exclude: Sequence[uuid.UUID] = (),
         rewrite: bool = True,
-        store_query_on: uuid.UUID | None = None,
         window: PromptWindow | None = None,
         for_block: bool = False,
     ) -> RecallResult:
         """Rewrite (with the history of ``window``, or of ``history_conversation``) and search.
 
         ``exclude_window``: never return the turns already in that window.
-        ``store_query_on``: store the searched query on this turn, in the search's transaction.
         ``for_block``: the memories are for a reply's block: shaped by MEMORY_SENTENCES and
         MEMORY_RELATIVE_CUT (memory.recall.excerpts).
         """
@@ -136,11 +127,6 @@ class Recaller:
         latency["rewrite"] = _ms_since(mark)
         mark = time.perf_counter()
 
-        async def store_query(session: AsyncSession) -> None:
-            # The stored query is for auditing: no reply should wait for its WAL flush.
-            await session.execute(ASYNC_COMMIT)
-            await session.execute(STORE_REWRITTEN_QUERY, {"query": result.query, "turn_id": store_query_on})
-
         recalled = await recall_memories(
             self.db,
             self.embedder,
@@ -152,7 +138,6 @@ class Recaller:
             exclude_turn_ids=exclude,
             min_score=self.settings.memory_min_score,
             prepare_text=self._prepare_text,
-            in_search_transaction=store_query if store_query_on is not None else None,
             fusion=self.fusion,
             cache=self.turn_vectors,
         )

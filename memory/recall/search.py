@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from sqlalchemy import bindparam, text
@@ -54,9 +54,6 @@ LIVE_CONVERSATIONS = text(
     """
 ).bindparams(bindparam("ids", type_=ARRAY(UUID(as_uuid=True))))
 
-# Work the caller adds to the search transaction (e.g. storing the query for auditing).
-InSearchTransaction = Callable[[AsyncSession], Awaitable[None]]
-
 # Keyword search alone: the keyword rank's reciprocal, normalised (the RRF formula with one list).
 KEYWORDS_ONLY = Fusion(method="rrf", vector_weight=0.0, keyword_weight=1.0)
 
@@ -87,15 +84,13 @@ async def recall_memories(
     min_score: float = 0.0,
     prepare_text: Callable[[str], str | None] | None = None,
     unindexed_limit: int = UNINDEXED_LIMIT,
-    in_search_transaction: InSearchTransaction | None = None,
     fusion: Fusion = DEFAULT_FUSION,
     cache: VectorCache | None = None,
 ) -> Recalled:
     """The user's ``k`` best memories for a query, indexed or not yet, best first; and each step's ms.
 
     ``prepare_text`` shapes an unindexed turn's text as the indexer would (redaction) and
-    returns None for a turn the indexer would skip (low information);
-    ``in_search_transaction`` runs in the search's transaction, after it. ``cache`` keeps
+    returns None for a turn the indexer would skip (low information). ``cache`` keeps
     the unindexed turns' vectors from one recall to the next. If the embedding service
     gives no query vector, the memories come from keyword search alone (``degraded``).
     """
@@ -174,8 +169,6 @@ async def recall_memories(
                 min_score=min_score,
                 fusion=fusion,
             )
-        if in_search_transaction is not None:
-            await in_search_transaction(session)
     latency["rank"] = _ms_since(mark)
     return Recalled(memories, latency, degraded, query_vector if degraded is None else None, generation)
 

@@ -86,9 +86,15 @@ async def recent_turn_rows(session: AsyncSession, conversation_id: uuid.UUID, li
 
 
 async def note_reply_memory(
-    session: AsyncSession, turn_id: uuid.UUID, memory_use: str, prompt_part: dict[str, Any] | None = None
+    session: AsyncSession,
+    turn_id: uuid.UUID,
+    memory_use: str,
+    prompt_part: dict[str, Any] | None = None,
+    *,
+    rewritten_query: str | None = None,
 ) -> None:
-    """Record on an assistant turn whether its reply used memory, and (first turn) the part it showed.
+    """Record on an assistant turn whether its reply used memory, and (first turn) the part it showed
+    and the query its recall searched.
 
     Later prompts show the reply's user message with that part (`memory.prompt.context`), so
     the conversation's prompt only grows at its end and a model server's cache holds; the
@@ -101,6 +107,8 @@ async def note_reply_memory(
     values: dict[str, Any] = {"memory_use": case((forgotten, FORGOTTEN), else_=memory_use)}
     if prompt_part is not None:
         values["prompt_part"] = prompt_part
+    if rewritten_query is not None:
+        values["rewritten_query"] = rewritten_query
     await session.execute(update(Turn).where(Turn.id == turn_id).values(**values))
 
 
