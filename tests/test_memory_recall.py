@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
-import asyncpg
 import httpx
 from sqlalchemy import event, select, update
 
@@ -22,10 +20,8 @@ from indexer.pipeline import IndexPipeline
 from memory.config import Settings
 from memory.events import EventName
 from memory.recall.embeddings import HashEmbedder
-from memory.recall.index import generation_of
 from memory.recall.rewrite import HistoryLine, clean_model_query, heuristic_rewrite
-from memory.recall.search import recall_memories
-from memory.storage.db import Database, asyncpg_dsn
+from memory.storage.db import Database
 from memory.storage.models import Conversation, MemoryItem, OutboxRow, Turn
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply
@@ -503,32 +499,3 @@ async def test_fusion_settings_reach_the_search(start_server: Any, db: Database,
     assert min(flat) > min(before)
     # The learned fusion's scores are its own (a probability-like value), not RRF's.
     assert 0 < learned[0] < 1 and learned != before
-
-
-async def test_the_query_is_encoded_while_the_unindexed_turns_are_read(db: Database, pg_url: str) -> None:
-    # A reply's first token waited for the read of the unindexed turns, then for the encoder.
-    # Here the read cannot finish until the query's encode has started (the conversations
-    # table is locked until then): read first, then encode, and the recall never ends.
-    locker = await asyncpg.connect(asyncpg_dsn(pg_url))
-    lock = locker.transaction()
-    await lock.start()
-    await locker.execute("LOCK TABLE conversations IN ACCESS EXCLUSIVE MODE")
-
-    class ReleasesTheRead(HashEmbedder):
-        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-            if QUESTION in texts and not lock_released.is_set():
-                await lock.rollback()
-                lock_released.set()
-            return await super().embed(texts)
-
-    lock_released = asyncio.Event()
-    embedder = ReleasesTheRead()
-    await generation_of(embedder, db)  # the index's generation, made before the table is held
-    try:
-        async with asyncio.timeout(30):  # the overlapped recall takes milliseconds
-            recalled = await recall_memories(
-                db, embedder, tenant_id="t1", user_id="u1", query_text=QUESTION, k=5
-            )
-    finally:
-        await locker.close()
-    assert lock_released.is_set() and recalled.degraded is None

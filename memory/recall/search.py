@@ -5,9 +5,8 @@ API, MCP and the benchmarks all come here, through ``memory.recall.recaller.Reca
 Three steps, so that no pooled connection waits on the (CPU-bound, one-at-a-time)
 encoder: under load, replies queue there, and would otherwise drain the pool.
 
-1. read the turns the indexer has not reached yet (``memory.recall.unindexed``), while the
-   query is encoded (the encoder works in a thread, the read waits on the database);
-2. embed those turns the cache does not keep, with no connection held;
+1. read the turns the indexer has not reached yet (``memory.recall.unindexed``);
+2. embed the query and those turns in one call, with no connection held;
 3. in one transaction: the index's candidates (``memory.recall.index_search``), fused
    (``memory.recall.fusion``), kept only from conversations still live; the unindexed
    turns scored the same way; then the one de-duplication (``memory.recall.found``).
@@ -19,7 +18,6 @@ outcome says why, so a reply's recall can say so in ``memory.retrieved``.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
@@ -98,44 +96,28 @@ async def recall_memories(
     if k <= 0 or not query_text.strip():
         return Recalled([], latency)
     started = time.perf_counter()
-    # The query is encoded by the encoder of the generation it is compared with (never mixed).
-    generation = await generation_of(embedder, db)
-    # Encoded while the unindexed turns are read: a reply's first token waits for the longer
-    # of the two, not for both one after the other.
-    query_encode = asyncio.ensure_future(_encode_query(generation.embedder, query_text))
-    try:
-        async with db.session() as session:
-            unindexed = await find_unindexed(
-                session,
-                tenant_id=tenant_id,
-                user_id=user_id,
-                conversation_id=conversation_id,
-                exclude_turn_ids=exclude_turn_ids,
-                prepare_text=prepare_text,
-                limit=unindexed_limit,
-            )
-    except BaseException:
-        query_encode.cancel()
-        raise
+    async with db.session() as session:
+        unindexed = await find_unindexed(
+            session,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            conversation_id=conversation_id,
+            exclude_turn_ids=exclude_turn_ids,
+            prepare_text=prepare_text,
+            limit=unindexed_limit,
+        )
     latency["unindexed"] = _ms_since(started)
     mark = time.perf_counter()
+    # The query is encoded by the encoder of the generation it is compared with (never mixed).
+    generation = await generation_of(embedder, db)
     degraded: tuple[str, str] | None = None
-    query_vector, failure = await query_encode
-    turn_vectors: list[list[float]] = []
-    if query_vector is not None:
-        try:
-            _, turn_vectors = await embed_for_recall(
-                generation.embedder,
-                query_text,
-                unindexed,
-                cache,
-                generation_id=generation.id,
-                query_vector=query_vector,
-            )
-        except EmbeddingServiceError as exc:
-            failure = str(exc)
-    if failure is not None:
-        degraded = (RecallError.EMBEDDING_UNAVAILABLE, failure)
+    query_vector: list[float] | None = None
+    try:
+        query_vector, turn_vectors = await embed_for_recall(
+            generation.embedder, query_text, unindexed, cache, generation_id=generation.id
+        )
+    except EmbeddingServiceError as exc:
+        degraded = (RecallError.EMBEDDING_UNAVAILABLE, str(exc))
     latency["embed"] = _ms_since(mark)
     mark = time.perf_counter()
     async with db.transaction() as session:
@@ -170,19 +152,11 @@ async def recall_memories(
                 fusion=fusion,
             )
     latency["rank"] = _ms_since(mark)
-    return Recalled(memories, latency, degraded, query_vector if degraded is None else None, generation)
+    return Recalled(memories, latency, degraded, query_vector, generation)
 
 
 def _ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 2)
-
-
-async def _encode_query(embedder: Embedder, query_text: str) -> tuple[list[float] | None, str | None]:
-    """The query's vector, or None and why the embedding service gave none."""
-    try:
-        return (await embedder.embed([query_text]))[0], None
-    except EmbeddingServiceError as exc:
-        return None, str(exc)
 
 
 async def embed_for_recall(
@@ -192,14 +166,12 @@ async def embed_for_recall(
     cache: VectorCache | None = None,
     *,
     generation_id: int = 0,
-    query_vector: list[float] | None = None,
 ) -> tuple[list[float], list[list[float]]]:
     """One encode call for the query and the unindexed turns not kept in ``cache``.
 
     One call, because the embedder runs one at a time. Call it with no database
     connection held: under load, replies queue here for the CPU. ``cache`` keeps vectors
-    per generation (``generation_id``): after a reindex, a turn is encoded again. With the
-    ``query_vector`` already encoded, only the turns the cache does not keep are encoded.
+    per generation (``generation_id``): after a reindex, a turn is encoded again.
     """
     embedded = [
         memory_text(
@@ -211,7 +183,7 @@ async def embed_for_recall(
         for turn in unindexed
     ]
     keys = [turn_key(generation_id, text) for text in embedded]
-    return await embed_with_query(embedder, query_text, embedded, keys, cache, query_vector=query_vector)
+    return await embed_with_query(embedder, query_text, embedded, keys, cache)
 
 
 async def rank_memories(
