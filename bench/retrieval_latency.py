@@ -542,6 +542,10 @@ async def measure(
     }
 
 
+# The configurations that keep one column in the row (STORAGE MAIN), the table rewritten.
+IN_ROW = {"inline": "embedding", "terms_inline": "search_terms"}
+
+
 async def set_config(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Apply one configuration's change; returns what it did (and how long an index took)."""
     conn = await asyncpg.connect(asyncpg_dsn(url))
@@ -549,25 +553,18 @@ async def set_config(url: str, name: str, args: argparse.Namespace) -> dict[str,
         if name == "shared_buffers":
             await conn.execute(f"ALTER SYSTEM SET shared_buffers = '{args.shared_buffers}'")
             return {"shared_buffers": args.shared_buffers, "restart": True}
-        if name == "inline":
-            # pgvector's type is stored `external`: a row over ~2 KB (nearly all: the tsvector
-            # carries the previous turn's words) has its vector moved out to the TOAST table,
-            # and each read of it costs a TOAST index probe and page. MAIN keeps it in the row.
-            await conn.execute("ALTER TABLE memory_items ALTER COLUMN embedding SET STORAGE MAIN")
+        # pgvector's type is stored `external`, the tsvector `extended`: a row over ~2 KB (nearly
+        # all: the tsvector carries the previous turn's words) has them moved out to the TOAST
+        # table, and each read costs a TOAST index probe and page. MAIN keeps a column in the row.
+        if name in IN_ROW:
+            column = IN_ROW[name]
+            await conn.execute(f"ALTER TABLE memory_items ALTER COLUMN {column} SET STORAGE MAIN")
             started = time.perf_counter()
             await conn.execute("SET maintenance_work_mem = '2GB'")
             await conn.execute("VACUUM (FULL) memory_items")  # rewrites every row (and rebuilds the indexes)
             rewrite = round(time.perf_counter() - started, 1)
             await conn.execute("VACUUM (ANALYZE) memory_items")
-            return {"embedding_storage": "main", "rewrite_s": rewrite}
-        if name == "terms_inline":
-            await conn.execute("ALTER TABLE memory_items ALTER COLUMN search_terms SET STORAGE MAIN")
-            started = time.perf_counter()
-            await conn.execute("SET maintenance_work_mem = '2GB'")
-            await conn.execute("VACUUM (FULL) memory_items")
-            rewrite = round(time.perf_counter() - started, 1)
-            await conn.execute("VACUUM (ANALYZE) memory_items")
-            return {"search_terms_storage": "main", "rewrite_s": rewrite}
+            return {f"{column}_storage": "main", "rewrite_s": rewrite}
         if name == "clustered":
             # Rows in owner order: a user's rows share heap pages instead of one page per row.
             await conn.execute("SET maintenance_work_mem = '2GB'")
