@@ -11,11 +11,13 @@ import json
 from typing import Any
 
 import httpx
+import openai
+import pytest
 from sqlalchemy import text
 
 from memory.json_bounds import MAX_DEPTH
 from memory.storage.db import Database
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, token_for
 from tests.support import new_conversation
 from tests.test_approvals import approve_url, park, required, transfer_tools
 
@@ -168,3 +170,22 @@ async def test_nul_in_a_rejection_reason_is_a_422_not_a_500(start_server: Any) -
         r = await client.post(approve_url(ask, "reject"), json={"reason": "no", "stream": False})
         assert r.status_code == 200, r.text
     assert runs == []
+
+
+@pytest.mark.parametrize("door", ["chat.completions", "responses"])
+async def test_instructions_longer_than_a_message_are_refused_before_anything_is_stored(
+    start_server: Any, db: Database, door: str
+) -> None:
+    server: LiveServer = await start_server(max_message_chars=1000)
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+    long = "Always answer in French. " * 41  # 1,025 characters
+    with pytest.raises(openai.BadRequestError) as refused:
+        if door == "responses":
+            await client.responses.create(model="chatmem-demo", instructions=long, input="hi")
+        else:
+            await client.chat.completions.create(
+                model="chatmem-demo",
+                messages=[{"role": "system", "content": long}, {"role": "user", "content": "hi"}],
+            )
+    assert refused.value.param == "instructions"
+    assert await turn_count(db) == 0

@@ -1,5 +1,13 @@
-"""Stop through the OpenAI-compatible API closes the model's stream: chatmem in front of a scripted
-OpenAI-compatible model (tests/fake_openai.py), driven by the `openai` SDK and by a client that gives up."""
+"""Chat completions in front of a scripted OpenAI-compatible model (tests/fake_openai.py), driven by
+the `openai` SDK and by a client that gives up.
+
+What the client asked of the model must reach it (its system prompt after chatmem's, tool_choice,
+sampling and length), its system prompt must not crowd the prompt past its budget, and stop must
+close the model's stream.
+
+Found: chat completions dropped the frontend's system prompt and its sampling and length options
+(Open WebUI's and LibreChat's per-model settings), while the Responses API passed them on.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +19,19 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from memory.prompt.tokens import count_tokens
 from tests.conftest import LiveServer, token_for
-from tests.fake_openai import FakeOpenAI, Reply
+from tests.fake_openai import FakeOpenAI, Reply, ToolCall
 
 LONG = "word " * 400
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 async def fake_backed(start_server: Any, fake_openai: FakeOpenAI) -> LiveServer:
@@ -77,3 +94,74 @@ async def test_a_client_leaving_a_non_streamed_request_stops_the_reply(
     assert reply["status"] == "interrupted_by_user"
     assert reply["interrupt_reason"] == "client_disconnected"
     assert 0 < len(reply["content"]) < len(LONG)
+
+
+async def test_the_system_prompt_tool_choice_sampling_and_length_reach_the_model(
+    start_server: Any, fake_openai: FakeOpenAI
+) -> None:
+    server = await fake_backed(start_server, fake_openai)
+    fake_openai.script(Reply(tool_calls=[ToolCall("get_weather", {"city": "Oslo"})]))
+    client = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+    response = await client.chat.completions.with_raw_response.create(
+        model="fake-model",
+        messages=[
+            {"role": "system", "content": "Answer like a ship's captain."},
+            {"role": "developer", "content": "Use metric units."},
+            {"role": "user", "content": "weather in Oslo?"},
+        ],
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0.3,
+        top_p=0.9,
+        max_completion_tokens=64,
+    )
+    assert response.parse().choices[0].finish_reason == "tool_calls"
+    [sent] = fake_openai.requests
+    assert [m["role"] for m in sent.messages].count("system") == 1
+    assert sent.messages[0]["content"].endswith("Answer like a ship's captain.\n\nUse metric units.")
+    assert sent.body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert (sent.body["temperature"], sent.body["top_p"], sent.body["max_tokens"]) == (0.3, 0.9, 64)
+    # The system prompt is the client's setting for this reply, not a turn of the conversation.
+    async with server.client() as api:
+        conversation_id = response.headers["x-chatmem-conversation-id"]
+        turns = (await api.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"]
+    assert not any("captain" in (turn["content"] or "") for turn in turns)
+
+    fake_openai.script(Reply(text="Calm seas."))
+    await client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "and tomorrow?"}], max_tokens=32
+    )
+    later = fake_openai.requests[1]
+    assert later.body["max_tokens"] == 32, "max_tokens is the older name of max_completion_tokens"
+    assert "captain" not in later.messages[0]["content"], "instructions hold for the request that sent them"
+    assert "temperature" not in later.body and "tool_choice" not in later.body
+
+
+async def test_a_long_system_prompt_leaves_the_history_less_room(
+    start_server: Any, fake_openai: FakeOpenAI
+) -> None:
+    max_tokens, reserve = 3000, 1024
+    server: LiveServer = await start_server(
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        llm_model="fake-model",
+        context_max_tokens=max_tokens,
+        reply_reserve_tokens=reserve,
+    )
+    fake_openai.script(Reply(text="ok"))
+    client = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+    history: list[dict[str, str]] = []
+    for i in range(8):
+        history.append({"role": "user", "content": f"note {i}: " + "alpha beta gamma delta " * 35})
+        history.append({"role": "assistant", "content": f"noted {i}: " + "epsilon zeta eta theta " * 35})
+    system = "Be precise and name your sources. " * 200
+    await client.chat.completions.create(
+        model="fake-model",
+        messages=[{"role": "system", "content": system}, *history, {"role": "user", "content": "and now?"}],  # type: ignore[list-item]
+    )
+    [sent] = fake_openai.requests
+    shown = sum(count_tokens(str(m.get("content") or "")) for m in sent.messages)
+    assert count_tokens(system) > 1000 and sent.messages[0]["content"].endswith(system.strip())
+    assert shown <= max_tokens - reserve, f"{shown} prompt tokens leave less than the reply's reserve"
+    assert "and now?" in str(sent.messages[-1]["content"])

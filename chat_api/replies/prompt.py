@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from chat_api.replies.recall import recall_for_reply
@@ -16,6 +17,7 @@ from chat_api.replies.reply import Reply, ReplyRequest
 from memory.config import Settings
 from memory.prompt.context import BuiltContext, ContextBudget, PromptWindow, prompt_from_window, read_window
 from memory.prompt.templates import PromptSet
+from memory.prompt.tokens import count_tokens
 from memory.recall.found import FoundMemory
 from memory.recall.recaller import Recaller
 from memory.record.turns import note_reply_memory
@@ -37,16 +39,22 @@ class Prompter:
 
     async def prepare(self, reply: Reply, request: ReplyRequest) -> PromptWindow:
         """Read the prompt window, recall long-term memory with it and announce it; returns the window."""
-        window = await self.window_for(reply.conversation_id)
+        window = await self.window_for(reply.conversation_id, reply.instructions)
         if request.memory_scope != "none" and window.use_memory:
             await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
         else:
             reply.memory_use = "off"
         return window
 
-    async def window_for(self, conversation_id: uuid.UUID) -> PromptWindow:
-        """The conversation's recent window as it stands now (one read)."""
-        return await read_window(self.db, conversation_id, prompts=self.prompts, budget=self.budget)
+    async def window_for(self, conversation_id: uuid.UUID, instructions: str | None = None) -> PromptWindow:
+        """The conversation's recent window as it stands now (one read).
+
+        A client's `instructions` go into the system message, so the history gets that much less.
+        """
+        budget = self.budget
+        if instructions:
+            budget = replace(budget, max_tokens=budget.max_tokens - count_tokens(instructions) - 1)
+        return await read_window(self.db, conversation_id, prompts=self.prompts, budget=budget)
 
     def prompt(self, window: PromptWindow, memory: Sequence[FoundMemory] = ()) -> BuiltContext:
         """The whole prompt: the system message with the memories that fit, then the window."""
@@ -65,7 +73,7 @@ class Prompter:
         the reply's first turn: its later steps and later replies show the same text there.
         """
         if window is None:
-            window = await self.window_for(reply.conversation_id)
+            window = await self.window_for(reply.conversation_id, reply.instructions)
         built = self.prompt(window, reply.memories)
         first_step = reply.turn_id == reply.id
         part = built.new_part.to_json() if built.new_part is not None and first_step else None

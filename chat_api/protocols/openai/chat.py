@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from chat_api.providers.base import ModelOptions
 from memory.events import TERMINAL_NAMES, Event, EventName, ToolCallDeltaData, TurnEndedData
 
 MAX_TOOLS = 128
@@ -136,6 +137,15 @@ class _Message(BaseModel):
     tool_call_id: str | None = None
 
 
+class _NamedFunction(BaseModel):
+    name: str
+
+
+class _NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: _NamedFunction
+
+
 class _StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -143,7 +153,7 @@ class _StreamOptions(BaseModel):
 
 
 class _Request(BaseModel):
-    # Sampling options and the like are accepted and left to chatmem's configuration.
+    # Options chatmem does not act on (logprobs, seed, response_format, …) are accepted and ignored.
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
@@ -152,6 +162,11 @@ class _Request(BaseModel):
     stream_options: _StreamOptions | None = None
     n: int | None = None
     tools: list[_Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | _NamedToolChoice | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     metadata: dict[str, Any] | None = None
     user: str | None = None
 
@@ -193,6 +208,9 @@ class ChatRequest:
 
     `history` is what came before the new input. The new input is either a user
     message (`prompt`) or the results of the client's tool calls (`tool_results`).
+    `instructions` (the client's system and developer messages) and `options` are what the
+    client asked of the model for this reply: chatmem puts the instructions after its own
+    system prompt and passes the options to the model.
     """
 
     model: str
@@ -204,6 +222,8 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...]
     metadata: dict[str, Any] = field(default_factory=dict)
     user: str | None = None
+    instructions: str | None = None
+    options: ModelOptions = field(default_factory=ModelOptions)
 
     @property
     def tool_names(self) -> frozenset[str]:
@@ -239,6 +259,12 @@ def parse_request(raw: object, served_models: Sequence[str]) -> ChatRequest:
     check_served(request.model, served_models)
     if request.n is not None and request.n != 1:
         raise OpenAIError(400, "only n=1 is supported", param="n")
+    options = _options(request)
+    instructions = "\n\n".join(
+        text
+        for i, m in enumerate(request.messages)
+        if m.role in ("system", "developer") and (text := _text(m, i).strip())
+    )
     kept = [(i, m) for i, m in enumerate(request.messages) if m.role not in ("system", "developer")]
     if not kept:
         raise OpenAIError(400, "messages must contain a user message", param="messages")
@@ -276,6 +302,30 @@ def parse_request(raw: object, served_models: Sequence[str]) -> ChatRequest:
         tools=tuple(tool.model_dump(exclude_none=True) for tool in request.tools or ()),
         metadata=dict(request.metadata or {}),
         user=request.user,
+        instructions=instructions or None,
+        options=options,
+    )
+
+
+def _options(request: _Request) -> ModelOptions:
+    """The request's tool choice, sampling and length, in the form every door gives the model."""
+    names = {tool.function.name for tool in request.tools or ()}
+    choice: str | dict[str, Any] | None
+    if isinstance(request.tool_choice, _NamedToolChoice):
+        name = request.tool_choice.function.name
+        if name not in names:
+            raise OpenAIError(400, f"tool_choice names `{name}`, which is not in tools", param="tool_choice")
+        choice = {"type": "function", "name": name}
+    else:
+        choice = request.tool_choice
+    if choice == "required" and not names:
+        raise OpenAIError(400, "tool_choice `required` needs at least one tool", param="tool_choice")
+    return ModelOptions(
+        tool_choice=choice,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        # `max_tokens` is the older name of `max_completion_tokens`.
+        max_output_tokens=request.max_completion_tokens or request.max_tokens,
     )
 
 

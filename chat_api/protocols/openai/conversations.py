@@ -41,7 +41,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmittedImport, AdmittedReply
 from chat_api.protocols.openai.chat import ChatRequest, ClientMessage
-from chat_api.providers.base import ModelOptions
 
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
 from chat_api.replies import (
@@ -219,14 +218,12 @@ async def start_chat_reply(
     admitted: AdmittedReply,
     memory_scope: str,
     recorded: Callable[[BeginReply], BeginReply] | None = None,
-    options: ModelOptions | None = None,
-    instructions: str | None = None,
 ) -> tuple[uuid.UUID, Accepted]:
     """Store what the request adds to the conversation and start its reply (interrupting a running one).
 
     Returns the conversation (made here for a new target) and the started reply.
     `recorded` wraps what is stored (another adapter's own rows go in the same
-    transaction); `options` and `instructions` are what the client asked of the model.
+    transaction).
     """
     history: AdmittedImport | None = None
     rows = _turn_rows(_sent(chat)[:-1]) if target.new else []
@@ -250,17 +247,11 @@ async def start_chat_reply(
             idempotency_key=None,
             memory_scope=memory_scope,
         )
-    hand_over(services, accepted, chat.tools, options, instructions)
+    hand_over(services, accepted, chat)
     return conversation_id, accepted
 
 
-def hand_over(
-    services: Services,
-    accepted: Accepted,
-    client_tools: tuple[dict[str, Any], ...],
-    options: ModelOptions | None = None,
-    instructions: str | None = None,
-) -> None:
+def hand_over(services: Services, accepted: Accepted, chat: ChatRequest) -> None:
     """Give the reply just started what the client asked of the model: its tools, options, instructions.
 
     Call it right after `start_reply` returns, before anything awaits: the reply's task has
@@ -268,9 +259,9 @@ def hand_over(
     """
     reply = services.registry.get(accepted.reply_id)
     if reply is not None and not accepted.reattached:
-        reply.client_tools = client_tools
-        reply.model_options = options
-        reply.instructions = instructions
+        reply.client_tools = chat.tools
+        reply.model_options = chat.options
+        reply.instructions = chat.instructions
 
 
 def _turn_rows(units: list[Unit]) -> list[dict[str, Any]]:

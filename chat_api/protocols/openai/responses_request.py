@@ -137,9 +137,7 @@ class _Body(BaseModel):
 class ResponsesRequest:
     """A validated `POST /responses`: the chat it adds to, and what the Responses API echoes."""
 
-    chat: ChatRequest
-    options: ModelOptions
-    instructions: str | None
+    chat: ChatRequest  # its `instructions` and `options` too
     store: bool
     background: bool
     previous_response_id: uuid.UUID | None
@@ -193,19 +191,18 @@ def parse_request(raw: object, served_models: Sequence[str]) -> ResponsesRequest
     messages, system, attachments = input_messages(items[1:] if compacted is not None else items)
     instructions = "\n\n".join(part for part in (body.instructions, *system) if part) or None
     continuing = previous is not None or conversation is not None or compacted is not None
-    chat = _chat(body, messages, tools, continuing=continuing)
     choice: str | dict[str, Any] | None = (
         body.tool_choice.model_dump() if isinstance(body.tool_choice, _NamedChoice) else body.tool_choice
     )
+    options = ModelOptions(
+        tool_choice=choice,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        max_output_tokens=body.max_output_tokens,
+    )
+    chat = _chat(body, messages, tools, continuing=continuing, instructions=instructions, options=options)
     return ResponsesRequest(
         chat=chat,
-        options=ModelOptions(
-            tool_choice=choice,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            max_output_tokens=body.max_output_tokens,
-        ),
-        instructions=instructions,
         store=body.store,
         background=body.background,
         previous_response_id=previous,
@@ -271,7 +268,13 @@ def _conversation(value: str | _Conversation | None) -> uuid.UUID | None:
 
 
 def _chat(
-    body: _Body, messages: list[ClientMessage], tools: list[dict[str, Any]], *, continuing: bool
+    body: _Body,
+    messages: list[ClientMessage],
+    tools: list[dict[str, Any]],
+    *,
+    continuing: bool,
+    instructions: str | None,
+    options: ModelOptions,
 ) -> ChatRequest:
     """The chat-completions form of the input: history, then a user message or tool results."""
     if not messages:
@@ -307,6 +310,8 @@ def _chat(
         ),
         metadata=dict(body.metadata or {}),
         user=body.user,
+        instructions=instructions,
+        options=options,
     )
 
 

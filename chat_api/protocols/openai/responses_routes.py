@@ -172,8 +172,6 @@ async def start_response(
             admitted=admitted,
             memory_scope=services.settings.memory_scope,
             recorded=lambda begin: _recorded(owner, asked, begin),
-            options=asked.options,
-            instructions=asked.instructions,
         )
         return accepted, conversation_id, None
     accepted = await start_reply(
@@ -186,7 +184,7 @@ async def start_response(
         idempotency_key=None,
         memory_scope=services.settings.memory_scope,
     )
-    hand_over(services, accepted, chat.tools, asked.options, asked.instructions)
+    hand_over(services, accepted, chat)
     return accepted, conversation_id, previous.id if previous is not None else None
 
 

@@ -210,6 +210,9 @@ def check_texts(chat: ChatRequest, max_chars: int) -> None:
     """Text Postgres cannot store, or a prompt over the limit, is refused before anything is stored."""
     if chat.prompt is not None:
         check_text(chat.prompt, field="messages", max_chars=max_chars)
+    if chat.instructions is not None:
+        # Shown before every reply's history: held to what one message may hold.
+        check_text(chat.instructions, field="instructions", max_chars=max_chars)
     for message in (*chat.history, *chat.tool_results):
         check_text(message.text, field="messages", allow_empty=True)
 
