@@ -15,6 +15,7 @@ from ag_ui.core import Event
 from pydantic import TypeAdapter
 
 from tests.conftest import LiveServer
+from tests.fake_openai import FakeOpenAI, Reply
 from tests.sse import iter_sse
 from tests.support import new_conversation, wait_until
 
@@ -132,3 +133,44 @@ async def test_a_client_that_sends_only_its_new_message_continues_the_thread(ser
                 assert [item.data async for item in iter_sse(response)][-1]["type"] == "RUN_FINISHED"
         stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
     assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_the_apps_system_messages_and_context_reach_the_model_for_that_run_only(
+    start_server: Any, fake_openai: FakeOpenAI
+) -> None:
+    """Found: CopilotKit's instructions (a system message) and readables (`context`) were dropped."""
+    server: LiveServer = await start_server(
+        llm_provider="openai", llm_base_url=fake_openai.base_url, llm_api_key="test", llm_model="fake-model"
+    )
+    fake_openai.script(Reply(text="Aye."), Reply(text="Fine."))
+    thread_id = str(uuid.uuid4())
+    system = {"id": "s1", "role": "system", "content": "Answer like a ship's captain."}
+    context = [{"description": "The page the user is on", "value": "Harbour schedule"}]
+    async with server.client() as api:
+        first = run_input(thread_id, "any ships today?", context=context)
+        first["messages"].insert(0, system)
+        async with api.stream("POST", "/v1/ag-ui", json=first) as response:
+            types = [EVENTS.validate_python(item.data).type async for item in iter_sse(response)]
+        assert types[-1] == "RUN_FINISHED"
+        later = run_input(thread_id, "and tomorrow?")
+        async with api.stream("POST", "/v1/ag-ui", json=later) as response:
+            assert [item async for item in iter_sse(response)]
+        turns = (await api.get(f"/v1/conversations/{thread_id}/turns")).json()
+    # The replies' requests (a follow-up's query rewrite asks the model too, not streamed).
+    told, untold = (request.messages for request in fake_openai.requests if request.stream)
+    assert [m["role"] for m in told].count("system") == 1
+    assert told[0]["content"].endswith(
+        "Answer like a ship's captain.\n\nThe page the user is on: Harbour schedule"
+    )
+    assert "captain" not in untold[0]["content"] and "Harbour" not in untold[0]["content"]
+    assert not any("captain" in (turn["content"] or "") for turn in turns.get("items", []))
+
+
+async def test_context_longer_than_a_message_is_refused_before_anything_is_stored(start_server: Any) -> None:
+    server: LiveServer = await start_server(max_message_chars=1000)
+    context = [{"description": "notes", "value": "x" * 1000}]
+    async with server.client() as api:
+        refused = await api.post("/v1/ag-ui", json=run_input(str(uuid.uuid4()), "hi", context=context))
+        assert refused.status_code == 422
+        assert refused.json()["error"]["details"]["field"] == "context"
+        assert (await api.get("/v1/conversations")).json()["items"] == []

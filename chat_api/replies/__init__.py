@@ -1,7 +1,8 @@
 """A reply's life, one module per part; protocol adapters use only the names below.
 
 - start.py      accept_message / regenerate_reply / edit_message → Accepted; start_reply with
-                your own BeginReply, built from store_message / answer_again / answer_tool_results
+                your own BeginReply, built from store_message / answer_again / answer_tool_results;
+                hand_over gives the started reply the client's tools, options and instructions
 - follow.py     follow_reply (batches of events from any id, live or stored), sse_stream
 - stop.py       stop_reply, wait_reply_done, reply_streaming
 - approve.py    decide (approve or reject a waiting tool call; the last decision resumes)
@@ -25,6 +26,7 @@ from chat_api.replies.start import (
     answer_again,
     answer_tool_results,
     edit_message,
+    hand_over,
     regenerate_reply,
     start_reply,
     store_message,
@@ -44,6 +46,7 @@ __all__ = [
     "decide",
     "edit_message",
     "follow_reply",
+    "hand_over",
     "regenerate_reply",
     "reply_streaming",
     "sse_frame",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.providers.base import ModelOptions
 from chat_api.replies.idempotency import check_replay
 from chat_api.replies.queue import in_line, until
 from chat_api.replies.reply import Reply, ReplyRequest
@@ -46,6 +47,27 @@ class Accepted:
     reply_id: uuid.UUID
     user_turn_id: uuid.UUID
     reattached: bool
+
+
+def hand_over(
+    services: Services,
+    accepted: Accepted,
+    *,
+    tools: tuple[dict[str, Any], ...] = (),
+    options: ModelOptions | None = None,
+    instructions: str | None = None,
+) -> None:
+    """Give the reply just started what the client asked of the model: its own tools, options
+    (tool_choice, sampling, length) and instructions (shown after chatmem's system prompt).
+
+    Call it right after `start_reply` returns, before anything awaits: the reply's task has
+    been created but has not run yet. A reattached reply keeps what its first request gave it.
+    """
+    reply = services.registry.get(accepted.reply_id)
+    if reply is not None and not accepted.reattached:
+        reply.client_tools = tools
+        reply.model_options = options
+        reply.instructions = instructions
 
 
 # Stores a reply's turns in the locked conversation: (session, conversation, reply id) ->

@@ -5,8 +5,10 @@ or the results of client tool calls), with the id of the message before it (wher
 client's history ends, which tells a continuation from an edit). `resume` answers the
 interrupts of a parked reply; cancelling them all beside a new user message sends that
 message instead (assistant-ui's "steer away"). `tools` are the client's tools, offered to the model as
-OpenAI function tools; `context` and `state` are accepted and not used (chatmem builds its
-own prompt and keeps no agent state). `forwardedProps` carries chatmem's options.
+OpenAI function tools. The app's `system` and `developer` messages and its `context` entries
+(CopilotKit's instructions and readables) are this run's instructions: shown after chatmem's own
+system prompt, for this run only, never stored as turns. `state` is accepted and not used
+(chatmem keeps no agent state). `forwardedProps` carries chatmem's options.
 
 Every refusal here is an `InvalidInput` (422 with chatmem's error body), raised before any
 stream starts.
@@ -19,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ag_ui.core import Message, RunAgentInput, ToolMessage, UserMessage
+from ag_ui.core import DeveloperMessage, Message, RunAgentInput, SystemMessage, ToolMessage, UserMessage
 
 from chat_api.admission import check_text
 from chat_api.protocols.ag_ui.run import speaks_1_0
@@ -74,6 +76,7 @@ class RunRequest:
     on_disconnect: Literal["continue", "stop"]
     on_busy: OnBusy | None
     memory_scope: Literal["user", "conversation", "none"] | None
+    instructions: str | None = None  # the app's system messages and context, for this run
 
 
 def check_ids(thread_id: str, run_id: str) -> None:
@@ -131,7 +134,26 @@ def read_run(body: RunAgentInput, *, max_message_chars: int) -> RunRequest:
         on_disconnect=_option(options, "on_disconnect", ("continue", "stop")) or "continue",
         on_busy=_option(options, "on_busy", ("reject", "interrupt", "enqueue")),
         memory_scope=_option(options, "memory_scope", ("user", "conversation", "none")),
+        instructions=_instructions(body, max_message_chars),
     )
+
+
+def _instructions(body: RunAgentInput, max_chars: int) -> str | None:
+    """The app's system and developer messages, then its context entries (`description: value`)."""
+    said = [m.content for m in body.messages if isinstance(m, SystemMessage | DeveloperMessage)]
+    parts = [text.strip() for text in said if isinstance(text, str) and text.strip()]
+    parts += [f"{c.description}: {c.value}" for c in body.context or ()]
+    if not parts:
+        return None
+    instructions = "\n\n".join(parts)
+    if len(instructions) > max_chars:
+        raise InvalidInput(
+            f"system messages and context together are longer than {max_chars} characters",
+            field="context" if body.context else "messages",
+            max_chars=max_chars,
+        )
+    check_text(instructions, field="context" if body.context else "messages")
+    return instructions
 
 
 def _option(options: dict[str, Any], name: str, allowed: tuple[str, ...]) -> Any:

@@ -36,6 +36,7 @@ from memory.storage.models import Conversation
 from chat_api.replies import (
     Accepted,
     follow_reply,
+    hand_over,
     start_reply,
 )
 
@@ -72,10 +73,7 @@ async def start_and_stream(
             content=content,
             admitted=admitted,
         )
-        reply = services.registry.get(accepted.reply_id)
-        if reply is not None and not accepted.reattached:
-            # Set before anything awaits: the reply's task has been created but has not run yet.
-            reply.client_tools = request.tools
+        hand_over(services, accepted, tools=request.tools, instructions=request.instructions)
     translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)
     stop = request.on_disconnect == "stop"
     prefix = [translator.run_started(), *before]

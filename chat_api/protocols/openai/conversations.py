@@ -49,6 +49,7 @@ from chat_api.replies import (
     Started,
     answer_again,
     answer_tool_results,
+    hand_over,
     start_reply,
     store_message,
 )
@@ -247,21 +248,8 @@ async def start_chat_reply(
             idempotency_key=None,
             memory_scope=memory_scope,
         )
-    hand_over(services, accepted, chat)
+    hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return conversation_id, accepted
-
-
-def hand_over(services: Services, accepted: Accepted, chat: ChatRequest) -> None:
-    """Give the reply just started what the client asked of the model: its tools, options, instructions.
-
-    Call it right after `start_reply` returns, before anything awaits: the reply's task has
-    been created but has not run yet.
-    """
-    reply = services.registry.get(accepted.reply_id)
-    if reply is not None and not accepted.reattached:
-        reply.client_tools = chat.tools
-        reply.model_options = chat.options
-        reply.instructions = chat.instructions
 
 
 def _turn_rows(units: list[Unit]) -> list[dict[str, Any]]:

@@ -36,7 +36,6 @@ from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.protocols.openai.chat import ClientMessage, OpenAIError
 from chat_api.protocols.openai.conversations import (
     choose_conversation,
-    hand_over,
     start_chat_reply,
 )
 from chat_api.protocols.openai.responses import ResponseEvent, ResponseTranslator
@@ -76,6 +75,7 @@ from chat_api.replies import (
     Started,
     answer_tool_results,
     follow_reply,
+    hand_over,
     start_reply,
     stop_reply,
     store_message,
@@ -184,7 +184,7 @@ async def start_response(
         idempotency_key=None,
         memory_scope=services.settings.memory_scope,
     )
-    hand_over(services, accepted, chat)
+    hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return accepted, conversation_id, previous.id if previous is not None else None
 
 
