@@ -72,6 +72,7 @@ from chat_api.replies import (
     decide,
     edit_message,
     follow_reply,
+    hand_over,
     reply_streaming,
     start_reply,
     stop_reply,
@@ -122,8 +123,9 @@ async def chat(
 ) -> Response:
     """Answer the chat's last message (or edit, regenerate, or approve) as a UI message stream."""
     last = body.messages[-1]
+    instructions = _instructions(body, services.settings.max_message_chars)
     if body.trigger == "regenerate-message":
-        return await _regenerate(body, owner, services, admission)
+        return await _regenerate(body, owner, services, admission, instructions)
     if last.role == "assistant":
         try:
             responses = approval_responses(last.model_dump())
@@ -141,7 +143,7 @@ async def chat(
     if body.messageId is not None:
         if body.messageId != last.id:
             raise InvalidInput("messageId must name the last message (the one edited)", field="messageId")
-        return await _edit(body, content, owner, services, admission)
+        return await _edit(body, content, owner, services, admission, instructions)
 
     # Admitted before anything is stored (the chat's conversation included), so a 429 leaves nothing.
     with admission.admit_reply(owner, stream=True) as admitted:
@@ -158,12 +160,34 @@ async def chat(
             idempotency_key=f"ai-sdk:{last.id}",
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
+        hand_over(services, accepted, instructions=instructions)
         await _remember_client_id(services, accepted, last.id)
     return _reply_stream(services, admitted, accepted, body)
 
 
+def _instructions(body: ChatRequest, max_chars: int) -> str | None:
+    """The client's system messages: this reply's instructions, after chatmem's own system prompt."""
+    texts = [text_of(m.model_dump()).strip() for m in body.messages if m.role == "system"]
+    instructions = "\n\n".join(text for text in texts if text)
+    if not instructions:
+        return None
+    if len(instructions) > max_chars:
+        raise InvalidInput(
+            f"the system messages together are longer than {max_chars} characters",
+            field="messages",
+            max_chars=max_chars,
+        )
+    check_text(instructions, field="messages")
+    return instructions
+
+
 async def _edit(
-    body: ChatRequest, content: str, owner: Owner, services: Services, admission: Admission
+    body: ChatRequest,
+    content: str,
+    owner: Owner,
+    services: Services,
+    admission: Admission,
+    instructions: str | None,
 ) -> Response:
     """The client replaced an earlier user message (and cut what followed): chatmem's edit."""
     assert body.messageId is not None
@@ -183,11 +207,14 @@ async def _edit(
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
+        hand_over(services, accepted, instructions=instructions)
         await _remember_client_id(services, accepted, body.messageId)
     return _reply_stream(services, admitted, accepted, body)
 
 
-async def _regenerate(body: ChatRequest, owner: Owner, services: Services, admission: Admission) -> Response:
+async def _regenerate(
+    body: ChatRequest, owner: Owner, services: Services, admission: Admission, instructions: str | None
+) -> Response:
     """Answer again the user message before the named reply (default: the last reply)."""
     conversation = await _existing_chat(services, owner, body.id)
     target: uuid.UUID | None = None
@@ -215,6 +242,7 @@ async def _regenerate(body: ChatRequest, owner: Owner, services: Services, admis
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
+        hand_over(services, accepted, instructions=instructions)
     return _reply_stream(services, admitted, accepted, body)
 
 
