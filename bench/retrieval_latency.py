@@ -77,7 +77,7 @@ from memory.config import Settings, get_settings
 from memory.prompt.templates import load_prompts
 from memory.recall.embeddings import Embedder, load_embedder
 from memory.recall.index import MemoryIndex, spec_key, spec_of
-from memory.recall.index_search import MIN_EF_SEARCH, SET_SEARCH_SETTINGS, _owner_filter
+from memory.recall.index_search import _owner_filter
 from memory.recall.keywords import memory_search_terms, memory_text, photo_caption
 from memory.recall.recaller import Recaller
 from memory.record.conversations import Owner
@@ -106,14 +106,17 @@ COPY_COLUMNS = [
 ]
 NULL = struct.pack(">i", -1)
 
-# The dense top list of the search statement (memory/recall/index_search.py, `vector_hits`),
-# with the statement's own owner filter.
+# The dense top list of the search statement (memory/recall/index_search.py, `vector_kinds`):
+# exact, every owner row's distance, nearest first, ties by id; the statement's own owner filter.
 DENSE_TOP = text(
     f"""
-    SELECT m.id, m.embedding <=> :embedding AS distance
-    FROM memory_items m
-    WHERE {_owner_filter(by_conversation=False)}
-    ORDER BY m.embedding <=> :embedding
+    SELECT d.id, d.distance
+    FROM (SELECT m.id, m.embedding <=> :embedding AS distance
+          FROM memory_items m
+          WHERE {_owner_filter(by_conversation=False)}
+          OFFSET 0) d
+    WHERE d.distance IS NOT NULL
+    ORDER BY d.distance, d.id
     LIMIT :candidates
     """
 ).bindparams(
@@ -423,12 +426,11 @@ async def storage(dsn: str) -> dict[str, Any]:
 async def time_dense(
     db: Database, asked: Sequence[tuple[str, str]], vectors: dict[str, np.ndarray], index_id: int, depth: int
 ) -> list[float]:
-    """Seconds per dense top list (the search statement's `vector_hits`), each in its own transaction."""
+    """Seconds per dense top list (the search statement's `vector_kinds`), each in its own transaction."""
     out = []
     for user, question in asked:
         started = time.perf_counter()
         async with db.transaction() as session:
-            await session.execute(SET_SEARCH_SETTINGS, {"ef_search": str(max(MIN_EF_SEARCH, depth))})
             await session.execute(
                 DENSE_TOP,
                 {
@@ -495,7 +497,6 @@ async def search_plan(db: Database, recaller: Recaller, user: str, question: str
     statement, parameters = captured[0]
     async with db.transaction() as session:
         raw = (await (await session.connection()).get_raw_connection()).driver_connection
-        await raw.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         rows = await raw.fetch("EXPLAIN (ANALYZE, BUFFERS) " + statement, *parameters)
     return "\n".join(r[0].split(" <=> ")[0][:170] for r in rows)
 

@@ -67,13 +67,15 @@ def best_distinct(found: Iterable[FoundMemory], k: int, min_score: float = 0.0) 
     """The ``k`` best at or above ``min_score``: one per turn (its best chunk) and one per text.
 
     Best first; on a tie an indexed memory wins over one not indexed yet, then the newer,
-    then the lower chunk. Of memories with the same normalised text the best is kept.
+    then the lower chunk, then the lower turn id: the order never follows the order the
+    memories came in (a search's rows come in whatever order its plan made). Of memories
+    with the same normalised text the best is kept.
     """
     if k <= 0:
         return []
     ordered = sorted(
         (memory for memory in found if memory.score >= min_score),
-        key=lambda m: (-m.score, not m.indexed, -m.created_at.timestamp(), m.chunk_index),
+        key=lambda m: (-m.score, not m.indexed, -m.created_at.timestamp(), m.chunk_index, m.turn_id),
     )
     turns: set[uuid.UUID] = set()
     texts: set[str] = set()

@@ -1,4 +1,4 @@
-"""The index's search: dense (pgvector HNSW) and keyword (BM25 over tsvector) candidates.
+"""The index's search: dense (exact cosine) and keyword (BM25 over tsvector) candidates.
 
 One statement fetches the union of both top lists, each candidate with every signal
 ``memory.recall.fusion`` scores (its neighbours' too, for the learned fusion); the fusion
@@ -14,22 +14,31 @@ once for every method. Choices measured on the LoCoMo slice (``bench/memory_eval
   lists; nothing is joined in later without it. The same filter drops rows of turns off
   their conversation's active branch (``on_active_branch``, a flag kept by
   ``memory.record.branches``), so it costs one column test per row and no join.
-- The keyword list, the BM25 corpus count and the neighbours window read one materialized
+- Both top lists, the BM25 corpus count and the neighbours window read one materialized
   pass over the owner's rows (the owner btree), matching the question's terms there.
   Through the GIN index the keyword list read every user's postings of the question's
   words, a cost that grew with the whole table (``bench/retrieval_latency.py``,
   docs/scaling.md).
+- The dense list is exact: that pass takes every owner row's cosine distance and keeps the
+  nearest ``candidates``. The pass reads each of the user's rows for BM25 anyway, so an
+  approximate HNSW scan saved no row reads; and leaving the choice to the planner made the
+  found lists depend on table size and storage: with the terms kept in the row (migration
+  0021) the heap grew and, for a user owning most of the table, the planner switched from
+  the exact per-user sort to the HNSW scan, whose relaxed order and ``ef_search`` cut changed
+  the candidates (LongMemEval found lists of 14 of 50 questions). The HNSW index is no
+  longer read by any search.
+- Results do not depend on physical row order or on the plan: every ``ORDER BY ... LIMIT``
+  and every rank breaks ties by id, BM25 sums its terms in lexeme order, and the one
+  de-duplication (``memory.recall.found.best_distinct``) ends its order on the turn id.
 
-- The dense list holds chunks and their keys together (one HNSW scan); chunks and keys
-  are ranked apart (a key is any row whose kind is not ``chunk``). A key is never a
-  candidate: the chunk it points to is (also when the chunk itself is in neither list),
-  with the key's rank and the best cosine of its keys as signals
-  (``memory.recall.sentence_keys``). The keyword list holds chunks only.
+- The dense list holds chunks and their keys together; chunks and keys are ranked apart
+  (a key is any row whose kind is not ``chunk``). A key is never a candidate: the chunk it
+  points to is (also when the chunk itself is in neither list), with the key's rank and the
+  best cosine of its keys as signals (``memory.recall.sentence_keys``). The keyword list
+  holds chunks only.
 
-The dense side uses pgvector 0.8 iterative index scans so a per-user filter on a shared
-HNSW index still yields ``candidates`` rows instead of whatever survived the filter
-out of ``ef_search`` neighbours. The caller owns the transaction; the ``SET LOCAL``
-style settings below last until it ends.
+The caller owns the transaction; the ``SET LOCAL`` style role switch below lasts until it
+ends.
 """
 
 from __future__ import annotations
@@ -60,23 +69,13 @@ from memory.storage.tenancy import TENANT_ROLE, current_tenant
 
 BM25_K1 = 1.2
 BM25_B = 0.75
-# Candidates the HNSW scan keeps in its queue; at least `candidates`, iterative scan does the rest.
-MIN_EF_SEARCH = 100
 
-
-SET_SEARCH_SETTINGS = text(
-    "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-    " set_config('hnsw.ef_search', :ef_search, true)"
-)
 # Under row-level security Postgres may not use an index for a non-leakproof operator such
 # as `@@` (only a superuser can mark one leakproof), so keyword search would scan every
 # memory row. The search statement filters tenant and user itself inside every candidate
-# list and is only run for the transaction's own tenant (checked in search_memory), so it
+# list and is only run for the transaction's own tenant (checked in _execute_search), so it
 # alone runs as the connecting role; the rest of the transaction stays scoped.
-SET_SEARCH_SETTINGS_AS_OWNER = text(
-    "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-    " set_config('hnsw.ef_search', :ef_search, true), set_config('role', 'none', true)"
-)
+SEARCH_AS_OWNER = text("SELECT set_config('role', 'none', true)")
 RESTORE_TENANT_ROLE = text(f"SELECT set_config('role', '{TENANT_ROLE}', true)")
 
 # on_active_branch: turns a regenerate or an edit replaced are not memory (memory/record/branches.py).
@@ -96,19 +95,32 @@ keyword_query AS (
            array_agg(lexeme) AS lexemes
     FROM query_lexemes
 ),
-vector_hits AS MATERIALIZED (
-    SELECT m.id, m.embedding <=> :embedding AS distance
+-- The owner's rows, read once (owner btree), for both top lists, the corpus count and the
+-- neighbours. Matching the question's terms here, not through the GIN index, reads only this
+-- user's rows: the GIN's posting lists hold every user's rows, so its cost grew with the table.
+-- `terms` reads the row's tsvector once (OFFSET 0 keeps the subquery from being inlined into
+-- each use), with the question's lexemes weighted A, so ts_filter keeps just them for the term
+-- frequencies; unnesting whole vectors was most of the search at 5,000 rows a user. The cosine
+-- distance of every row is taken here too: the dense list is exact (see the module docstring).
+owner_rows AS MATERIALIZED (
+    SELECT m.id, m.kind, m.conversation_id, m.turn_id, m.turn_seq, m.chunk_index,
+           m.embedding <=> :embedding AS distance,
+           CASE WHEN t.terms @@ q.tsq THEN ts_filter(t.terms, '{{a}}') END AS matched_terms,
+           CASE WHEN t.terms @@ q.tsq THEN length(t.terms) END AS doc_len
     FROM memory_items m
+    CROSS JOIN keyword_query q
+    CROSS JOIN LATERAL (SELECT setweight(m.search_terms, 'A', q.lexemes) AS terms OFFSET 0) t
     WHERE {owner}
-    ORDER BY m.embedding <=> :embedding
-    LIMIT :candidates
 ),
+-- The dense top list, chunks and keys together, then ranked per kind; ties broken by id.
 vector_kinds AS MATERIALIZED (
-    -- relaxed_order may return rows slightly out of order: rank by the real distance, per kind.
-    SELECT h.id, h.distance, m.kind, m.turn_id, m.chunk_index,
-           row_number() OVER (PARTITION BY m.kind ORDER BY h.distance, h.id) AS rank
-    FROM vector_hits h
-    JOIN memory_items m ON m.id = h.id
+    SELECT h.id, h.distance, h.kind, h.turn_id, h.chunk_index,
+           row_number() OVER (PARTITION BY h.kind ORDER BY h.distance, h.id) AS rank
+    FROM (SELECT o.id, o.distance, o.kind, o.turn_id, o.chunk_index
+          FROM owner_rows o
+          WHERE o.distance IS NOT NULL
+          ORDER BY o.distance, o.id
+          LIMIT :candidates) h
 ),
 vector_ranked AS (
     SELECT id, distance, rank FROM vector_kinds WHERE kind = 'chunk'
@@ -121,23 +133,6 @@ key_ranked AS (
     JOIN memory_items c
       ON c.index_id = :index_id AND c.turn_id = k.turn_id AND c.kind = 'chunk'
      AND c.chunk_index = k.chunk_index AND c.key_index = 0
-),
--- The owner's rows, read once (owner btree), for the keyword list, the corpus count and the
--- neighbours. Matching the question's terms here, not through the GIN index, reads only this
--- user's rows: the GIN's posting lists hold every user's rows, so its cost grew with the table.
--- A row's tsvector is mostly stored out of line (TOAST: the vector fills the row): `terms` reads
--- it once (OFFSET 0 keeps the subquery from being inlined into each use), with the question's
--- lexemes weighted A, so ts_filter keeps just them for the term frequencies. Each later read of
--- the stored column fetched it again, and unnesting whole vectors was most of the search at
--- 5,000 rows a user.
-owner_rows AS MATERIALIZED (
-    SELECT m.id, m.kind, m.conversation_id, m.turn_id, m.turn_seq, m.chunk_index,
-           CASE WHEN t.terms @@ q.tsq THEN ts_filter(t.terms, '{{a}}') END AS matched_terms,
-           CASE WHEN t.terms @@ q.tsq THEN length(t.terms) END AS doc_len
-    FROM memory_items m
-    CROSS JOIN keyword_query q
-    CROSS JOIN LATERAL (SELECT setweight(m.search_terms, 'A', q.lexemes) AS terms OFFSET 0) t
-    WHERE {owner}
 ),
 keyword_rows AS MATERIALIZED (
     SELECT o.id, o.matched_terms, o.doc_len FROM owner_rows o WHERE o.matched_terms IS NOT NULL
@@ -157,11 +152,13 @@ average_length AS (
     SELECT greatest(avg(doc_len), 1) AS avg_len FROM keyword_rows
 ),
 keyword_scored AS (
+    -- summed in lexeme order: a float sum's last bits follow its order, which the plan chose
     SELECT f.id,
            sum(ln(1 + (c.n - d.df + 0.5) / (d.df + 0.5))
                * f.tf * (CAST(:bm25_k1 AS float8) + 1)
                / (f.tf + CAST(:bm25_k1 AS float8)
-                  * (1 - CAST(:bm25_b AS float8) + CAST(:bm25_b AS float8) * f.doc_len / a.avg_len))) AS score
+                  * (1 - CAST(:bm25_b AS float8) + CAST(:bm25_b AS float8) * f.doc_len / a.avg_len))
+               ORDER BY f.lexeme) AS score
     FROM term_freqs f
     JOIN doc_freqs d USING (lexeme)
     CROSS JOIN corpus c
@@ -365,8 +362,8 @@ async def _execute_search(
     scope = current_tenant()
     if scope is not None and scope != tenant_id:
         raise NotFound("no such memory")  # a scoped caller never searches another tenant
-    settings = SET_SEARCH_SETTINGS if scope is None else SET_SEARCH_SETTINGS_AS_OWNER
-    await session.execute(settings, {"ef_search": str(max(MIN_EF_SEARCH, params["candidates"]))})
+    if scope is not None:
+        await session.execute(SEARCH_AS_OWNER)
     result = (await session.execute(statement, params)).all()
     if scope is not None:
         await session.execute(RESTORE_TENANT_ROLE)
