@@ -28,7 +28,8 @@ the previous ones:
   already inline and this only shows what the rewrite costs;
 - ``terms_inline``: the keyword terms (tsvector) kept in the row the same way, table
   rewritten: a search reads every one of the user's tsvectors, each through the TOAST index
-  and a TOAST page while it is stored out of line;
+  and a TOAST page while it is stored out of line; since migration 0021 rows loaded now
+  are already so, and this moves in the rows of a ``--reuse-data`` run loaded before it;
 - ``clustered``: the table rewritten in owner order (``CLUSTER … USING ix_memory_owner``),
   so a user's rows share pages;
 - ``covering``: a covering btree for the dense top list, ``(tenant_id, user_id, index_id)

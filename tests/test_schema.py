@@ -1,4 +1,5 @@
 import asyncio
+import hashlib
 import uuid
 
 import asyncpg
@@ -87,3 +88,59 @@ async def _remember_and_search(url: str, turn_id: uuid.UUID, *, before: bool) ->
         assert [(h.turn_id, h.keyword_rank) for h in hits] == [(turn_id, 1)]
     finally:
         await db.dispose()
+
+
+TERMS_ROW = text(
+    "INSERT INTO memory_items (index_id, tenant_id, user_id, conversation_id, turn_id, chunk_index,"
+    " turn_seq, role, text, search_terms, embedding, turn_created_at)"
+    " VALUES (1, 't1', 'u1', :conversation_id, :turn_id, 0, 1, 'user', :text,"
+    " to_tsvector('simple', :text), CAST(:vector AS vector), now())"
+)
+TERMS_OUT_OF_LINE = text(
+    "SELECT pg_column_toast_chunk_id(search_terms) IS NOT NULL FROM memory_items WHERE turn_id = :turn_id"
+)
+
+
+def test_0021_keeps_a_long_turns_search_terms_in_its_row(pg_url: str) -> None:
+    # A search reads every one of the user's tsvectors: out of line, each cost a TOAST probe and
+    # page. Rows written after 0021 keep it in the row; rows written before move in on a rewrite.
+    async def admin(statement: str) -> None:
+        conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    async def write_long_turn(url: str) -> uuid.UUID:
+        # ~4 KB of tsvector that compresses little: the row is over 2 KB, but fits a page
+        words = " ".join(hashlib.sha256(str(i).encode()).hexdigest()[:12] for i in range(250))
+        (vector,) = await HashEmbedder().embed([words])
+        turn_id = uuid.uuid4()
+        db = Database(url, pool_size=1)
+        try:
+            async with db.transaction() as session:
+                params = {"conversation_id": uuid.uuid4(), "turn_id": turn_id, "text": words}
+                await session.execute(TERMS_ROW, params | {"vector": str(vector)})
+        finally:
+            await db.dispose()
+        return turn_id
+
+    async def out_of_line(url: str, turn_id: uuid.UUID) -> bool:
+        db = Database(url, pool_size=1)
+        try:
+            async with db.transaction() as session:
+                return bool((await session.execute(TERMS_OUT_OF_LINE, {"turn_id": turn_id})).scalar())
+        finally:
+            await db.dispose()
+
+    asyncio.run(admin("DROP DATABASE IF EXISTS upgrade_0021"))
+    asyncio.run(admin("CREATE DATABASE upgrade_0021"))
+    url = make_url(async_url(pg_url)).set(database="upgrade_0021").render_as_string(hide_password=False)
+    upgrade(url, "0020")  # the revision 0021 follows
+    before = asyncio.run(write_long_turn(url))
+    assert asyncio.run(out_of_line(url, before))
+    upgrade(url, "head")
+    after = asyncio.run(write_long_turn(url))
+    assert not asyncio.run(out_of_line(url, after))
+    assert asyncio.run(out_of_line(url, before))  # moved in only when the table is rewritten
+    asyncio.run(admin("DROP DATABASE upgrade_0021"))
