@@ -199,7 +199,9 @@ async def test_a_long_turns_vector_stays_in_its_row_not_in_toast(db: Database, p
         rows = (
             await session.execute(
                 text(
-                    "SELECT pg_column_size(m.*) AS size, pg_column_toast_chunk_id(embedding) AS toasted"
+                    # the row's content before the toaster (it now compresses the terms in the row)
+                    "SELECT octet_length(m.text) + 4 * vector_dims(m.embedding) AS size,"
+                    " pg_column_toast_chunk_id(embedding) AS toasted"
                     " FROM memory_items m WHERE embedding IS NOT NULL"
                 )
             )
