@@ -24,26 +24,32 @@ async def test_migrations_create_pgvector_tables(db: Database) -> None:
     assert {"conversations", "turns", "turn_events", "outbox", "memory_items", "tool_invocations"} <= tables
 
 
+def fresh_database(pg_url: str, name: str) -> str:
+    """The URL of a new, empty database `name` beside the test database (dropped first if left over)."""
+    asyncio.run(admin(pg_url, f"DROP DATABASE IF EXISTS {name}"))
+    asyncio.run(admin(pg_url, f"CREATE DATABASE {name}"))
+    return make_url(async_url(pg_url)).set(database=name).render_as_string(hide_password=False)
+
+
+async def admin(pg_url: str, statement: str) -> None:
+    conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
 def test_an_installation_before_0020_upgrades_to_keyword_search_without_the_gin_index(pg_url: str) -> None:
     # Migration 0020 drops the GIN index of memory search terms (the search matches terms on the
     # owner's rows): an existing installation keeps its rows, its key, its upsert and its keyword
     # search.
-    async def admin(statement: str) -> None:
-        conn = await asyncpg.connect(asyncpg_dsn(pg_url))
-        try:
-            await conn.execute(statement)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin("DROP DATABASE IF EXISTS upgrade_0020"))
-    asyncio.run(admin("CREATE DATABASE upgrade_0020"))
-    url = make_url(async_url(pg_url)).set(database="upgrade_0020").render_as_string(hide_password=False)
+    url = fresh_database(pg_url, "upgrade_0020")
     upgrade(url, "0019")  # the revision 0020 follows
     turn_id = uuid.uuid4()
     asyncio.run(_remember_and_search(url, turn_id, before=True))
     upgrade(url, "head")
     asyncio.run(_remember_and_search(url, turn_id, before=False))
-    asyncio.run(admin("DROP DATABASE upgrade_0020"))
+    asyncio.run(admin(pg_url, "DROP DATABASE upgrade_0020"))
 
 
 UPSERT_ROW = text(
@@ -104,13 +110,6 @@ TERMS_OUT_OF_LINE = text(
 def test_0021_keeps_a_long_turns_search_terms_in_its_row(pg_url: str) -> None:
     # A search reads every one of the user's tsvectors: out of line, each cost a TOAST probe and
     # page. Rows written after 0021 keep it in the row; rows written before move in on a rewrite.
-    async def admin(statement: str) -> None:
-        conn = await asyncpg.connect(asyncpg_dsn(pg_url))
-        try:
-            await conn.execute(statement)
-        finally:
-            await conn.close()
-
     async def write_long_turn(url: str) -> uuid.UUID:
         # ~4 KB of tsvector that compresses little: the row is over 2 KB, but fits a page
         words = " ".join(hashlib.sha256(str(i).encode()).hexdigest()[:12] for i in range(250))
@@ -133,9 +132,7 @@ def test_0021_keeps_a_long_turns_search_terms_in_its_row(pg_url: str) -> None:
         finally:
             await db.dispose()
 
-    asyncio.run(admin("DROP DATABASE IF EXISTS upgrade_0021"))
-    asyncio.run(admin("CREATE DATABASE upgrade_0021"))
-    url = make_url(async_url(pg_url)).set(database="upgrade_0021").render_as_string(hide_password=False)
+    url = fresh_database(pg_url, "upgrade_0021")
     upgrade(url, "0020")  # the revision 0021 follows
     before = asyncio.run(write_long_turn(url))
     assert asyncio.run(out_of_line(url, before))
@@ -143,4 +140,45 @@ def test_0021_keeps_a_long_turns_search_terms_in_its_row(pg_url: str) -> None:
     after = asyncio.run(write_long_turn(url))
     assert not asyncio.run(out_of_line(url, after))
     assert asyncio.run(out_of_line(url, before))  # moved in only when the table is rewritten
-    asyncio.run(admin("DROP DATABASE upgrade_0021"))
+    asyncio.run(admin(pg_url, "DROP DATABASE upgrade_0021"))
+
+
+HNSW_INDEXES = text(
+    "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_items' AND indexdef LIKE '%USING hnsw%'"
+)
+
+
+def test_0022_drops_the_unread_hnsw_index_and_a_search_still_ranks_by_vector(pg_url: str) -> None:
+    # No search reads the HNSW index (the dense list is exact, in the owner pass): 0022 drops it,
+    # so inserts stop paying for its graph. The vector itself stays and still ranks.
+    async def hnsw_then_search(url: str) -> tuple[list[str], list[tuple[uuid.UUID, int | None]]]:
+        db = Database(url, pool_size=1)
+        (vector,) = await HashEmbedder().embed(["My sister Anna lives in Lisbon."])
+        turn_id = uuid.uuid4()
+        try:
+            async with db.transaction() as session:
+                indexes = list((await session.execute(HNSW_INDEXES)).scalars())
+                params = {"conversation_id": uuid.uuid4(), "turn_id": turn_id, "text": "Anna, Lisbon."}
+                await session.execute(TERMS_ROW, params | {"vector": str(vector)})
+                hits = await search_index(
+                    session,
+                    tenant_id="t1",
+                    user_id="u1",
+                    query_text="unrelated words",
+                    query_embedding=vector,
+                    index_id=1,
+                    k=5,
+                )
+                await session.execute(text("DELETE FROM memory_items"))
+        finally:
+            await db.dispose()
+        return indexes, [(h.turn_id, h.vector_rank) for h in hits if h.turn_id == turn_id]
+
+    url = fresh_database(pg_url, "upgrade_0022")
+    upgrade(url, "0021")  # the revision 0022 follows
+    before, found_before = asyncio.run(hnsw_then_search(url))
+    upgrade(url, "head")
+    after, found_after = asyncio.run(hnsw_then_search(url))
+    assert (before, after) == (["ix_memory_embedding"], [])
+    assert [rank for _, rank in found_before] == [rank for _, rank in found_after] == [1]
+    asyncio.run(admin(pg_url, "DROP DATABASE upgrade_0022"))

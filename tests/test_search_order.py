@@ -120,9 +120,16 @@ async def test_ranking_is_the_same_whatever_the_physical_row_order_or_storage(
     assert after == before
 
 
+HNSW = (
+    "CREATE INDEX test_memory_hnsw ON memory_items USING hnsw (embedding vector_cosine_ops)"
+    " WITH (m = 16, ef_construction = 64)"
+)
+
+
 async def test_the_dense_list_is_exact_whatever_plan_the_planner_picks(db: Database) -> None:
-    # Distinct memories, many more than the depth; the planner is pushed towards an index-ordered
-    # plan (the HNSW scan, approximate) and then away from it: the dense list stays the exact one.
+    # Distinct memories, many more than the depth; with an HNSW index on the vectors (as before
+    # migration 0022 dropped it) the planner is pushed towards an index-ordered plan (the HNSW
+    # scan, approximate) and then away from it: the dense list stays the exact one.
     words = ["key", "garden", "piano", "Lisbon", "sister", "dinner", "rain", "train", "book", "dog"]
     contents = [
         f"Note {i}: {words[i % 10]} {words[i * 7 // 10 % 10]} {words[i * 3 // 100 % 10]} {i}"
@@ -139,7 +146,11 @@ async def test_the_dense_list_is_exact_whatever_plan_the_planner_picks(db: Datab
         ("SET LOCAL enable_seqscan = off", "SET LOCAL enable_sort = off"),
         ("SET LOCAL enable_indexscan = off", "SET LOCAL enable_bitmapscan = off"),
     ]
-    results = [await _ranked(db, plan, depth) for plan in plans]
+    await _admin(db, [HNSW])
+    try:
+        results = [await _ranked(db, plan, depth) for plan in plans]
+    finally:
+        await _admin(db, ["DROP INDEX test_memory_hnsw"])
     for listed, _ in results:
         dense = [turn for rank, turn in sorted((r[1], r[0]) for r in listed if r[1] is not None)]
         assert dense == exact

@@ -25,8 +25,8 @@ once for every method. Choices measured on the LoCoMo slice (``bench/memory_eval
   found lists depend on table size and storage: with the terms kept in the row (migration
   0021) the heap grew and, for a user owning most of the table, the planner switched from
   the exact per-user sort to the HNSW scan, whose relaxed order and ``ef_search`` cut changed
-  the candidates (LongMemEval found lists of 14 of 50 questions). The HNSW index is no
-  longer read by any search.
+  the candidates (LongMemEval found lists of 14 of 50 questions). No search read the HNSW
+  index after that, and migration 0022 dropped it.
 - Results do not depend on physical row order or on the plan: every ``ORDER BY ... LIMIT``
   and every rank breaks ties by id, BM25 sums its terms in lexeme order, and the one
   de-duplication (``memory.recall.found.best_distinct``) ends its order on the turn id.

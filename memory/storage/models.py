@@ -336,14 +336,8 @@ class MemoryItem(Base):
         Index("ix_memory_conversation", "conversation_id"),
         # sqlalchemy.text, not the `text` column above.
         Index("ix_memory_deleted", "deleted_at", postgresql_where=sql_text("deleted_at IS NOT NULL")),
-        # No GIN on search_terms: a search matches terms on its owner's rows (migration 0020).
-        Index(
-            "ix_memory_embedding",
-            "embedding",
-            postgresql_using="hnsw",
-            postgresql_with={"m": 16, "ef_construction": 64},
-            postgresql_ops={"embedding": "vector_cosine_ops"},
-        ),
+        # No GIN on search_terms and no HNSW on embedding: a search matches terms and takes
+        # distances on its owner's rows, exactly (migrations 0020 and 0022).
     )
 
 
