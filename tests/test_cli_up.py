@@ -1,4 +1,4 @@
-"""`chatmem up` as a user runs it: one process, embedded Postgres, real model, Ctrl-C."""
+"""`chatmem up` as a user runs it: one process, embedded Postgres, real model, Ctrl-C or `kill`."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ import httpx
 from tests.conftest import free_port
 
 
-async def test_up_serves_indexes_and_shuts_down_cleanly(tmp_path: Path) -> None:
-    port = free_port()
-    data_dir = tmp_path / "data"
+def up_env(tmp_path: Path) -> dict[str, str]:
     env = {**os.environ, "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     for key in ("DATABASE_URL", "JWT_SECRET", "LLM_PROVIDER"):
         env.pop(key, None)
+    return env
+
+
+async def start_up(port: int, data_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """`chatmem up` running, and what it printed up to its banner."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "chat_api.cli", "up", "--port", str(port), "--data-dir", str(data_dir)],
         env=env,
@@ -35,7 +38,29 @@ async def test_up_serves_indexes_and_shuts_down_cleanly(tmp_path: Path) -> None:
                 line = await asyncio.to_thread(proc.stdout.readline)  # type: ignore[union-attr]
                 assert line, "chatmem up exited early:\n" + "".join(lines)
                 lines.append(line)
-        output = "".join(lines)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, "".join(lines)
+
+
+async def stopped_by(proc: subprocess.Popen[str], signum: int) -> str:
+    """What `up` printed after `signum`, once it exited."""
+    proc.send_signal(signum)
+    try:
+        rest, _ = await asyncio.to_thread(proc.communicate, timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return rest
+
+
+async def test_up_serves_indexes_and_shuts_down_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    data_dir = tmp_path / "data"
+    env = up_env(tmp_path)
+    proc, output = await start_up(port, data_dir, env)
+    try:
         assert f"http://localhost:{port}" in output
         token = re.search(r"^(eyJ[\w-]+\.[\w-]+\.[\w-]+)$", output, re.MULTILINE)
         assert token, output
@@ -86,12 +111,19 @@ async def test_up_serves_indexes_and_shuts_down_cleanly(tmp_path: Path) -> None:
         assert (data_dir / "jwt_secret").exists()
         assert (data_dir / "pg" / "postmaster.pid").exists()
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            rest, _ = await asyncio.to_thread(proc.communicate, timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        rest = await stopped_by(proc, signal.SIGINT)
     assert proc.returncode == 0, rest
     assert "chatmem: stopped." in rest
     assert not (data_dir / "pg" / "postmaster.pid").exists()  # the embedded Postgres stopped too
+
+
+async def test_kill_stops_up_and_its_embedded_postgres_as_ctrl_c_does(tmp_path: Path) -> None:
+    # Found: SIGTERM (`kill`, a service manager's stop) ended `up` once uvicorn had shut down,
+    # before the embedded Postgres was stopped; it kept running, holding the data directory.
+    data_dir = tmp_path / "data"
+    proc, _ = await start_up(free_port(), data_dir, up_env(tmp_path))
+    assert (data_dir / "pg" / "postmaster.pid").exists()
+    rest = await stopped_by(proc, signal.SIGTERM)
+    assert proc.returncode == 0, rest
+    assert "chatmem: stopped." in rest
+    assert not (data_dir / "pg" / "postmaster.pid").exists()

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -212,9 +213,17 @@ class AnnouncingServer(uvicorn.Server):
             print(self.banner, flush=True)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     from memory.storage.embedded import EmbeddedPostgres
 
+    # `kill` and service managers send SIGTERM: it stops `up` as Ctrl-C does. uvicorn re-raises
+    # the signal once it has shut down, and Python's default action for SIGTERM would end the
+    # process there, before the embedded Postgres below is stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
     base = load_settings(host=args.host, port=args.port, data_dir=args.data_dir)
     data_dir = base.data_dir.expanduser()
     secret = installation_secret(base, create=True)
