@@ -14,6 +14,15 @@ from tests.procs import ServerProcess
 
 MODEL = "chatmem-demo"
 TENANT = "t-openai"
+# A client tool, in chat completions' shape.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def new_user() -> str:

@@ -22,6 +22,7 @@ from tests.conftest import auth
 from tests.openai_support import (
     MODEL,
     TENANT,
+    WEATHER_TOOL,
     async_sdk,
     conversations,
     ended_turns,
@@ -31,15 +32,6 @@ from tests.openai_support import (
     turns,
 )
 from tests.procs import ServerProcess, server_process
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 @pytest.fixture(scope="module")

@@ -22,16 +22,9 @@ from openai import AsyncOpenAI
 from memory.prompt.tokens import count_tokens
 from tests.conftest import LiveServer, token_for
 from tests.fake_openai import FakeOpenAI, Reply, ToolCall
+from tests.openai_support import WEATHER_TOOL
 
 LONG = "word " * 400
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 async def fake_backed(start_server: Any, fake_openai: FakeOpenAI) -> LiveServer:
@@ -109,7 +102,7 @@ async def test_the_system_prompt_tool_choice_sampling_and_length_reach_the_model
             {"role": "developer", "content": "Use metric units."},
             {"role": "user", "content": "weather in Oslo?"},
         ],
-        tools=[WEATHER],  # type: ignore[list-item]
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         temperature=0.3,
         top_p=0.9,

@@ -17,16 +17,9 @@ from chat_api.providers.openai_provider import OpenAIProvider
 from memory.config import get_settings
 from tests.fake_openai import DEFAULT_TEXT, FakeOpenAI, Reply, ToolCall, collect, fake_openai  # noqa: F401
 from tests.openai_rules import check_chat_messages
+from tests.openai_support import WEATHER_TOOL
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 class RecordedSleeps(list[float]):
