@@ -146,13 +146,7 @@ def _instructions(body: RunAgentInput, max_chars: int) -> str | None:
     if not parts:
         return None
     instructions = "\n\n".join(parts)
-    if len(instructions) > max_chars:
-        raise InvalidInput(
-            f"system messages and context together are longer than {max_chars} characters",
-            field="context" if body.context else "messages",
-            max_chars=max_chars,
-        )
-    check_text(instructions, field="context" if body.context else "messages")
+    check_text(instructions, field="context" if body.context else "messages", max_chars=max_chars)
     return instructions
 
 

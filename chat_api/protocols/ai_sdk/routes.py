@@ -171,13 +171,7 @@ def _instructions(body: ChatRequest, max_chars: int) -> str | None:
     instructions = "\n\n".join(text for text in texts if text)
     if not instructions:
         return None
-    if len(instructions) > max_chars:
-        raise InvalidInput(
-            f"the system messages together are longer than {max_chars} characters",
-            field="messages",
-            max_chars=max_chars,
-        )
-    check_text(instructions, field="messages")
+    check_text(instructions, field="messages", max_chars=max_chars)
     return instructions
 
 
