@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openai import AsyncOpenAI
 from sqlalchemy import func, select
 
 from chat_api.app import create_app
@@ -21,7 +22,7 @@ from chat_api.tools import Tool, ToolConfigError, ToolRegistry, configured_regis
 from memory.events import EventName
 from memory.storage.db import Database
 from memory.storage.models import ToolInvocation, Turn
-from tests.conftest import TEST_SECRET, LiveServer
+from tests.conftest import TEST_SECRET, LiveServer, token_for
 from tests.fake_openai import FakeOpenAI, ToolCall
 from tests.fake_openai import Reply as FakeReply
 from tests.procs import ServerProcess
@@ -520,3 +521,50 @@ async def test_a_timeout_does_not_resume_a_reply_in_a_deleted_conversation(start
         parked = await session.get(Turn, uuid.UUID(gone["turn_id"]))
         assert parked is not None and parked.status == "awaiting_approval"
     assert runs == []
+
+
+async def test_a_reply_resumed_after_an_approval_keeps_the_clients_instructions_tools_and_options(
+    start_server: Any, fake_openai: FakeOpenAI
+) -> None:
+    """The app's instructions, its own tools and its sampling hold for the whole reply, not its first step."""
+    server: LiveServer = await start_server(
+        tools=transfer_tools([]),
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        llm_model="fake-model",
+    )
+    fake_openai.script(
+        FakeReply(tool_calls=[ToolCall("transfer_funds", {"amount": 5, "to": "bob"}, id="call_t")]),
+        FakeReply(text="Aye, sent."),
+    )
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    client = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+    raw = await client.responses.with_raw_response.create(
+        model="fake-model",
+        instructions="Answer like a ship's captain.",
+        input="send bob 5",
+        tools=[weather],  # type: ignore[list-item]
+        temperature=0.3,
+        max_output_tokens=64,
+    )
+    response = raw.parse()
+    assert response.status == "incomplete" and response.incomplete_details is not None
+    assert response.incomplete_details.reason == "awaiting_approval"
+    cid = raw.headers["x-chatmem-conversation-id"]
+    async with server.client() as api:
+        turns = (await api.get(f"/v1/conversations/{cid}/turns")).json()["items"]
+        [parked] = [t for t in turns if t["status"] == "awaiting_approval"]
+        url = f"/v1/turns/{parked['id']}/tool_calls/call_t/approve"
+        decided = await api.post(url, json={"stream": False})
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["status"] == "completed"
+    first, resumed = fake_openai.requests
+    for sent in (first, resumed):
+        assert sent.messages[0]["content"].endswith("Answer like a ship's captain.")
+        assert "get_weather" in [tool["function"]["name"] for tool in sent.tools or []]
+        assert (sent.body["temperature"], sent.body["max_tokens"]) == (0.3, 64)

@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.metrics import observe_approval
-from chat_api.replies.reply import Reply, ReplyRequest
+from chat_api.replies.reply import ASKED_OF_MODEL, Reply, ReplyRequest
 from memory.events import Event, EventName, ToolCallDecidedData
 from memory.json_values import JsonObject
 from memory.record.approvals import (
@@ -132,6 +132,7 @@ async def _resume_if_decided(services: Services, session: AsyncSession, turn: Tu
     reply = Reply(reply_id, Owner(turn.tenant_id, turn.user_id), turn.conversation_id, user_turn.id)
     reply.restore(events, turn.id, turn.content or "", tool_calls_of(turn.tool_calls))
     reply.usage = dict(turn.usage or {})
+    reply.restore_asked_of_model((turn.meta or {}).get(ASKED_OF_MODEL))
     scope = (turn.meta or {}).get("memory_scope") or services.settings.memory_scope
     # Registered before commit, like a new reply: a stop sent the moment the turn is
     # visible as streaming again must find it here.

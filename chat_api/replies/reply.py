@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, cast
 
 from chat_api.providers.base import ModelOptions
@@ -28,6 +28,9 @@ from memory.json_values import JsonObject
 from memory.recall.found import FoundMemory
 from memory.record.conversations import Owner
 from memory.record.tool_calls import ToolCall
+
+# The key of a parked turn's metadata that keeps what the client asked of the model.
+ASKED_OF_MODEL = "asked_of_model"
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,29 @@ class Reply:
         # Stored on a completed turn that still has something to report (code and message).
         self.ending_error: dict[str, str] | None = None
         self._wake = asyncio.Event()
+
+    def asked_of_model(self) -> JsonObject:
+        """What the client asked of the model (tools, options, instructions), as a parked turn
+        stores it: the reply that resumes after the decision must be made the same way."""
+        asked: JsonObject = {}
+        if self.client_tools:
+            asked["tools"] = list(self.client_tools)
+        if self.model_options is not None:
+            asked["options"] = cast(JsonObject, asdict(self.model_options))
+        if self.instructions:
+            asked["instructions"] = self.instructions
+        return asked
+
+    def restore_asked_of_model(self, asked: Any) -> None:
+        """Take back what `asked_of_model` stored (nothing, for a turn parked before it was stored)."""
+        if not isinstance(asked, dict):
+            return
+        self.client_tools = tuple(asked.get("tools") or ())
+        options = asked.get("options")
+        if isinstance(options, dict):
+            known = {field.name for field in fields(ModelOptions)}
+            self.model_options = ModelOptions(**{k: v for k, v in options.items() if k in known})
+        self.instructions = asked.get("instructions") or None
 
     def restore(
         self, events: list[Event], turn_id: uuid.UUID, content: str, tool_calls: list[ToolCall]

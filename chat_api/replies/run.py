@@ -45,7 +45,7 @@ from chat_api.providers.textual_calls import TextualCalls, textual_tool_calls
 from chat_api.replies.checkpoint import Checkpointer, give_back, take_unpersisted
 from chat_api.replies.prompt import Prompter
 from chat_api.replies.registry import ReplyRegistry
-from chat_api.replies.reply import Reply, ReplyRequest
+from chat_api.replies.reply import ASKED_OF_MODEL, Reply, ReplyRequest
 from chat_api.tools import (
     RECALL_MEMORY,
     ToolContext,
@@ -520,7 +520,10 @@ class ReplyRunner:
             last_event_id=terminal_id,
             usage_json=json.dumps(reply.usage or None),
             prompt_version=self.prompter.version,
-            meta_json=json.dumps({"memory_scope": reply.request.memory_scope}),
+            meta_json=json.dumps(
+                {"memory_scope": reply.request.memory_scope, ASKED_OF_MODEL: reply.asked_of_model()},
+                ensure_ascii=False,
+            ),
             expires_at=earliest_expiry(calls),
         )
         if not parked:
