@@ -266,6 +266,50 @@ async def test_closing_the_stream_mid_arguments_keeps_them_and_the_next_response
     assert after.status == "completed" and "never mind" in after.output_text
 
 
+async def test_a_result_for_a_call_a_stop_cut_off_is_refused_and_nothing_is_stored(
+    live: ServerProcess,
+) -> None:
+    # It was stored as a tool turn and answered 200, but the next prompt leaves out every call of a
+    # stopped reply, so the model never saw the result: it went on as if the client had not answered.
+    user, client = await client_for(live)
+    long_args = json.dumps({"city": "Paris " * 60})
+    raw = client.responses.with_raw_response.create(
+        model=MODEL,
+        input=f"/tool get_weather {long_args}",
+        tools=[WEATHER],  # type: ignore[list-item]
+        stream=True,
+    )
+    conversation = raw.headers["x-chatmem-conversation-id"]
+    stream = raw.parse()
+    received, response_id, call_id = "", "", ""
+    for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.output_item.added" and event.item.type == "function_call":
+            call_id = event.item.call_id
+        if event.type == "response.function_call_arguments.delta":
+            received += event.delta
+            if len(received) >= 40:
+                break
+    stream.close()  # the client's stop
+    stopped = await ended_turns(live, user, conversation)
+    assert stopped[-1]["status"] == "interrupted_by_user"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=MODEL,
+            previous_response_id=response_id,
+            tools=[WEATHER],  # type: ignore[list-item]
+            input=[{"type": "function_call_output", "call_id": call_id, "output": '{"sky": "clear"}'}],
+        )
+    error = refused.value.body
+    assert isinstance(error, dict) and error["code"] == "invalid_input", error
+    assert "stopped" in error["message"]
+    assert await turns(live, user, conversation) == stopped  # nothing stored, no branch made
+    async with live.client(TENANT, user) as http:
+        branches = (await http.get(f"/v1/conversations/{conversation}/branches")).json()["items"]
+    assert len(branches) == 1
+
+
 # --- background, cancel, resume ---------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from memory.record.branches import (
 )
 from memory.record.conversations import Owner, get_conversation
 from memory.record.outbox import record_finished_turn
+from memory.record.tool_calls import takes_a_result, tool_calls_of
 from memory.record.turns import add_turn, begin_answer, begin_reply, find_by_idempotency_key, get_turn
 from memory.storage.models import Conversation, Turn
 
@@ -159,21 +160,31 @@ async def answer_tool_results(
 
     `results` are (tool call id, content); `meta` is kept on a result's turn, by call id (the
     client's own id of the message, say). A result for a call this conversation's active
-    branch never made is InvalidInput (nothing is stored); one already stored is not stored twice.
+    branch never made, or for one a stop cut off (the model never sees it again, so it would
+    never see the result), is InvalidInput (nothing is stored); one already stored is not
+    stored twice.
     """
     turns = await branch_history(session, await conversation_branch(session, conversation))
     calls = {
-        str(call.get("id")): call
+        str(call.get("id")): (turn, call)
         for turn in turns
         if turn.role == "assistant"
-        for call in turn.tool_calls or []
+        for call in tool_calls_of(turn.tool_calls)
     }
     answered = {turn.tool_call_id for turn in turns if turn.role == "tool"}
     for call_id, content in results:
-        call = calls.get(call_id)
-        if call is None:
+        found = calls.get(call_id)
+        if found is None:
             raise InvalidInput(
                 "a tool result answers no tool call of this conversation",
+                field="messages",
+                tool_call_id=call_id,
+            )
+        made_in, call = found
+        if not takes_a_result(made_in.status, call):
+            raise InvalidInput(
+                "this tool call was stopped (or failed) before it finished, so it takes no result: "
+                "send a new message instead",
                 field="messages",
                 tool_call_id=call_id,
             )

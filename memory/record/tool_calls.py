@@ -40,6 +40,14 @@ class ToolCall(TypedDict, total=False):
 
 # Calls that had not run when their reply ended: they never will.
 NOT_STARTED = frozenset({ToolCallState.READY, ToolCallState.AWAITING_APPROVAL})
+# Replies whose calls the model is shown again, each with its result (memory/prompt/context.py):
+# a stop or a failure cuts the calls of any other reply off, half-streamed or whole.
+CALLS_SHOWN_AGAIN = frozenset({TurnStatus.COMPLETED, TurnStatus.AWAITING_APPROVAL})
+
+
+def takes_a_result(turn_status: str, call: ToolCall) -> bool:
+    """True when a result for `call` (of a turn in `turn_status`) would reach the model: not cut off."""
+    return turn_status in CALLS_SHOWN_AGAIN and call.get("state") != ToolCallState.STREAMING
 
 
 def tool_calls_of(raw: Any) -> list[ToolCall]:
