@@ -174,3 +174,55 @@ async def test_context_longer_than_a_message_is_refused_before_anything_is_store
         assert refused.status_code == 422
         assert refused.json()["error"]["details"]["field"] == "context"
         assert (await api.get("/v1/conversations")).json()["items"] == []
+
+
+async def test_a_run_that_answers_a_call_a_stop_cut_off_is_refused_and_stores_nothing(
+    start_server: Any,
+) -> None:
+    """The stopped run's own closing result, sent back as the last message, must not undo the stop.
+
+    It was stored as the call's result and the user's message answered again, so the model
+    called the tool once more; the next prompt leaves out every call of a stopped reply.
+    """
+    server: LiveServer = await start_server(**SLOW)
+    thread_id = str(uuid.uuid4())
+    tools = [{"name": "get_weather", "description": "The weather", "parameters": {"type": "object"}}]
+    arguments = json.dumps({"city": "Paris " * 60})
+    body = run_input(thread_id, f"/tool get_weather {arguments}", tools=tools, protocolVersion="1.0")
+    events: list[dict[str, Any]] = []
+    async with server.client() as api:
+        async with api.stream("POST", "/v1/ag-ui", json=body) as response:
+            async for item in iter_sse(response):
+                events.append(EVENTS.validate_python(item.data).model_dump(by_alias=True, exclude_none=True))
+                if sum(e["type"] == "TOOL_CALL_ARGS" for e in events) == 3:
+                    assert (await api.post(f"/v1/ag-ui/{thread_id}/stop")).json() == {"success": True}
+        assert events[-1]["outcome"] == {"type": "cancelled"}
+        start = next(e for e in events if e["type"] == "TOOL_CALL_START")
+        result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
+        cut = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS")
+        stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
+        assert stored[-1]["metadata"]["status"] == "interrupted_by_user"
+        call = {
+            "id": start["toolCallId"],
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": cut},
+        }
+        again = {
+            **body,
+            "runId": str(uuid.uuid4()),
+            "messages": [
+                *body["messages"],
+                {"id": start["parentMessageId"], "role": "assistant", "toolCalls": [call]},
+                {
+                    "id": result["messageId"],
+                    "role": "tool",
+                    "toolCallId": call["id"],
+                    "content": result["content"],
+                },
+            ],
+        }
+        refused = await api.post("/v1/ag-ui", json=again)
+        assert refused.status_code == 422, refused.text
+        assert refused.headers["content-type"].startswith("application/json")
+        assert refused.json()["error"]["details"]["tool_call_id"] == call["id"]
+        assert (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json() == stored
