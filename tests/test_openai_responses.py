@@ -496,6 +496,31 @@ async def test_bad_requests_are_openai_shaped_before_any_stream_and_store_nothin
     assert await conversations(live, user) == []
 
 
+async def test_tool_definitions_are_held_to_the_bounds_every_door_holds_them_to(live: ServerProcess) -> None:
+    # AG-UI held a description to 10,000 characters and a schema to 200 KB; the OpenAI doors took
+    # anything the 1 MB body held, stored it with the response and sent it to the model every step.
+    user, client = await client_for(live)
+    wordy = {**WEATHER, "description": "x" * 10_001}
+    huge = {**WEATHER, "parameters": {"type": "object", "description": "y" * 200_001}}
+    for tool, param in ((wordy, "tools[0].description"), (huge, "tools[0].parameters")):
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.responses.create(model=MODEL, input="hi", tools=[tool], stream=stream)  # type: ignore[list-item]
+            assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param
+        function = {k: v for k, v in tool.items() if k != "type"}
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                tools=[{"type": "function", "function": function}],  # type: ignore[list-item]
+            )
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param
+    assert await conversations(live, user) == []
+    within = {**WEATHER, "description": "x" * 10_000}
+    answered = client.responses.create(model=MODEL, input="hi", tools=[within])  # type: ignore[list-item]
+    assert answered.status == "completed"
+
+
 async def test_another_users_response_is_404_everywhere(live: ServerProcess) -> None:
     _owner, owner_client = await client_for(live)
     response = owner_client.responses.create(model=MODEL, input="mine", background=True)

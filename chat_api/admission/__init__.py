@@ -51,7 +51,7 @@ from chat_api.admission.door import (
     unguarded_routes,
 )
 from chat_api.admission.imports import AdmittedImport
-from chat_api.admission.inputs import check_time, parse_json
+from chat_api.admission.inputs import check_time, check_tools, parse_json
 from chat_api.admission.limits import Admission
 from chat_api.admission.running import AdmittedReply
 from chat_api.admission.streams import StreamSlot
@@ -80,6 +80,7 @@ __all__ = [
     "StreamSlot",
     "check_text",
     "check_time",
+    "check_tools",
     "door_router",
     "get_admission",
     "parse_json",

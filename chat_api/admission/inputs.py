@@ -15,19 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 
 from memory.errors import InvalidInput
-from memory.json_bounds import JsonOutOfBounds, text_problem
+from memory.json_bounds import JsonOutOfBounds, check_json, check_text, text_problem
 
 # Deeper than any request needs (tool schemas, metadata); far below what parsers refuse.
 MAX_JSON_DEPTH = 128
 # Bodies larger than this are parsed in a worker thread (imports carry megabytes).
 INLINE_PARSE_BYTES = 256_000
+# A client's tool definitions go to the model with every request of its reply (and a stored
+# response repeats them on every read): each is held to these, on every door.
+MAX_TOOL_DESCRIPTION_CHARS = 10_000
+MAX_TOOL_PARAMETERS_BYTES = 200_000
 
 
 def check_time(value: datetime | None, *, field: str) -> datetime | None:
@@ -42,6 +46,25 @@ def check_time(value: datetime | None, *, field: str) -> datetime | None:
         return aware.astimezone(UTC)
     except OverflowError:
         raise InvalidInput(f"{field} is outside the years 1 to 9999 in UTC", field=field) from None
+
+
+def check_tools(tools: Iterable[Mapping[str, Any]]) -> None:
+    """InvalidInput naming the first function tool whose description or parameters schema is too large."""
+    for index, tool in enumerate(tools):
+        function = tool.get("function")
+        if not isinstance(function, Mapping):
+            continue
+        description = function.get("description")
+        if isinstance(description, str):
+            check_text(
+                description,
+                field=f"tools[{index}].description",
+                allow_empty=True,
+                max_chars=MAX_TOOL_DESCRIPTION_CHARS,
+            )
+        parameters = function.get("parameters")
+        if parameters is not None:
+            check_json(parameters, field=f"tools[{index}].parameters", max_bytes=MAX_TOOL_PARAMETERS_BYTES)
 
 
 def _parse(body: bytes) -> Any:

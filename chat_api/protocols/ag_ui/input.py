@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from ag_ui.core import DeveloperMessage, Message, RunAgentInput, SystemMessage, ToolMessage, UserMessage
 
-from chat_api.admission import check_text
+from chat_api.admission import check_text, check_tools
 from chat_api.protocols.ag_ui.run import speaks_1_0
 from chat_api.protocols.approvals import parse_approval_id
 from memory.errors import InvalidInput
@@ -211,15 +211,14 @@ def _tools(body: RunAgentInput) -> tuple[dict[str, Any], ...]:
             raise InvalidInput(
                 "a tool name is 1-64 characters of A-Z, a-z, 0-9, _ and -", field=f"tools[{index}].name"
             )
-        check_text(tool.description, field=f"tools[{index}].description", allow_empty=True, max_chars=10_000)
         parameters = tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):
             raise InvalidInput(
                 "tool parameters must be a JSON schema object", field=f"tools[{index}].parameters"
             )
-        check_json(parameters, field=f"tools[{index}].parameters", max_bytes=MAX_FREE_JSON_BYTES)
         function = {"name": tool.name, "description": tool.description, "parameters": parameters}
         out.append({"type": "function", "function": function})
+    check_tools(out)
     return tuple(out)
 
 

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.requests import HTTPConnection
 
-from chat_api.admission import AdmissionDep, DoorRoute, check_text, door_router
+from chat_api.admission import AdmissionDep, DoorRoute, check_text, check_tools, door_router
 from chat_api.auth import AuthError
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.errors import Forbidden, RateLimited
@@ -207,7 +207,7 @@ async def chat_completions(
 
 
 def check_texts(chat: ChatRequest, max_chars: int) -> None:
-    """Text Postgres cannot store, or a prompt over the limit, is refused before anything is stored."""
+    """Unstorable text, a prompt or a tool definition over its limit: refused before anything is stored."""
     if chat.prompt is not None:
         check_text(chat.prompt, field="messages", max_chars=max_chars)
     if chat.instructions is not None:
@@ -215,6 +215,7 @@ def check_texts(chat: ChatRequest, max_chars: int) -> None:
         check_text(chat.instructions, field="instructions", max_chars=max_chars)
     for message in (*chat.history, *chat.tool_results):
         check_text(message.text, field="messages", allow_empty=True)
+    check_tools(chat.tools)
 
 
 def chat_target(request: HTTPConnection, chat: ChatRequest) -> tuple[uuid.UUID | None, str | None]:
