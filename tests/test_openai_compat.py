@@ -382,3 +382,26 @@ async def test_missing_key_is_401(live: ServerProcess) -> None:
     assert response.json()["error"]["code"] == "invalid_api_key"
     async with httpx.AsyncClient(base_url=live.base_url, headers=auth(TENANT, new_user())) as http:
         assert (await http.get("/openai/v1/models")).status_code == 200  # a chatmem token works too
+
+
+async def test_a_completion_that_waits_for_an_approval_is_no_5xx_for_the_sdk_to_retry(
+    start_server: Any,
+) -> None:
+    # It was a 500: the SDK (2 retries by default) sent the request twice more, and each retry
+    # interrupted the reply that waited for the person's decision, its approval cancelled.
+    server = await start_server(tools_requiring_approval=["current_time"])
+    user = new_user()
+    token = auth(TENANT, user)["Authorization"].removeprefix("Bearer ")
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token, max_retries=2)
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "what time is it?"}]
+    )
+    assert raw.status_code == 200 and raw.headers["x-chatmem-status"] == "awaiting_approval"
+    completion = raw.parse()
+    assert completion.choices[0].message.content is None and not completion.choices[0].message.tool_calls
+    async with server.client(TENANT, user) as api:
+        stored = (await api.get(f"/v1/conversations/{raw.headers['x-chatmem-conversation-id']}/turns")).json()
+    assert [(t["role"], t["status"]) for t in stored["items"]] == [
+        ("user", "completed"),
+        ("assistant", "awaiting_approval"),
+    ]

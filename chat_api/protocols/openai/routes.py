@@ -194,12 +194,16 @@ async def chat_completions(
         stream = _stream(services, accepted.reply_id, translator, head, batches)
         return EventSourceResponse(admitted.stream(stream), headers={**SSE_HEADERS, **headers}, ping=15)
     await fold_reply(request, services, accepted.reply_id, translator, head, batches)
-    if translator.error is not None and not translator.text and not translator.calls:
+    # A reply that waits for a person's approval has not failed: answered as far as it goes (a 200,
+    # as the Responses API's `incomplete`). A 5xx made the SDKs send it again, and each retry
+    # interrupted the waiting reply, its approval cancelled.
+    error = translator.error if translator.status != TurnStatus.AWAITING_APPROVAL else None
+    if error is not None and not translator.text and not translator.calls:
         raise OpenAIError(
             500,
-            translator.error["message"],
+            error["message"],
             type="server_error",
-            code=translator.error.get("code"),
+            code=error.get("code"),
             headers=headers,
         )
     headers["X-Chatmem-Status"] = translator.status or TurnStatus.FAILED
