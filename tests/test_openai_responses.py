@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import auth
 from tests.openai_support import MODEL, TENANT, conversations, ended_turns, make_key, new_user, sdk, turns
 from tests.procs import ServerProcess, server_process
 
@@ -705,3 +706,33 @@ async def test_odd_bodies_are_400s_in_openai_shape_never_500s(live: ServerProces
         assert set(error) >= {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
         assert (await http.get("/openai/v1/models")).status_code == 200  # the connection and server live on
     assert await conversations(live, user) == []
+
+
+async def test_new_input_after_a_response_that_waits_for_an_approval_replaces_it(start_server: Any) -> None:
+    # It was a 409 ("a reply is already streaming"): a Responses client, which has no way to decide
+    # the approval, could not go on in its conversation at all.
+    server = await start_server(tools_requiring_approval=["current_time"])
+    user = new_user()
+    token = auth(TENANT, user)["Authorization"].removeprefix("Bearer ")
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token, max_retries=0)
+    parked = await client.responses.create(model=MODEL, input="what time is it?")
+    assert parked.status == "incomplete" and parked.incomplete_details is not None
+    assert parked.incomplete_details.reason == "awaiting_approval"
+    after = await client.responses.create(
+        model=MODEL, input="never mind, say hi", previous_response_id=parked.id
+    )
+    assert after.status == "completed" and "say hi" in after.output_text
+    async with server.client(TENANT, user) as api:
+        conversation = (await api.get("/v1/conversations")).json()["items"][0]["id"]
+        stored = (await api.get(f"/v1/conversations/{conversation}/turns")).json()["items"]
+        context = (await api.get(f"/v1/conversations/{conversation}/context")).json()
+    assert [(t["role"], t["status"]) for t in stored] == [
+        ("user", "completed"),
+        ("assistant", "interrupted_by_user"),
+        ("user", "completed"),
+        ("assistant", "completed"),
+    ]
+    assert stored[1]["interrupt_reason"] == "new_message"
+    assert stored[1]["tool_calls"][0]["state"] == "cancelled"
+    assert not any(m.get("tool_calls") or m["role"] == "tool" for m in context["messages"])
+    assert (await client.responses.retrieve(parked.id)).status == "incomplete"

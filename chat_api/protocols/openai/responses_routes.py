@@ -142,12 +142,18 @@ async def start_response(
     """
     chat = asked.chat
     previous: StoredResponse | None = None
+    on_busy = "reject"
     if asked.previous_response_id is not None:
         previous = (known or {}).get(asked.previous_response_id)
         if previous is None:
             previous = await previous_response(services, owner, asked.previous_response_id)
         conversation_id = previous.conversation_id
         begin = _continue(services, admission, owner, asked, after_response(previous))
+        async with services.db.session() as session:
+            if await reply_state(session, previous.id) == TurnStatus.AWAITING_APPROVAL:
+                # No Responses client can decide the approval; its next input replaces the waiting
+                # reply (whose calls then never run), as a new chat message or AG-UI's steer-away does.
+                on_busy = "interrupt"
     elif asked.compacted is not None:
         async with services.db.session() as session:
             conversation_id = (
@@ -180,7 +186,7 @@ async def start_response(
         conversation_id,
         _recorded(owner, asked, begin),
         admitted=admitted,
-        on_busy="reject",
+        on_busy=on_busy,
         idempotency_key=None,
         memory_scope=services.settings.memory_scope,
     )
