@@ -708,7 +708,10 @@ async def test_odd_bodies_are_400s_in_openai_shape_never_500s(live: ServerProces
     assert await conversations(live, user) == []
 
 
-async def test_new_input_after_a_response_that_waits_for_an_approval_replaces_it(start_server: Any) -> None:
+@pytest.mark.parametrize("continued_by", ["previous_response_id", "conversation"])
+async def test_new_input_after_a_response_that_waits_for_an_approval_replaces_it(
+    start_server: Any, continued_by: str
+) -> None:
     # It was a 409 ("a reply is already streaming"): a Responses client, which has no way to decide
     # the approval, could not go on in its conversation at all.
     server = await start_server(tools_requiring_approval=["current_time"])
@@ -718,12 +721,14 @@ async def test_new_input_after_a_response_that_waits_for_an_approval_replaces_it
     parked = await client.responses.create(model=MODEL, input="what time is it?")
     assert parked.status == "incomplete" and parked.incomplete_details is not None
     assert parked.incomplete_details.reason == "awaiting_approval"
+    async with server.client(TENANT, user) as api:
+        conversation = (await api.get("/v1/conversations")).json()["items"][0]["id"]
+    continuing = {"previous_response_id": parked.id, "conversation": conversation}
     after = await client.responses.create(
-        model=MODEL, input="never mind, say hi", previous_response_id=parked.id
+        model=MODEL, input="never mind, say hi", **{continued_by: continuing[continued_by]}
     )
     assert after.status == "completed" and "say hi" in after.output_text
     async with server.client(TENANT, user) as api:
-        conversation = (await api.get("/v1/conversations")).json()["items"][0]["id"]
         stored = (await api.get(f"/v1/conversations/{conversation}/turns")).json()["items"]
         context = (await api.get(f"/v1/conversations/{conversation}/context")).json()
     assert [(t["role"], t["status"]) for t in stored] == [
