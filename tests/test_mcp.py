@@ -76,7 +76,7 @@ async def exercise(client: Client, server: LiveServer) -> None:
     assert (await call(client, "search_memory", query="vegetarian bees"))["items"] == []
     assert "not_found" in await error_of(client, "forget", item_id=item["id"])
     assert "invalid_input" in await error_of(client, "remember", fact="   ")
-    assert "k must be" in await error_of(client, "search_memory", query="bees", k=0)
+    assert "greater than or equal to 1" in await error_of(client, "search_memory", query="bees", k=0)
     async with server.client() as api:
         assert (await api.get("/v1/memory/items")).json()["items"] == []
 
@@ -132,6 +132,29 @@ async def test_http_endpoint_is_authenticated_like_the_api(server: LiveServer) -
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "unauthorized"
         assert response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_an_argument_of_the_wrong_type_or_out_of_range_is_a_tool_error_that_touches_nothing(
+    server: LiveServer,
+) -> None:
+    """Found: `forget(item_id=true)` forgot item 1 (a JSON true read as the integer 1), `k=true`
+    searched for one item, and an id past the bigint range failed in the database (a logged
+    failure and a bare "Error executing tool") where the items API answers 422."""
+    async with http_client(server, "t1", "u-args") as client:
+        item = await call(client, "remember", fact=STATED)
+        schemas = {t.name: t.input_schema["properties"] for t in (await client.list_tools()).tools}
+        assert schemas["forget"]["item_id"]["maximum"] == 2**63 - 1
+        assert schemas["search_memory"]["k"]["minimum"] == 1
+        for arguments in ({"item_id": True}, {"item_id": False}, {"item_id": 2**63}, {"item_id": 2**70}):
+            message = await error_of(client, "forget", **arguments)
+            assert "item_id" in message and "validation error" in message, (arguments, message)
+        for k in (True, 10**30, -1, 1.5):
+            message = await error_of(client, "search_memory", query="bees", k=k)
+            assert "k" in message and "validation error" in message, (k, message)
+        found = await call(client, "search_memory", query="vegetarian bees", k=2)
+        assert found["items"][0]["id"] == item["id"]
+    async with server.client("t1", "u-args") as api:
+        assert [i["id"] for i in (await api.get("/v1/memory/items")).json()["items"]] == [item["id"]]
 
 
 async def test_each_user_sees_and_forgets_only_their_own_memory(server: LiveServer) -> None:

@@ -19,12 +19,12 @@ from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.schemas import Strict
 from memory.errors import InvalidInput
 from memory.recall.access import MAX_QUERY_CHARS
-from memory.recall.items import MAX_ITEM_CHARS, ItemFilter, StoredMemory, get_item, list_items
+from memory.recall.items import MAX_ITEM_CHARS, MAX_ITEM_ID, ItemFilter, StoredMemory, get_item, list_items
 from memory.record.conversations import get_conversation
 
 router = door_router(prefix="/v1/memory/items", tags=["memory"])
 
-ItemId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The item's id.")]
+ItemId = Annotated[int, Path(ge=1, le=MAX_ITEM_ID, description="The item's id.")]
 
 
 class MemoryItemRecord(BaseModel):

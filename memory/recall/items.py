@@ -48,6 +48,8 @@ from memory.storage.models import Conversation, MemoryIndex, MemoryItem, MemoryI
 
 # The longest text a stated fact or a correction may have (a turn's chunk is ~1,200).
 MAX_ITEM_CHARS = 2000
+# Ids are bigints: every door refuses one outside 1..MAX_ITEM_ID before it asks the database.
+MAX_ITEM_ID = 2**63 - 1
 
 
 class ConversationMemoryOff(Conflict):

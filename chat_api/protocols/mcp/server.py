@@ -29,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 from fastapi import FastAPI
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import Field
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
@@ -47,6 +48,7 @@ from chat_api.errors import RateLimited, error_body
 from chat_api.routes.memory_items import MemoryItemRecord
 from chat_api.services import Services
 from memory.errors import DomainError, InvalidInput
+from memory.recall.items import MAX_ITEM_ID
 from memory.record.conversations import Owner
 from memory.storage.tenancy import tenant_scope
 
@@ -55,6 +57,11 @@ T = TypeVar("T")
 MCP_PATH = "/mcp"
 DEFAULT_K = 8
 MAX_K = 50
+
+# Held to the items API's bounds, strictly typed (a JSON true is no 1), and published in the
+# tools' input schemas, so a bad argument is a tool error before any work.
+ResultCount = Annotated[int, Field(ge=1, le=MAX_K, strict=True, description="How many items, best first.")]
+ItemId = Annotated[int, Field(ge=1, le=MAX_ITEM_ID, strict=True, description="An id from search_memory.")]
 
 INSTRUCTIONS = (
     "The user's long-term memory from chatmem: what they said in past conversations and facts they "
@@ -90,10 +97,8 @@ def memory_mcp_server(backend: Callable[[Context], Awaitable[MemoryTools]]) -> M
     server = _quiet_server("chatmem", INSTRUCTIONS)
 
     @server.tool()
-    async def search_memory(query: str, ctx: Context, k: int = DEFAULT_K) -> dict[str, Any]:
+    async def search_memory(query: str, ctx: Context, k: ResultCount = DEFAULT_K) -> dict[str, Any]:
         """Search the user's long-term memory; returns the best items (id, text, date, score), best first."""
-        if not 1 <= k <= MAX_K:
-            raise ToolError(f"k must be between 1 and {MAX_K}")
         memory = await backend(ctx)
         return {"query": query, "items": await _tool_call(memory.search(query, k))}
 
@@ -104,7 +109,7 @@ def memory_mcp_server(backend: Callable[[Context], Awaitable[MemoryTools]]) -> M
         return await _tool_call(memory.remember(fact))
 
     @server.tool()
-    async def forget(item_id: int, ctx: Context) -> dict[str, Any]:
+    async def forget(item_id: ItemId, ctx: Context) -> dict[str, Any]:
         """Forget one memory item for good (its id comes from search_memory)."""
         memory = await backend(ctx)
         await _tool_call(memory.forget(item_id))
