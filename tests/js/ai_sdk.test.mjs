@@ -359,6 +359,26 @@ test('bad input is refused with chatmem error bodies before any stream, and noth
   assert.match(chat.error.message, /validation_error/);
 });
 
+test('a file attached to a message, or a text part that is no string, is refused: nothing dropped or stored', BOUND, async () => {
+  // Found: the file of sendMessage({text, files}) was dropped without a word (the reply
+  // answered the text as if nothing was attached, and the history lost it), and a text part
+  // whose text was an object or a number was stored and answered as its Python repr.
+  const before = (await call('GET', '/v1/conversations')).body.items.length;
+  const chat = newChat();
+  const files = [{ type: 'file', mediaType: 'image/png', filename: 'cat.png', url: 'data:image/png;base64,iVBORw0KGgo=' }];
+  await chat.sendMessage({ text: 'what is in this picture?', files });
+  assert.equal(chat.status, 'error');
+  assert.match(chat.error.message, /file parts are not supported/);
+  assert.deepEqual(await stored(chat.id), []);
+  for (const text of [{ a: 1 }, 12345, ['hello'], null]) {
+    const message = { id: generateId(), role: 'user', parts: [{ type: 'text', text }] };
+    const answer = await call('POST', '/v1/ai-sdk/chat', { body: { id: generateId(), trigger: 'submit-message', messages: [message] } });
+    assert.equal(answer.status, 422, JSON.stringify(text));
+    assert.equal(answer.body.error.code, 'invalid_input');
+  }
+  assert.equal((await call('GET', '/v1/conversations')).body.items.length, before);
+});
+
 test("another user's chat: the same client id, or the owner's conversation id, is just a chat they have not used", BOUND, async () => {
   const chat = newChat();
   await chat.sendMessage({ text: 'mine alone' });

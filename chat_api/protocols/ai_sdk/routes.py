@@ -138,7 +138,7 @@ async def chat(
         return await _approve(body, responses, owner, services, admission)
     if last.role != "user":
         raise InvalidInput("the last message must be the user's", field="messages")
-    content = text_of(last.model_dump())
+    content = _text(last)
     check_text(content, field="messages", max_chars=services.settings.max_message_chars)
     if body.messageId is not None:
         if body.messageId != last.id:
@@ -165,9 +165,17 @@ async def chat(
     return _reply_stream(services, admitted, accepted, body)
 
 
+def _text(message: UIMessageIn) -> str:
+    """The message's text; a part that cannot be taken as text is a 422 (see ``text_of``)."""
+    try:
+        return text_of(message.model_dump())
+    except ValueError as exc:
+        raise InvalidInput(str(exc), field="messages") from exc
+
+
 def _instructions(body: ChatRequest, max_chars: int) -> str | None:
     """The client's system messages: this reply's instructions, after chatmem's own system prompt."""
-    texts = [text_of(m.model_dump()).strip() for m in body.messages if m.role == "system"]
+    texts = [_text(m).strip() for m in body.messages if m.role == "system"]
     instructions = "\n\n".join(text for text in texts if text)
     if not instructions:
         return None

@@ -447,11 +447,26 @@ class ApprovalResponse:
 
 
 def text_of(message: dict[str, Any]) -> str:
-    """The text of a message's text parts, joined."""
+    """The text of a message's text parts, joined; other parts (data, sources, steps) are not the message.
+
+    ValueError for a text part whose text is not a string, and for a file part: chatmem keeps
+    and answers text only, so an attachment would be dropped without the user knowing.
+    """
     parts = message.get("parts")
     if not isinstance(parts, list):
         return ""
-    return "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict) and p.get("type") == "text")
+    texts = []
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "file":
+            raise ValueError("file parts are not supported: chatmem keeps text only (send the file's text)")
+        if part.get("type") == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise ValueError("a text part's text must be a string")
+            texts.append(text)
+    return "".join(texts)
 
 
 def approval_responses(message: dict[str, Any]) -> list[ApprovalResponse] | None:
