@@ -364,21 +364,36 @@ async def _start_reply(
             services.runner.launch(reply, ReplyRequest(user_text=user_text, memory_scope=memory_scope))
             return Accepted(reply.id, reply.user_turn_id, reattached=False)
         assert running is not None
+        if on_busy == "interrupt":
+            await stop_reply(services, running, reason=StopReason.NEW_MESSAGE)
+            continue  # then start it, once the running reply has ended
+        if await reply_parked(services, running):
+            # Waiting for a person can take hours; holding this request open would not help.
+            raise ConversationBusy(
+                "the reply in this conversation waits for a tool approval",
+                running_turn_id=str(running),
+                awaiting_approval=True,
+            )
         if on_busy == "reject":
             raise ConversationBusy(
                 "a reply is already streaming in this conversation", running_turn_id=str(running)
             )
-        if on_busy == "interrupt":
-            await stop_reply(services, running, reason=StopReason.NEW_MESSAGE)
-        else:  # enqueue
-            if await reply_parked(services, running):
-                # Waiting for a person can take hours; holding this request open would not help.
-                raise ConversationBusy(
-                    "the reply in this conversation waits for a tool approval",
-                    running_turn_id=str(running),
-                    awaiting_approval=True,
-                )
-            await until(wait_reply_done(services, running, timeout=None))
+        await until(wait_reply_done(services, running, timeout=None))  # enqueue
+
+
+async def busy_policy(services: Services, owner: Owner, conversation_id: uuid.UUID, *, otherwise: str) -> str:
+    """`interrupt` when the conversation's reply waits for an approval, else `otherwise`.
+
+    For a door whose client sent no busy policy: new input beside a parked reply is the
+    client's answer to it (the user typed, edited or regenerated instead of deciding), so it
+    replaces the waiting reply, whose calls then never run, as a new chat-completions message
+    or AG-UI's steer-away does. A reply still streaming gets `otherwise`.
+    """
+    async with services.db.session() as session:
+        running = (await get_conversation(session, owner, conversation_id)).active_reply_id
+    if running is not None and await reply_parked(services, running):
+        return "interrupt"
+    return otherwise
 
 
 async def _answered(session: AsyncSession, earlier: Turn) -> uuid.UUID:

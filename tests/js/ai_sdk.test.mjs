@@ -327,6 +327,50 @@ test('deny through addToolApprovalResponse: the call is denied with its reason, 
   assert.deepEqual(comparable(history), comparable(chat.messages));
 });
 
+test('a reply waiting for an approval gives way to a new message, a regenerate or an edit', BOUND, async () => {
+  // Found: each was a 409 "a reply is already streaming in this conversation" (nothing
+  // streamed): a useChat user who typed, regenerated or edited instead of deciding got an error.
+  {
+    const { chat } = await askForTransfer();
+    const parked = chat.messages[1].id;
+    await chat.sendMessage({ text: 'never mind, just say hello' });
+    assert.equal(chat.status, 'ready', chat.error?.message);
+    assert.equal(chat.messages.length, 4);
+    assert.ok(textOf(chat.messages[3]).length > 0);
+    const history = await stored(chat.id);
+    assert.equal(history.length, 4);
+    assert.equal(history[1].id, parked);
+    assert.equal(history[1].metadata.status, 'interrupted_by_user');
+    assert.equal(history[1].metadata.interrupt_reason, 'new_message');
+    assert.equal(toolParts(history[1])[0].state, 'output-error'); // cancelled: it never ran
+  }
+  {
+    const { chat } = await askForTransfer();
+    const parked = chat.messages[1].id;
+    await chat.regenerate();
+    assert.equal(chat.status, 'ready', chat.error?.message);
+    const history = await stored(chat.id);
+    assert.equal(history.length, 2);
+    assert.notEqual(history[1].id, parked);
+  }
+  {
+    const { chat } = await askForTransfer();
+    await chat.sendMessage({ text: 'just say hello', messageId: chat.messages[0].id });
+    assert.equal(chat.status, 'ready', chat.error?.message);
+    const history = await stored(chat.id);
+    assert.deepEqual(history.map((m) => m.role), ['user', 'assistant']);
+    assert.equal(textOf(history[0]), 'just say hello');
+    assert.equal(history[1].metadata.status, 'completed');
+  }
+  // A client that asks for on_busy=reject still gets its 409.
+  const { chat } = await askForTransfer();
+  const refused = await call('POST', '/v1/ai-sdk/chat', {
+    body: { id: chat.id, trigger: 'submit-message', on_busy: 'reject', messages: [...chat.messages, userMessage('hello')] },
+  });
+  assert.equal(refused.status, 409);
+  assert.match(refused.body.error.message, /waits for a tool approval/);
+});
+
 test('bad input is refused with chatmem error bodies before any stream, and nothing is written', BOUND, async () => {
   const before = (await call('GET', '/v1/conversations')).body.items.length;
   const post = (body) => call('POST', '/v1/ai-sdk/chat', { body });

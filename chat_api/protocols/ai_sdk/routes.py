@@ -69,6 +69,7 @@ from chat_api.replies import (
     Started,
     accept_message,
     answer_again,
+    busy_policy,
     decide,
     edit_message,
     follow_reply,
@@ -155,7 +156,7 @@ async def chat(
             conversation.id,
             content,
             admitted=admitted,
-            on_busy=body.on_busy or services.settings.on_busy_default,
+            on_busy=await _busy_policy(services, owner, conversation.id, body),
             # A retried request (same message id) reattaches to the reply it started.
             idempotency_key=f"ai-sdk:{last.id}",
             memory_scope=body.memory_scope or services.settings.memory_scope,
@@ -171,6 +172,15 @@ def _text(message: UIMessageIn) -> str:
         return text_of(message.model_dump())
     except ValueError as exc:
         raise InvalidInput(str(exc), field="messages") from exc
+
+
+async def _busy_policy(
+    services: Services, owner: Owner, conversation_id: uuid.UUID, body: ChatRequest
+) -> str:
+    """The client's `on_busy`; without one, a reply waiting for an approval gives way (see busy_policy)."""
+    if body.on_busy is not None:
+        return body.on_busy
+    return await busy_policy(services, owner, conversation_id, otherwise=services.settings.on_busy_default)
 
 
 def _instructions(body: ChatRequest, max_chars: int) -> str | None:
@@ -205,7 +215,7 @@ async def _edit(
             content,
             admitted=admitted,
             conversation_id=conversation.id,
-            on_busy=body.on_busy or services.settings.on_busy_default,
+            on_busy=await _busy_policy(services, owner, conversation.id, body),
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
@@ -240,7 +250,7 @@ async def _regenerate(
             conversation.id,
             begin,
             admitted=admitted,
-            on_busy=body.on_busy or services.settings.on_busy_default,
+            on_busy=await _busy_policy(services, owner, conversation.id, body),
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )

@@ -74,6 +74,7 @@ from chat_api.replies import (
     BeginReply,
     Started,
     answer_tool_results,
+    busy_policy,
     follow_reply,
     hand_over,
     start_reply,
@@ -180,25 +181,12 @@ async def start_response(
         conversation_id,
         _recorded(owner, asked, begin),
         admitted=admitted,
-        on_busy=await busy_policy(services, owner, conversation_id),
+        on_busy=await busy_policy(services, owner, conversation_id, otherwise="reject"),
         idempotency_key=None,
         memory_scope=services.settings.memory_scope,
     )
     hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return accepted, conversation_id, previous.id if previous is not None else None
-
-
-async def busy_policy(services: Services, owner: Owner, conversation_id: uuid.UUID) -> str:
-    """`interrupt` when the conversation's reply waits for an approval, else `reject` (409 while one streams).
-
-    No Responses client can decide an approval: its next input replaces the waiting reply
-    (whose calls then never run), as a new chat-completions message or AG-UI's steer-away does.
-    """
-    async with services.db.session() as session:
-        running = (await get_conversation(session, owner, conversation_id)).active_reply_id
-        if running is not None and await reply_state(session, running) == TurnStatus.AWAITING_APPROVAL:
-            return "interrupt"
-    return "reject"
 
 
 async def previous_response(services: Services, owner: Owner, reply_id: uuid.UUID) -> StoredResponse:
