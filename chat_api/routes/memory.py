@@ -13,12 +13,11 @@ from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.replies.recall import observe_rewrite_of, recalled_item
 from chat_api.schemas import Strict
 from memory.errors import InvalidInput
+from memory.recall.access import MAX_QUERY_CHARS
 from memory.recall.forgetting import forget_user_memory
 from memory.record.conversations import get_conversation
 
 router = door_router(prefix="/v1/memory", tags=["memory"])
-
-MAX_QUERY_CHARS = 2000
 
 
 class MemorySearch(Strict):
