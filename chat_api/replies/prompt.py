@@ -44,6 +44,7 @@ class Prompter:
             await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
         else:
             reply.memory_use = "off"
+            self.recaller.forget_query(reply.id)  # memory was switched off since it was accepted
         return window
 
     async def window_for(self, conversation_id: uuid.UUID, instructions: str | None = None) -> PromptWindow:

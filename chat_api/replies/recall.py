@@ -79,6 +79,7 @@ async def recall_for_reply(
                     extra_exclude=[reply.user_turn_id],
                     window=window,
                     for_block=True,
+                    prepared=reply.id,  # the query encoded while the reply was accepted, if it was
                 )
     except TimeoutError:
         observe_recall("timeout")

@@ -156,6 +156,8 @@ class ReplyRunner:
             if not generation.done():
                 generation.cancel()
             await asyncio.wait({generation})
+            # Stopped or failed before its recall: the query encoded for it is not kept.
+            self.recaller.forget_query(reply.id)
         error: dict[str, str] | None = None
         if generation.cancelled():
             if reply.stop_reason in USER_STOP_REASONS:

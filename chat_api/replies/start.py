@@ -328,6 +328,7 @@ async def _start_reply(
         running: uuid.UUID | None = None
         reply: Reply | None = None
         user_text = ""
+        prepared: uuid.UUID | None = None
         try:
             async with services.db.transaction() as session:
                 conversation = await get_conversation(session, owner, conversation_id, for_update=True)
@@ -340,7 +341,12 @@ async def _start_reply(
                     running = conversation.active_reply_id
                 else:
                     reply_id = uuid.uuid4()
+                    # Its query is encoded while the turns are stored (a regenerate's, once read).
+                    if content is not None:
+                        prepared = _prepare_query(services, conversation, reply_id, content, memory_scope)
                     user_turn, user_text = await begin(session, conversation, reply_id)
+                    if content is None:
+                        prepared = _prepare_query(services, conversation, reply_id, user_text, memory_scope)
                     reply = Reply(reply_id, owner, conversation.id, user_turn.id)
                     reply.publish(
                         EventName.TURN_STARTED,
@@ -359,6 +365,8 @@ async def _start_reply(
         except BaseException:
             if reply is not None:
                 services.registry.remove(reply.id)
+            if prepared is not None:
+                services.recaller.forget_query(prepared)
             raise
         if reply is not None:
             services.runner.launch(reply, ReplyRequest(user_text=user_text, memory_scope=memory_scope))
@@ -394,6 +402,19 @@ async def busy_policy(services: Services, owner: Owner, conversation_id: uuid.UU
     if running is not None and await reply_parked(services, running):
         return "interrupt"
     return otherwise
+
+
+def _prepare_query(
+    services: Services, conversation: Conversation, reply_id: uuid.UUID, text: str, memory_scope: str
+) -> uuid.UUID | None:
+    """Start encoding the reply's recall query now, if the reply will recall and the text is its query.
+
+    Whether a reply recalls is decided by its memory scope and its conversation's "use memory"
+    (chat_api.replies.prompt); whether the text is its query, by the recaller.
+    """
+    if memory_scope == "none" or not conversation.use_memory:
+        return None
+    return reply_id if services.recaller.prepare_query(reply_id, text) else None
 
 
 async def _answered(session: AsyncSession, earlier: Turn) -> uuid.UUID:

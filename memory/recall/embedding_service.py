@@ -101,6 +101,14 @@ def embedding_budget(seconds: float, *, retries: int = 1) -> Iterator[None]:
         _BUDGET.reset(token)
 
 
+def budget_seconds_left() -> float | None:
+    """The seconds left in the embedding budget set around the caller (None: no budget)."""
+    budget = _BUDGET.get()
+    if budget is None:
+        return None
+    return max(0.0, budget.deadline - asyncio.get_running_loop().time())
+
+
 def _retry_after(exc: openai.APIStatusError) -> float | None:
     """The server's Retry-After in seconds (delta-seconds or an HTTP date), if it sent one."""
     value = exc.response.headers.get("retry-after")

@@ -238,6 +238,10 @@ class MemoryIndex:
         """The encoder of the generation in use (the configured one unless the index was built by another)."""
         return self._current.embedder if self._current is not None else self.configured
 
+    def current(self) -> Generation | None:
+        """The generation in use as last read (no database read; None before ``start``)."""
+        return self._current
+
     def look_again(self) -> None:
         """Re-read the active generation at the next call (a write found it changed)."""
         self._checked = 0.0
@@ -253,6 +257,15 @@ async def generation_of(embedder: Embedder, db: Database) -> Generation:
     if isinstance(embedder, MemoryIndex):
         return await embedder.generation()
     return await MemoryIndex(db, embedder).start()
+
+
+def current_generation(embedder: Embedder) -> Generation | None:
+    """The generation a MemoryIndex uses now, without reading the database; None for a bare encoder.
+
+    For work started ahead of a search (memory/recall/prepared_queries.py): the search checks
+    the generation again (``generation_of``) and drops what was made for another.
+    """
+    return embedder.current() if isinstance(embedder, MemoryIndex) else None
 
 
 async def write_guard(session: AsyncSession, embedder: Embedder, generation: Generation) -> None:

@@ -24,9 +24,10 @@ from memory.recall.embeddings import Embedder
 from memory.recall.excerpts import cut_relative, fetch_count, focus
 from memory.recall.found import FoundMemory, RecallResult
 from memory.recall.fusion import Fusion
-from memory.recall.index import generation_of
+from memory.recall.index import current_generation, generation_of
+from memory.recall.prepared_queries import PreparedQueries
 from memory.recall.remembering import remembered_text
-from memory.recall.rewrite import Complete, HistoryLine, Rewrite, rewrite_query
+from memory.recall.rewrite import Complete, HistoryLine, Rewrite, rewrite_query, stands_alone
 from memory.recall.search import Recalled, recall_memories
 from memory.recall.vector_cache import VectorCache
 from memory.record.conversations import Owner
@@ -73,12 +74,33 @@ class Recaller:
         )
         # Unindexed turns come back in every recall until the indexer reaches them.
         self.turn_vectors = VectorCache()
+        # Replies' queries encoded while the replies are accepted, until their recall takes them.
+        self.prepared = PreparedQueries()
 
     def _prepare_text(self, body: str) -> str | None:
         # A turn the indexer would skip is not recalled before indexing either.
         return remembered_text(
             body, redact_pii=self.settings.redact_pii, extra_phrases=self.settings.low_information_extra
         )
+
+    def prepare_query(self, key: uuid.UUID, message: str) -> bool:
+        """Start encoding ``message`` as the query of the search ``key`` will make, if it will be.
+
+        Only a message that stands alone: the rewrite leaves it as it is, whatever the rewrite
+        mode, so its vector is the one the search would encode. The search takes it with
+        ``search(prepared=key)``; ``forget_query(key)`` drops it if that search never comes.
+        True if an encode was started.
+        """
+        query = message.strip()
+        generation = current_generation(self.embedder)
+        if generation is None or not query or not stands_alone(query):
+            return False
+        self.prepared.prepare(key, query, generation, box_seconds=self.settings.recall_timeout_seconds)
+        return True
+
+    def forget_query(self, key: uuid.UUID) -> None:
+        """Drop the query prepared for ``key`` (its reply ended, or will not recall)."""
+        self.prepared.drop(key)
 
     async def search(
         self,
@@ -93,63 +115,74 @@ class Recaller:
         rewrite: bool = True,
         window: PromptWindow | None = None,
         for_block: bool = False,
+        prepared: uuid.UUID | None = None,
     ) -> RecallResult:
         """Rewrite (with the history of ``window``, or of ``history_conversation``) and search.
 
         ``exclude_window``: never return the turns already in that window.
         ``for_block``: the memories are for a reply's block: shaped by MEMORY_SENTENCES and
         MEMORY_RELATIVE_CUT (memory.recall.excerpts).
+        ``prepared``: the key a query was prepared under (``prepare_query``); its vector is
+        used if it is the query searched, in the generation searched.
         """
-        started = time.perf_counter()
-        latency: dict[str, float] = {}
-        history: list[HistoryLine] = []
-        exclude: set[uuid.UUID] = set(extra_exclude)
-        if window is None and history_conversation is not None:
-            window = await read_window(
-                self.db, history_conversation, prompts=self.prompts, budget=self.budget
-            )
-        if window is not None:  # the reply's own window, read once and shared with its first step
-            history = history_lines(window.messages)
-            if exclude_window:
-                exclude.update(window.turn_ids)
-        latency["context"] = _ms_since(started)
-        mark = time.perf_counter()
-        if rewrite:
-            result = await rewrite_query(
-                message,
-                history,
-                prompts=self.prompts,
-                complete=self.complete,
-                timeout=self.settings.rewrite_timeout_seconds,
-            )
-        else:
-            result = Rewrite(message.strip(), "skipped")
-        latency["rewrite"] = _ms_since(mark)
-        mark = time.perf_counter()
-
-        recalled = await recall_memories(
-            self.db,
-            self.embedder,
-            tenant_id=owner.tenant_id,
-            user_id=owner.user_id,
-            query_text=result.query,
-            k=fetch_count(k, self.settings.memory_sentences) if for_block else k,
-            conversation_id=scope_conversation,
-            exclude_turn_ids=exclude,
-            min_score=self.settings.memory_min_score,
-            prepare_text=self._prepare_text,
-            fusion=self.fusion,
-            cache=self.turn_vectors,
-        )
-        latency["embed"] = recalled.latency_ms.get("embed", 0.0)
-        latency["search"] = _ms_since(mark)
-        memories = recalled.memories
-        if for_block:
+        ahead = self.prepared.take(prepared) if prepared is not None else None
+        try:
+            started = time.perf_counter()
+            latency: dict[str, float] = {}
+            history: list[HistoryLine] = []
+            exclude: set[uuid.UUID] = set(extra_exclude)
+            if window is None and history_conversation is not None:
+                window = await read_window(
+                    self.db, history_conversation, prompts=self.prompts, budget=self.budget
+                )
+            if window is not None:  # the reply's own window, read once and shared with its first step
+                history = history_lines(window.messages)
+                if exclude_window:
+                    exclude.update(window.turn_ids)
+            latency["context"] = _ms_since(started)
             mark = time.perf_counter()
-            memories = await self._for_block(result.query, memories, k, recalled)
-            latency["excerpts"] = _ms_since(mark)
-        latency["total"] = _ms_since(started)
-        return RecallResult(result.query, result, memories, latency, degraded=recalled.degraded)
+            if rewrite:
+                result = await rewrite_query(
+                    message,
+                    history,
+                    prompts=self.prompts,
+                    complete=self.complete,
+                    timeout=self.settings.rewrite_timeout_seconds,
+                )
+            else:
+                result = Rewrite(message.strip(), "skipped")
+            latency["rewrite"] = _ms_since(mark)
+            mark = time.perf_counter()
+
+            recalled = await recall_memories(
+                self.db,
+                self.embedder,
+                tenant_id=owner.tenant_id,
+                user_id=owner.user_id,
+                query_text=result.query,
+                k=fetch_count(k, self.settings.memory_sentences) if for_block else k,
+                conversation_id=scope_conversation,
+                exclude_turn_ids=exclude,
+                min_score=self.settings.memory_min_score,
+                prepare_text=self._prepare_text,
+                fusion=self.fusion,
+                cache=self.turn_vectors,
+                prepared=ahead,
+            )
+            if recalled.query_ahead:
+                self.prepared.used += 1
+            latency["embed"] = recalled.latency_ms.get("embed", 0.0)
+            latency["search"] = _ms_since(mark)
+            memories = recalled.memories
+            if for_block:
+                mark = time.perf_counter()
+                memories = await self._for_block(result.query, memories, k, recalled)
+                latency["excerpts"] = _ms_since(mark)
+            latency["total"] = _ms_since(started)
+            return RecallResult(result.query, result, memories, latency, degraded=recalled.degraded)
+        finally:
+            if ahead is not None:
+                ahead.encode.cancel()  # no-op once done; an unused encode stops here
 
     async def _for_block(
         self, query: str, memories: list[FoundMemory], k: int, recalled: Recalled

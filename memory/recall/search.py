@@ -35,6 +35,7 @@ from memory.recall.fusion import DEFAULT_FUSION, Fusion
 from memory.recall.index import Generation, generation_of
 from memory.recall.index_search import fuse, search_candidates
 from memory.recall.keywords import memory_text, photo_caption
+from memory.recall.prepared_queries import PreparedQuery
 from memory.recall.unindexed import UNINDEXED_LIMIT, UnindexedTurn, find_unindexed, score_unindexed
 from memory.recall.vector_cache import VectorCache, embed_with_query, turn_key
 from memory.storage.db import Database
@@ -67,6 +68,8 @@ class Recalled:
     # The query's vector and the generation it was encoded for (None when degraded or nothing searched).
     query_vector: list[float] | None = None
     generation: Generation | None = None
+    # The query's vector was encoded ahead (memory/recall/prepared_queries.py), not here.
+    query_ahead: bool = False
 
 
 async def recall_memories(
@@ -84,13 +87,15 @@ async def recall_memories(
     unindexed_limit: int = UNINDEXED_LIMIT,
     fusion: Fusion = DEFAULT_FUSION,
     cache: VectorCache | None = None,
+    prepared: PreparedQuery | None = None,
 ) -> Recalled:
     """The user's ``k`` best memories for a query, indexed or not yet, best first; and each step's ms.
 
     ``prepare_text`` shapes an unindexed turn's text as the indexer would (redaction) and
     returns None for a turn the indexer would skip (low information). ``cache`` keeps
-    the unindexed turns' vectors from one recall to the next. If the embedding service
-    gives no query vector, the memories come from keyword search alone (``degraded``).
+    the unindexed turns' vectors from one recall to the next. ``prepared``: the query's
+    vector encoded ahead, used if it is this query's in this generation. If the embedding
+    service gives no query vector, the memories come from keyword search alone (``degraded``).
     """
     latency: dict[str, float] = {}
     if k <= 0 or not query_text.strip():
@@ -111,10 +116,16 @@ async def recall_memories(
     # The query is encoded by the encoder of the generation it is compared with (never mixed).
     generation = await generation_of(embedder, db)
     degraded: tuple[str, str] | None = None
-    query_vector: list[float] | None = None
+    query_vector = await prepared.vector_for(query_text, generation) if prepared is not None else None
+    query_ahead = query_vector is not None
     try:
         query_vector, turn_vectors = await embed_for_recall(
-            generation.embedder, query_text, unindexed, cache, generation_id=generation.id
+            generation.embedder,
+            query_text,
+            unindexed,
+            cache,
+            generation_id=generation.id,
+            query_vector=query_vector,
         )
     except EmbeddingServiceError as exc:
         degraded = (RecallError.EMBEDDING_UNAVAILABLE, str(exc))
@@ -152,7 +163,7 @@ async def recall_memories(
                 fusion=fusion,
             )
     latency["rank"] = _ms_since(mark)
-    return Recalled(memories, latency, degraded, query_vector, generation)
+    return Recalled(memories, latency, degraded, query_vector, generation, query_ahead)
 
 
 def _ms_since(started: float) -> float:
@@ -166,12 +177,14 @@ async def embed_for_recall(
     cache: VectorCache | None = None,
     *,
     generation_id: int = 0,
+    query_vector: list[float] | None = None,
 ) -> tuple[list[float], list[list[float]]]:
     """One encode call for the query and the unindexed turns not kept in ``cache``.
 
     One call, because the embedder runs one at a time. Call it with no database
     connection held: under load, replies queue here for the CPU. ``cache`` keeps vectors
-    per generation (``generation_id``): after a reindex, a turn is encoded again.
+    per generation (``generation_id``): after a reindex, a turn is encoded again. A
+    ``query_vector`` already encoded (ahead, by the same encoder) is not encoded again.
     """
     embedded = [
         memory_text(
@@ -183,7 +196,7 @@ async def embed_for_recall(
         for turn in unindexed
     ]
     keys = [turn_key(generation_id, text) for text in embedded]
-    return await embed_with_query(embedder, query_text, embedded, keys, cache)
+    return await embed_with_query(embedder, query_text, embedded, keys, cache, query_vector=query_vector)
 
 
 async def rank_memories(
