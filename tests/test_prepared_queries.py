@@ -1,0 +1,267 @@
+"""A reply's query encoded while the reply is accepted: used once, only when it is the query
+searched with the encoder searched, never left behind.
+
+Live server and real Postgres. The encoder is the real model (OpenVINO, one thread),
+wrapped at its process edge to record what it is asked to encode and when; the tests of
+generations use the deterministic HashEmbedder, as tests/test_memory_reindex.py does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from indexer.pipeline import IndexPipeline
+from memory.config import default_embedding_model
+from memory.events import EventName
+from memory.recall.embeddings import HashEmbedder, SentenceTransformerEmbedder
+from memory.recall.index import Generation, MemoryIndex, current_generation
+from memory.recall.prepared_queries import PreparedQueries
+from memory.recall.search import recall_memories
+from memory.record.conversations import Owner
+from memory.record.outbox import turn_payload
+from memory.storage.db import Database
+from tests.conftest import LiveServer
+from tests.sse import SSEEvent, iter_sse
+from tests.support import new_conversation, wait_until
+from tests.test_indexer import chat_turns, test_settings
+from tests.test_memory_recall import FACT, QUESTION, retrieved, say
+
+OWNER = Owner("tenant-a", "user-a")
+FOLLOW_UP = "Where does she live?"
+
+
+class RecordingEmbedder:
+    """The real encoder, noting each text it is asked to encode in a shared log (in call order)."""
+
+    def __init__(self, encoder: SentenceTransformerEmbedder, log: list[str]) -> None:
+        self.encoder = encoder
+        self.dim = encoder.dim
+        self.spec = encoder.spec
+        self.runtime = encoder.runtime
+        self.log = log
+        self.texts: list[str] = []
+        self.hold: dict[str, asyncio.Event] = {}  # a text's encode waits until its event is set
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.texts.extend(texts)
+        self.log.extend(f"encode {text}" for text in texts)
+        for text in texts:
+            if text in self.hold:
+                await self.hold[text].wait()
+        return await self.encoder.embed(texts)
+
+
+@pytest.fixture(scope="module")
+def real_encoder() -> SentenceTransformerEmbedder:
+    encoder = SentenceTransformerEmbedder(
+        default_embedding_model(), runtime="openvino", cache_root=Path(os.environ["EMBEDDING_CACHE_DIR"])
+    )
+    encoder.load(threads=1)
+    return encoder
+
+
+def window_reads(server: LiveServer, log: list[str]) -> Any:
+    """Note each read of a prompt window (memory.record.turns.RECENT_TURNS) in ``log``."""
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "unnest(b.lineage_ids" in statement and "indexed_seq" not in statement:
+            log.append("window read")
+
+    return note
+
+
+async def test_a_standalone_messages_query_is_encoded_once_before_its_window_is_read_and_recall_uses_it(
+    start_server: Any, real_encoder: SentenceTransformerEmbedder
+) -> None:
+    log: list[str] = []
+    embedder = RecordingEmbedder(real_encoder, log)
+    server: LiveServer = await start_server(embedder=embedder)
+    recaller = server.services.recaller
+    engine = server.services.db.engine.sync_engine
+    note = window_reads(server, log)
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        async with server.client() as client:
+            await say(client, await new_conversation(client, "Family"), FACT)  # leans on "there": not ahead
+            log.clear()
+            before = recaller.prepared.prepared
+            found = retrieved(await say(client, await new_conversation(client), QUESTION))
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert FACT in [item["text"] for item in found["items"]] and "error" not in found
+    assert found["rewrite"] == "skipped" and found["rewritten_query"] == QUESTION
+    # Encoded once, and asked for before the window was read (it used to follow the window read).
+    assert embedder.texts.count(QUESTION) == 1, embedder.texts
+    assert log.index(f"encode {QUESTION}") < log.index("window read"), log
+    assert (recaller.prepared.prepared - before, recaller.prepared.used) == (1, 1)
+    assert len(recaller.prepared) == 0
+
+
+async def test_a_follow_up_is_not_encoded_ahead(
+    start_server: Any, real_encoder: SentenceTransformerEmbedder
+) -> None:
+    embedder = RecordingEmbedder(real_encoder, [])
+    server: LiveServer = await start_server(embedder=embedder)
+    recaller = server.services.recaller
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        await say(client, cid, FACT)
+        before = recaller.prepared.prepared
+        embedder.texts.clear()
+        found = retrieved(await say(client, cid, FOLLOW_UP))
+    assert recaller.prepared.prepared == before  # its query depends on the history
+    assert found["rewrite"] == "heuristic" and found["rewritten_query"] != FOLLOW_UP
+    assert FOLLOW_UP not in embedder.texts and embedder.texts.count(found["rewritten_query"]) == 1
+    assert len(recaller.prepared) == 0
+
+
+async def test_a_reply_with_memory_off_is_not_encoded_ahead(
+    start_server: Any, real_encoder: SentenceTransformerEmbedder
+) -> None:
+    embedder = RecordingEmbedder(real_encoder, [])
+    server: LiveServer = await start_server(embedder=embedder)
+    recaller = server.services.recaller
+    async with server.client() as client:
+        await say(client, await new_conversation(client), QUESTION, memory_scope="none")
+        await say(client, await new_conversation(client, use_memory=False), QUESTION)
+    assert recaller.prepared.prepared == 0 and embedder.texts == []
+
+
+async def test_a_reply_that_fails_to_start_or_is_stopped_while_its_query_encodes_leaves_nothing_behind(
+    start_server: Any, real_encoder: SentenceTransformerEmbedder
+) -> None:
+    embedder = RecordingEmbedder(real_encoder, [])
+    server: LiveServer = await start_server(embedder=embedder)
+    recaller = server.services.recaller
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        events = await say(client, cid, FACT)
+        assert recaller.prepared.prepared == 0  # it leans on "there"
+        # An edit of an assistant turn is refused inside the accept transaction, after the
+        # edited text's encode was started: the encode is dropped with the transaction.
+        reply_id = events[0].data["reply_id"]
+        r = await client.post(f"/v1/turns/{reply_id}/edit", json={"content": QUESTION})
+        assert r.status_code == 422, r.text
+        assert recaller.prepared.prepared == 1 and len(recaller.prepared) == 0
+        # Stopped while its query's encode is still running: nothing is kept, the encode ends.
+        held = asyncio.Event()
+        embedder.hold[QUESTION] = held
+        stream: list[SSEEvent] = []
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json={"content": QUESTION}
+        ) as response:
+            async for sse in iter_sse(response):
+                stream.append(sse)
+                if sse.event == EventName.TURN_STARTED:
+                    await wait_until(lambda: QUESTION in embedder.texts, what="the query's encode")
+                    stop = await client.post(f"/v1/turns/{sse.data['reply_id']}/stop")
+                    assert stop.status_code in (200, 202), stop.text
+    held.set()
+    assert stream[-1].event == EventName.TURN_INTERRUPTED, [e.event for e in stream]
+    assert EventName.MEMORY_RETRIEVED not in [e.event for e in stream]
+    assert recaller.prepared.prepared == 2 and recaller.prepared.used == 0
+    assert len(recaller.prepared) == 0
+
+
+async def index_facts(db: Database, index: MemoryIndex, pg_url: str, texts: list[str]) -> None:
+    _, turns = await chat_turns(db, texts, owner=OWNER)
+    await IndexPipeline(db, index, test_settings(pg_url)).index([turn_payload(t) for t in turns])
+
+
+async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode_bit_for_bit(
+    db: Database, pg_url: str, real_encoder: SentenceTransformerEmbedder
+) -> None:
+    index = MemoryIndex(db, real_encoder)
+    await index.start()
+    await index_facts(db, index, pg_url, [FACT, "I sold my old bike to a neighbour in June."])
+    generation = current_generation(index)
+    assert generation is not None
+    prepared = PreparedQueries()
+    key = uuid.uuid4()
+    prepared.prepare(key, QUESTION, generation, box_seconds=5)
+
+    async def search(**extra: Any) -> Any:
+        return await recall_memories(
+            db, index, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text=QUESTION, k=3, **extra
+        )
+
+    ahead = await search(prepared=prepared.take(key))
+    plain = await search()
+    assert ahead.query_ahead and not plain.query_ahead
+    assert ahead.query_vector == plain.query_vector  # the same floats, not just close
+    assert [(m.turn_id, m.score) for m in ahead.memories] == [(m.turn_id, m.score) for m in plain.memories]
+    assert ahead.memories[0].text.endswith(FACT)
+    assert len(prepared) == 0
+
+
+async def test_a_query_encoded_for_another_generation_is_never_compared_with_this_ones_rows(
+    db: Database, pg_url: str
+) -> None:
+    old, new = HashEmbedder(seed=0), HashEmbedder(seed=1)
+    index = MemoryIndex(db, old)
+    current = await index.start()
+    await index_facts(db, index, pg_url, [FACT])
+    prepared = PreparedQueries()
+    # Encoded ahead for the generation a reindex has switched away from (another id and encoder) ...
+    switched_away = Generation(current.id + 1, new, "another encoder")
+    for key, generation in ((uuid.uuid4(), switched_away), (uuid.uuid4(), current)):
+        prepared.prepare(key, QUESTION, generation, box_seconds=5)
+        recalled = await recall_memories(
+            db,
+            index,
+            tenant_id=OWNER.tenant_id,
+            user_id=OWNER.user_id,
+            query_text=QUESTION,
+            k=3,
+            prepared=prepared.take(key),
+        )
+        # ... it is dropped and the query encoded by the searched generation's encoder.
+        assert recalled.query_ahead == (generation is current)
+        assert recalled.query_vector == old.embed_one(QUESTION)
+        assert recalled.memories[0].text.endswith(FACT)
+    # A different text (the rewrite changed the query) is not used either.
+    key = uuid.uuid4()
+    prepared.prepare(key, "Where does Ingrid keep her bees?", current, box_seconds=5)
+    recalled = await recall_memories(
+        db,
+        index,
+        tenant_id=OWNER.tenant_id,
+        user_id=OWNER.user_id,
+        query_text=QUESTION,
+        k=3,
+        prepared=prepared.take(key),
+    )
+    assert not recalled.query_ahead and recalled.query_vector == old.embed_one(QUESTION)
+
+
+async def test_the_holder_keeps_a_bounded_number_and_each_entry_is_taken_once() -> None:
+    class Waiting:
+        """An encoder that never answers (an embedding service that hangs)."""
+
+        dim = 8
+
+        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            await asyncio.Event().wait()
+            return []
+
+    generation = Generation(1, Waiting(), "waiting")
+    prepared = PreparedQueries(max_entries=2)
+    keys = [uuid.uuid4() for _ in range(3)]
+    for key in keys:
+        prepared.prepare(key, f"question {key}", generation, box_seconds=5)
+    assert len(prepared) == 2 and prepared.take(keys[0]) is None  # the oldest went first
+    first = prepared.take(keys[1])
+    assert first is not None and prepared.take(keys[1]) is None
+    prepared.drop(keys[2])
+    assert len(prepared) == 0
+    await asyncio.sleep(0)
+    assert not first.encode.done()  # a taken entry is its taker's to finish or cancel
+    first.encode.cancel()
