@@ -17,7 +17,15 @@ With memory on, recall searches the user's memory. Empty, that flatters memory's
 every message asks something different, so neither the search nor a cache sees the same
 question twice.
 
+Every such question stands alone, and a message that stands alone has its query encoded
+while its reply is accepted (memory/recall/prepared_queries.py), which hides most of the
+encode. A follow-up ("What about her?") leans on earlier turns: its query is rewritten
+after the window is read and encoded then, as before. `--follow-ups F` makes that share
+of each client's messages follow-ups and reports them in rows of their own
+(`messages`: standalone / follow-up), so the table shows both costs.
+
     python bench/ttft.py --concurrency 1 32 --requests 200 --memory-rows 0 2000
+    python bench/ttft.py --concurrency 1 --requests 120 --follow-ups 0.5
 """
 
 from __future__ import annotations
@@ -72,6 +80,14 @@ def question(rng: random.Random, i: int) -> str:
     )
 
 
+PRONOUNS = ("her", "him", "them", "it", "that")
+
+
+def follow_up(rng: random.Random, i: int) -> str:
+    """A message that leans on the earlier turns (a reference word): recall rewrites it first."""
+    return f"And what about {rng.choice(PRONOUNS)} in {rng.choice(PLACES)}? ({i})"
+
+
 async def fill_memory(url: str, users: list[str], rows: int) -> None:
     """Import `rows` varied turns into each user's memory and wait until they are indexed."""
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -93,9 +109,16 @@ async def fill_memory(url: str, users: list[str], rows: int) -> None:
 
 
 async def one_client(
-    url: str, user: str, count: int, samples: list[float], start_delay: float, scope: str
+    url: str,
+    user: str,
+    count: int,
+    samples: dict[str, list[float]],
+    start_delay: float,
+    scope: str,
+    follow_ups: float = 0.0,
 ) -> None:
     rng = random.Random(user)
+    kinds = random.Random(f"{user}-kinds")  # apart, so that the questions stay those of --follow-ups 0
     async with httpx.AsyncClient(base_url=url, headers=headers(user=user), timeout=60) as client:
         cid = (await client.post("/v1/conversations", json={"title": "ttft", "memory_mode": "none"})).json()[
             "id"
@@ -103,19 +126,21 @@ async def one_client(
         await asyncio.sleep(start_delay)
         for i in range(count):
             await asyncio.sleep(rng.uniform(0, 0.1))
+            kind = "follow-up" if i > 0 and kinds.random() < follow_ups else "standalone"
+            content = follow_up(rng, i) if kind == "follow-up" else question(rng, i)
             started = time.perf_counter()
             first = None
             async with client.stream(
                 "POST",
                 f"/v1/conversations/{cid}/messages",
-                json={"content": question(rng, i), "memory_scope": scope},
+                json={"content": content, "memory_scope": scope},
             ) as response:
                 async for line in response.aiter_lines():
                     if first is None and line == "event: message.delta":
                         first = time.perf_counter() - started
                 # read to the end: the next message may only be sent once this reply is over
             if first is not None and i > 0:  # the first request of a client warms its connection
-                samples.append(first)
+                samples.setdefault(kind, []).append(first)
 
 
 def client_users(scope: str, concurrency: int, memory_rows: int, workers: int = 1) -> list[str]:
@@ -124,16 +149,36 @@ def client_users(scope: str, concurrency: int, memory_rows: int, workers: int = 
 
 
 async def measure(
-    url: str, concurrency: int, requests: int, scope: str, memory_rows: int = 0, workers: int = 1
-) -> dict:
-    samples: list[float] = []
+    url: str,
+    concurrency: int,
+    requests: int,
+    scope: str,
+    memory_rows: int = 0,
+    workers: int = 1,
+    follow_ups: float = 0.0,
+) -> list[dict]:
+    """One row per kind of message sent (standalone, and follow-up with ``follow_ups`` > 0)."""
+    samples: dict[str, list[float]] = {}
     per_client = max(2, requests // concurrency + 1)
     spread = REPLY_SECONDS / concurrency
     users = client_users(scope, concurrency, memory_rows, workers)
     await asyncio.gather(
-        *(one_client(url, user, per_client, samples, c * spread, scope) for c, user in enumerate(users))
+        *(
+            one_client(url, user, per_client, samples, c * spread, scope, follow_ups)
+            for c, user in enumerate(users)
+        )
     )
-    return {"memory": scope, "memory_rows": memory_rows, "concurrency": concurrency, **summary_ms(samples)}
+    return [
+        {
+            "memory": scope,
+            "memory_rows": memory_rows,
+            "concurrency": concurrency,
+            "messages": kind,
+            **summary_ms(samples[kind]),
+        }
+        for kind in ("standalone", "follow-up")
+        if samples.get(kind)
+    ]
 
 
 async def main() -> None:
@@ -156,6 +201,12 @@ async def main() -> None:
         default=[0],
         help="turns imported into each measuring user's memory first (memory 'user' only; 0: empty)",
     )
+    parser.add_argument(
+        "--follow-ups",
+        type=float,
+        default=0.0,
+        help="share of messages that lean on earlier turns (not encoded ahead); reported apart",
+    )
     parser.add_argument("--rate", type=float, default=40.0, help="demo tokens per second per stream")
     parser.add_argument(
         "--workers", type=int, nargs="+", default=[1], help="API processes (serve --workers N)"
@@ -173,7 +224,7 @@ async def main() -> None:
             for c in args.concurrency:
                 if n:
                     await fill_memory(args.url, client_users(m, c, n), n)
-                rows.append(await measure(args.url, c, args.requests, m, n))
+                rows.extend(await measure(args.url, c, args.requests, m, n, follow_ups=args.follow_ups))
     else:
         rows = []
         with database(args.database_url) as url:
@@ -194,13 +245,17 @@ async def main() -> None:
                             if n:
                                 await fill_memory(server.url, client_users(m, c, n, workers), n)
                             load = os.getloadavg()[0]
-                            row = await measure(server.url, c, args.requests, m, n, workers)
-                            rows.append(
+                            measured = await measure(
+                                server.url, c, args.requests, m, n, workers, args.follow_ups
+                            )
+                            after = os.getloadavg()[0]
+                            rows.extend(
                                 {
                                     "workers": workers,
                                     **row,
-                                    "load_1m": [round(load, 1), round(os.getloadavg()[0], 1)],
+                                    "load_1m": [round(load, 1), round(after, 1)],
                                 }
+                                for row in measured
                             )
     print_table(
         "Time added before the first token (demo model, first token immediate)",
@@ -210,6 +265,7 @@ async def main() -> None:
             "memory",
             "memory_rows",
             "concurrency",
+            "messages",
             "n",
             "p50_ms",
             "p95_ms",
