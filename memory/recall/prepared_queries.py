@@ -36,7 +36,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from memory.recall.embedding_service import budget_seconds_left, embedding_budget
+from memory.recall.embedding_service import ServiceEmbedder, budget_seconds_left, embedding_budget
 from memory.recall.index import Generation
 
 log = logging.getLogger(__name__)
@@ -67,9 +67,11 @@ class PreparedQuery:
         try:
             if not self.matches(text, generation):
                 return None
-            # Within an embedding service's budget (a reply's recall sets it): what is left of it
-            # is what the normal encode would have had, so being late here costs nothing more.
-            await asyncio.wait({self.encode}, timeout=budget_seconds_left())
+            # An embedding service is waited for within the budget a reply's recall sets (what is
+            # left of it is what the normal encode would have had, so being late costs nothing
+            # more); a local encoder ignores budgets, and its encode is awaited as recall's own is.
+            local = not isinstance(generation.embedder, ServiceEmbedder)
+            await asyncio.wait({self.encode}, timeout=None if local else budget_seconds_left())
             if not self.encode.done() or self.encode.cancelled():
                 return None
             if self.encode.exception() is not None:
