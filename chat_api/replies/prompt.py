@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from chat_api.replies.recall import recall_for_reply
+from chat_api.replies.recall import recall_for_reply, recalls
 from chat_api.replies.reply import Reply, ReplyRequest
 from memory.config import Settings
 from memory.prompt.context import BuiltContext, ContextBudget, PromptWindow, prompt_from_window, read_window
@@ -40,7 +40,7 @@ class Prompter:
     async def prepare(self, reply: Reply, request: ReplyRequest) -> PromptWindow:
         """Read the prompt window, recall long-term memory with it and announce it; returns the window."""
         window = await self.window_for(reply.conversation_id, reply.instructions)
-        if request.memory_scope != "none" and window.use_memory:
+        if recalls(request.memory_scope, window.use_memory):
             await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
         else:
             reply.memory_use = "off"

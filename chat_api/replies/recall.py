@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 EMBEDDING_SHARE_OF_BOX = 0.6
 
 
+def recalls(memory_scope: str, use_memory: bool) -> bool:
+    """Whether a reply recalls long-term memory: its scope asks for it and its conversation uses memory."""
+    return memory_scope != "none" and use_memory
+
+
 def recalled_item(memory: FoundMemory, *, chunk_index: bool = False) -> RecalledItem:
     """One recalled memory as the `memory.retrieved` event and the memory API show it."""
     item = RecalledItem(

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from chat_api.providers.base import ModelOptions
 from chat_api.replies.idempotency import check_replay
 from chat_api.replies.queue import in_line, until
+from chat_api.replies.recall import recalls
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
 from memory.errors import ConversationBusy, InvalidInput
@@ -409,10 +410,9 @@ def _prepare_query(
 ) -> uuid.UUID | None:
     """Start encoding the reply's recall query now, if the reply will recall and the text is its query.
 
-    Whether a reply recalls is decided by its memory scope and its conversation's "use memory"
-    (chat_api.replies.prompt); whether the text is its query, by the recaller.
+    Whether the text is its query is the recaller's to say.
     """
-    if memory_scope == "none" or not conversation.use_memory:
+    if not recalls(memory_scope, conversation.use_memory):
         return None
     return reply_id if services.recaller.prepare_query(reply_id, text) else None
 
