@@ -13,9 +13,14 @@ rate whose accept p99 < 250 ms and time-to-first-token p99 < 1 s. Also the serve
 milliseconds per accepted message (the server's processes only, not Postgres or this
 client) and the most streams open at once.
 
-One server process: `chatmem serve` has no multi-process mode yet. The load generator
+`--workers N` runs N API processes on the port (`serve --workers N`). The load generator
 runs in this process and costs CPU too: on a 2-core machine it competes with the server,
 which the figures include.
+
+`--embedding-url URL --embedding-model M [--embedding-key K] [--embedding-pid P]`: the
+server encodes through an OpenAI-compatible embedding service (`EMBEDDING_BASE_URL`)
+instead of its own encoder; with the service's process id, its CPU per message is
+reported beside the server's (a service on the same machine competes for the same cores).
 """
 
 from __future__ import annotations
@@ -90,7 +95,9 @@ async def one_message(client: httpx.AsyncClient, i: int, scope: str, seen: Arriv
         seen.errors += 1
 
 
-async def step(url: str, pid: int, rate: float, seconds: float, scope: str, users: int) -> dict[str, Any]:
+async def step(
+    url: str, pid: int, rate: float, seconds: float, scope: str, users: int, embedding_pid: int | None = None
+) -> dict[str, Any]:
     """Poisson arrivals at `rate`/s for `seconds`; waits for every reply to end."""
     seen = Arrivals()
     rng = random.Random(f"{rate}-{scope}")
@@ -100,6 +107,7 @@ async def step(url: str, pid: int, rate: float, seconds: float, scope: str, user
         for u in range(users)
     ]
     cpu_before = server_cpu_seconds(pid)
+    service_before = server_cpu_seconds(embedding_pid) if embedding_pid else 0.0
     tasks: list[asyncio.Task[None]] = []
     started = time.perf_counter()
     next_at = 0.0
@@ -113,6 +121,7 @@ async def step(url: str, pid: int, rate: float, seconds: float, scope: str, user
         next_at += rng.expovariate(rate)
     await asyncio.gather(*tasks)
     cpu = server_cpu_seconds(pid) - cpu_before
+    service_cpu = server_cpu_seconds(embedding_pid) - service_before if embedding_pid else None
     for client in clients:
         await client.aclose()
     accepted = len(seen.ttft)
@@ -130,6 +139,9 @@ async def step(url: str, pid: int, rate: float, seconds: float, scope: str, user
         "ttft_p99_ms": round(percentile(ttft_ms, 99), 1),
         "cpu_ms_per_message": round(cpu * 1000 / accepted, 1) if accepted else float("nan"),
     }
+    if service_cpu is not None:
+        per_message = service_cpu * 1000 / accepted if accepted else float("nan")
+        row["service_cpu_ms_per_message"] = round(per_message, 1)
     row["sustained"] = (
         seen.errors == 0 and row["accept_p99_ms"] < ACCEPT_P99_MS and row["ttft_p99_ms"] < TTFT_P99_MS
     )
@@ -145,6 +157,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "MAX_RUNNING_REPLIES_PER_USER": 0,
             "DB_POOL_SIZE": args.pool_size,
         }
+        if args.embedding_url:
+            env |= {"EMBEDDING_BASE_URL": args.embedding_url, "EMBEDDING_SERVICE_MODEL": args.embedding_model}
+            if args.embedding_key:
+                env["EMBEDDING_API_KEY"] = args.embedding_key
         for workers in args.workers:
             # --workers N: N API processes on the port; CPU counts every process of the server.
             extra = ["--workers", str(workers)] if workers > 1 else []
@@ -152,7 +168,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for scope in args.memory:
                     for rate in args.rates:
                         load = os.getloadavg()[0]
-                        row = await step(server.url, server.pid, rate, args.seconds, scope, args.users)
+                        row = await step(
+                            server.url, server.pid, rate, args.seconds, scope, args.users, args.embedding_pid
+                        )
                         # The machine's 1-minute load before and after the step: other work shows there.
                         row = {
                             "workers": workers,
@@ -187,12 +205,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "ttft_p50_ms",
             "ttft_p99_ms",
             "cpu_ms_per_message",
+            *(["service_cpu_ms_per_message"] if args.embedding_pid else []),
             "sustained",
             "load_1m",
         ],
     )
     print(f"\nhighest sustained rate (messages/s): {best}")
-    return {"benchmark": "capacity", "sustained_rate": best, "results": rows}
+    encoder = f"service {args.embedding_url} ({args.embedding_model})" if args.embedding_url else "in process"
+    print(f"encoder: {encoder}")
+    return {"benchmark": "capacity", "encoder": encoder, "sustained_rate": best, "results": rows}
 
 
 def main() -> None:
@@ -214,9 +235,15 @@ def main() -> None:
         action="store_true",
         help="run the indexer too (serve --with-workers): replies leave the unindexed set as in production",
     )
+    parser.add_argument("--embedding-url", help="encode through this embedding service (EMBEDDING_BASE_URL)")
+    parser.add_argument("--embedding-model", help="the service's model name (EMBEDDING_SERVICE_MODEL)")
+    parser.add_argument("--embedding-key", help="the service's API key (EMBEDDING_API_KEY)")
+    parser.add_argument("--embedding-pid", type=int, help="its process id: CPU per message")
     parser.add_argument("--database-url")
     parser.add_argument("--out", type=Path, default=Path("bench/results/capacity.json"))
     args = parser.parse_args()
+    if bool(args.embedding_url) != bool(args.embedding_model):
+        parser.error("--embedding-url and --embedding-model go together")
     write_json(args.out, asyncio.run(run(args)))
 
 
