@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
 from sqlalchemy import event
 
 from indexer.pipeline import IndexPipeline
@@ -28,7 +29,7 @@ from memory.recall.search import recall_memories
 from memory.record.conversations import Owner
 from memory.record.outbox import turn_payload
 from memory.storage.db import Database
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, token_for
 from tests.sse import SSEEvent, iter_sse
 from tests.support import new_conversation, wait_until
 from tests.test_indexer import chat_turns, test_settings
@@ -103,6 +104,35 @@ async def test_a_standalone_messages_query_is_encoded_once_before_its_window_is_
     assert log.index(f"encode {QUESTION}") < log.index("window read"), log
     assert (recaller.prepared.prepared - before, recaller.prepared.used) == (1, 1)
     assert len(recaller.prepared) == 0
+
+
+@pytest.mark.parametrize("door", ["chat.completions", "responses"])
+async def test_an_openai_doors_query_is_encoded_before_its_turns_are_stored(
+    start_server: Any, real_encoder: SentenceTransformerEmbedder, door: str
+) -> None:
+    log: list[str] = []
+    embedder = RecordingEmbedder(real_encoder, log)
+    server: LiveServer = await start_server(embedder=embedder)
+    engine = server.services.db.engine.sync_engine
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO TURNS"):
+            log.append("turn insert")
+
+    event.listen(engine, "before_cursor_execute", note)
+    client = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+    try:
+        if door == "responses":
+            await client.responses.create(model="chatmem-demo", input=QUESTION)
+        else:
+            messages = [{"role": "user", "content": QUESTION}]
+            await client.chat.completions.create(model="chatmem-demo", messages=messages)  # type: ignore[arg-type]
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert embedder.texts.count(QUESTION) == 1, embedder.texts
+    # Asked for before the message was stored (it used to wait for the accept to store it).
+    assert log.index(f"encode {QUESTION}") < log.index("turn insert"), log
+    assert server.services.recaller.prepared.used == 1
 
 
 async def test_a_follow_up_is_not_encoded_ahead(

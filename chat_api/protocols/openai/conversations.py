@@ -247,6 +247,8 @@ async def start_chat_reply(
             on_busy="interrupt",
             idempotency_key=None,
             memory_scope=memory_scope,
+            # The new message's text: its recall query is encoded while the turns are stored.
+            content=None if chat.tool_results else chat.prompt,
         )
     hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return conversation_id, accepted

@@ -184,6 +184,8 @@ async def start_response(
         on_busy=await busy_policy(services, owner, conversation_id, otherwise="reject"),
         idempotency_key=None,
         memory_scope=services.settings.memory_scope,
+        # The new message's text: its recall query is encoded while the turns are stored.
+        content=None if chat.tool_results else chat.prompt,
     )
     hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return accepted, conversation_id, previous.id if previous is not None else None
