@@ -169,7 +169,7 @@ def create_app(
                 upkeep_db,
                 timeout_seconds=settings.heartbeat_timeout_seconds,
                 interval_seconds=settings.reaper_interval_seconds,
-                process_id=pid,
+                registry=registry,
             ),
             prompter=prompter,
             runner=ReplyRunner(

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from typing import Any
 
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from chat_api.tools import Tool, ToolRegistry, default_registry
 from memory.events import ENDING_NAMES, EventName
@@ -428,3 +429,53 @@ async def test_a_killed_server_leaves_no_turn_streaming_forever(pg_url: str, sta
         # The conversation accepts new messages again.
         r = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "again", "stream": False})
         assert r.status_code == 200 and r.json()["status"] == "completed"
+
+
+async def test_a_reply_whose_ending_could_not_be_stored_does_not_stay_streaming(
+    start_server: Any, db: Database
+) -> None:
+    """Postgres refused the ending (down for a moment) on a one-process deployment.
+
+    The process no longer runs the reply and no other replica exists: its own reaper must end
+    it once the heartbeat is stale, keeping the checkpointed text, and free the conversation.
+    """
+    server: LiveServer = await start_server(heartbeat_timeout_seconds=1.0, reaper_interval_seconds=0.2)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        refuse = (
+            "CREATE TRIGGER refuse_ending BEFORE UPDATE ON turns FOR EACH ROW"
+            " WHEN (OLD.status = 'streaming' AND NEW.status <> 'streaming'"
+            f" AND OLD.conversation_id = '{cid}')"
+            " EXECUTE FUNCTION refuse_ending()"
+        )
+        async with db.transaction() as session:
+            await session.execute(
+                text(
+                    "CREATE FUNCTION refuse_ending() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'the database is unavailable'; END $$"
+                )
+            )
+            await session.execute(text(refuse))
+        try:
+            body = {"content": "hello"}
+            async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as r:
+                seen = await drain(iter_sse(r))
+        finally:
+            async with db.transaction() as session:
+                await session.execute(text("DROP TRIGGER refuse_ending ON turns"))
+                await session.execute(text("DROP FUNCTION refuse_ending()"))
+        assert seen[-1].event == EventName.ERROR and seen[-1].data["code"] == "storage_error"
+        reply_id = seen[0].data["reply_id"]
+        turn = await wait_status(client, reply_id, {"interrupted_by_error"}, timeout=20)
+        assert turn["error"]["code"] == "process_died"
+        assert text_of(seen).startswith(turn["content"])
+        resumed = await _events(client, reply_id, {}, after=0)
+        assert resumed[-1].event == EventName.TURN_INTERRUPTED
+        async with db.transaction() as session:
+            outbox = (
+                await session.execute(select(func.count()).where(OutboxRow.turn_id == uuid.UUID(reply_id)))
+            ).scalar_one()
+        assert outbox == 1
+        again = {"content": "again", "stream": False}
+        r2 = await client.post(f"/v1/conversations/{cid}/messages", json=again)
+        assert r2.status_code == 200 and r2.json()["status"] == "completed"

@@ -22,6 +22,9 @@ class ReplyRegistry:
     def get(self, reply_id: uuid.UUID) -> Reply | None:
         return self._replies.get(reply_id)
 
+    def ids(self) -> list[uuid.UUID]:
+        return list(self._replies)
+
     def all(self) -> list[Reply]:
         return list(self._replies.values())
 

@@ -21,11 +21,12 @@ releases the conversation and notifies `chatmem_turn_done`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import any_, bindparam, func, not_, select
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.events import TERMINAL_EVENT, TERMINAL_STATUSES, Event, TurnStatus
@@ -138,13 +139,15 @@ async def end_stale_replies(
     ending: Ending = Ending(TurnStatus.INTERRUPTED_BY_ERROR, error=PROCESS_DIED),
     reply_id: uuid.UUID | None = None,
     limit: int = 100,
-    spare_owner: str | None = None,
+    spare_replies: Collection[uuid.UUID] = (),
 ) -> list[Event]:
     """End the replies whose streaming turn's heartbeat is older than the cutoff; their terminal events.
 
     Rows are claimed with `FOR UPDATE SKIP LOCKED`, so any number of processes run this at
-    once. `spare_owner` is the caller's own process id: its turns are alive by definition
-    (a heartbeat can be late when the database is slow; the process is not dead).
+    once. `spare_replies` are the replies the caller's process is running: alive by
+    definition (a heartbeat can be late when the database is slow; the process is not dead).
+    A turn the process owns but no longer runs (its ending could not be stored) is not
+    spared: on a one-process deployment nobody else would ever end it.
     """
     cutoff = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than_seconds)
     query = (
@@ -156,8 +159,9 @@ async def end_stale_replies(
     )
     if reply_id is not None:
         query = query.where(Turn.reply_id == reply_id)
-    if spare_owner is not None:
-        query = query.where(Turn.owner.is_distinct_from(spare_owner))
+    if spare_replies:
+        running = bindparam("spare_replies", list(spare_replies), type_=ARRAY(UUID(as_uuid=True)))
+        query = query.where(not_(func.coalesce(Turn.reply_id, Turn.id) == any_(running)))
     ended = []
     for turn_id in list((await session.execute(query)).scalars()):
         if (terminal := await end_reply(session, turn_id, ending)) is not None:
