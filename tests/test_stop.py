@@ -431,6 +431,42 @@ async def test_a_killed_server_leaves_no_turn_streaming_forever(pg_url: str, sta
         assert r.status_code == 200 and r.json()["status"] == "completed"
 
 
+async def test_a_client_resuming_from_the_last_event_it_saw_after_a_crash_sees_the_reply_end(
+    pg_url: str, start_server: Any
+) -> None:
+    """The crash lost the events after the last checkpoint; the client had seen them.
+
+    Its resume (Last-Event-ID = the last id it saw) is past the ending the reaper stored, yet
+    it must get that ending, not an empty stream an EventSource would reconnect to forever.
+    """
+    survivor: LiveServer = await start_server(heartbeat_timeout_seconds=5.0, reaper_interval_seconds=0.2)
+    # Checkpoints far apart: the events the client sees before the kill are not stored yet.
+    async with server_process(
+        pg_url, demo_tokens_per_second=20, checkpoint_interval_ms=2000, checkpoint_chars=100_000
+    ) as victim:
+        async with victim.client() as client:
+            cid = await new_conversation(client)
+            seen: list[SSEEvent] = []
+            async with client.stream(
+                "POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}
+            ) as r:
+                await read_until(iter_sse(r), lambda e: e.id == 15, seen)
+                victim.kill()
+    reply_id = seen[0].data["reply_id"]
+    async with survivor.client() as client:
+        resumed = await _events(client, reply_id, {"Last-Event-ID": "15"})
+        assert [e.event for e in resumed] == [EventName.TURN_INTERRUPTED]
+        assert resumed[0].data["error"]["code"] == "process_died"
+        turn = (await client.get(f"/v1/turns/{reply_id}")).json()
+        assert turn["status"] == "interrupted_by_error"
+        assert text_of(seen).startswith(turn["content"])
+        # Past the end of a reply that ended normally, the ending is sent again too.
+        done = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi", "stream": False})
+        done_id = done.json()["turns"][-1]["reply_id"]
+        again = await _events(client, done_id, {"Last-Event-ID": str(2**31 - 1)})
+        assert [e.event for e in again] == [EventName.TURN_COMPLETED]
+
+
 async def test_a_reply_whose_ending_could_not_be_stored_does_not_stay_streaming(
     start_server: Any, db: Database
 ) -> None:

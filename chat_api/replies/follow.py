@@ -25,9 +25,9 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from chat_api.replies.reply import Reply
-from memory.events import PARKED_EVENT, TERMINAL_NAMES, Event, StopReason, TurnStatus
+from memory.events import ENDING_NAMES, PARKED_EVENT, TERMINAL_NAMES, Event, StopReason, TurnStatus
 from memory.record.reply_state import reply_state
-from memory.record.turns import load_events
+from memory.record.turns import last_event, load_events
 
 if TYPE_CHECKING:
     from chat_api.services import Services
@@ -77,10 +77,16 @@ async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> A
         if ended:
             return
         if not events and await _reply_over(services, reply_id):
-            # Over, and nothing more stored (e.g. an imported turn): nothing to follow.
             async with services.db.session() as session:
                 if not await load_events(session, reply_id, expected - 1):
-                    return
+                    # Over, and nothing stored after the follower's position. A follower at or
+                    # past the log's end still gets the ending: a crash loses the events after
+                    # the last checkpoint, so a client that saw them resumes past the ending the
+                    # reaper stored, and would otherwise never see the reply end.
+                    ending = await last_event(session, reply_id)
+                    if ending is not None and ending.name in ENDING_NAMES and ending.id < expected:
+                        yield [ending]
+                    return  # an imported turn has no events: nothing to follow
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=DB_POLL_SECONDS)
 

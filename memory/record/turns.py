@@ -344,3 +344,19 @@ async def load_events(session: AsyncSession, reply_id: uuid.UUID, after: int) ->
     for chunk in rows.scalars():
         out.extend(Event(int(e[0]), str(e[1]), e[2]) for e in chunk if int(e[0]) > after)
     return out
+
+
+async def last_event(session: AsyncSession, reply_id: uuid.UUID) -> Event | None:
+    """The last persisted event of a reply (its ending, once it is over); None if none is stored."""
+    chunk = (
+        await session.execute(
+            select(TurnEventChunk.events)
+            .where(TurnEventChunk.reply_id == reply_id)
+            .order_by(TurnEventChunk.last_id.desc())
+            .limit(1)
+        )
+    ).scalar_one_or_none()
+    if not chunk:
+        return None
+    e = chunk[-1]
+    return Event(int(e[0]), str(e[1]), e[2])
