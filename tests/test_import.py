@@ -149,6 +149,44 @@ async def test_out_of_order_created_at_is_stored_in_time_order(server: LiveServe
     assert all(t["completed_at"] == t["created_at"] for t in turns[1:])
 
 
+async def test_a_time_stored_as_infinity_is_refused_and_memory_search_keeps_working(
+    start_server: Callable[..., Any], db: Database
+) -> None:
+    """0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z went in as -infinity/infinity.
+
+    Once such a turn was indexed, every memory search of its user answered 500.
+    """
+    server = await start_server(workers=[indexer_worker])
+    async with server.client() as client:
+        conversation = await new_conversation(client)
+        url = f"/v1/conversations/{conversation}/import"
+        for when in ("0001-01-01T00:00:00Z", "0001-01-01T01:00:00+01:00", "9999-12-31T23:59:59.999999Z"):
+            batch = [
+                turn(0),
+                {"role": "user", "content": "I keep my bicycle in the shed.", "created_at": when},
+            ]
+            response = await client.post(url, json={"turns": batch})
+            assert response.status_code == 422, (when, response.text)
+            assert response.json()["error"]["details"] == {"index": 1, "field": "created_at"}
+        assert await count(db, Turn) == 0
+        # A moment inside the range is kept as it is.
+        near = ["0001-01-01T00:00:01Z", "9999-12-31T23:59:58Z"]
+        batch = [
+            {"role": "user", "content": f"My bicycle is red ({i}).", "created_at": w}
+            for i, w in enumerate(near)
+        ]
+        response = await client.post(url, json={"turns": batch})
+        assert response.status_code == 201, response.text
+
+        async def indexed() -> bool:
+            return bool((await client.get(f"/v1/conversations/{conversation}")).json()["indexed_seq"] >= 2)
+
+        await wait_until(indexed, 30, "the import indexed", every=0.2)
+        found = await client.post("/v1/memory/search", json={"query": "what colour is my bicycle?", "k": 3})
+        assert found.status_code == 200, found.text
+        assert sorted(i["created_at"][:4] for i in found.json()["items"]) == ["0001", "9999"]
+
+
 async def test_another_tenants_conversation_is_404(server: LiveServer, db: Database) -> None:
     async with server.client("t1", "u1") as owner_client, server.client("t2", "u1") as other:
         conversation = await new_conversation(owner_client)

@@ -164,8 +164,12 @@ def _parse_item(index: int, raw: object, max_chars: int) -> ImportTurn:
             _check_string(index, name, value)
     if item.created_at is not None:
         try:
-            _aware(item.created_at).astimezone(UTC)
+            moment = _aware(item.created_at).astimezone(UTC).replace(tzinfo=None)
         except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00: before year 1 in UTC
+            raise _bad(index, "created_at", "is out of range") from None
+        # The driver stores the first and last instants Python can hold as -infinity and
+        # infinity, which read back as no datetime: every memory search of the user would fail.
+        if moment in (datetime.min, datetime.max):
             raise _bad(index, "created_at", "is out of range") from None
     if item.metadata is not None:
         problem = json_problem(item.metadata, max_bytes=MAX_METADATA_BYTES)
