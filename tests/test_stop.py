@@ -467,10 +467,75 @@ async def test_a_client_resuming_from_the_last_event_it_saw_after_a_crash_sees_t
         assert [e.event for e in again] == [EventName.TURN_COMPLETED]
 
 
+REFUSE_ENDINGS = (
+    "CREATE FUNCTION refuse_ending() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$ BEGIN PERFORM nextval('refused_endings'); RAISE EXCEPTION 'the database is unavailable'; END $$"
+)
+
+
+async def refuse_endings(db: Database, conversation_id: str) -> None:
+    """Make Postgres refuse to end the conversation's turns (as if it were down), counting attempts."""
+    async with db.transaction() as session:
+        await session.execute(text("CREATE SEQUENCE refused_endings"))
+        # The server's sessions run under the application's role (row-level security).
+        await session.execute(text("GRANT USAGE ON SEQUENCE refused_endings TO PUBLIC"))
+        await session.execute(text(REFUSE_ENDINGS))
+        await session.execute(
+            text(
+                "CREATE TRIGGER refuse_ending BEFORE UPDATE ON turns FOR EACH ROW"
+                " WHEN (OLD.status = 'streaming' AND NEW.status <> 'streaming'"
+                f" AND OLD.conversation_id = '{conversation_id}')"
+                " EXECUTE FUNCTION refuse_ending()"
+            )
+        )
+
+
+async def accept_endings(db: Database) -> None:
+    async with db.transaction() as session:
+        await session.execute(text("DROP TRIGGER IF EXISTS refuse_ending ON turns"))
+        await session.execute(text("DROP FUNCTION IF EXISTS refuse_ending()"))
+        await session.execute(text("DROP SEQUENCE IF EXISTS refused_endings"))
+
+
+async def endings_refused(db: Database) -> bool:
+    async with db.transaction() as session:
+        return bool((await session.execute(text("SELECT is_called FROM refused_endings"))).scalar_one())
+
+
+async def test_an_ending_refused_for_a_moment_is_stored_with_everything_the_client_saw(
+    start_server: Any, db: Database
+) -> None:
+    """Postgres refused the ending once (restarting, connections cut): the process still holds the
+    whole reply, so it tries again and stores it complete, instead of leaving the reaper a checkpoint."""
+    server: LiveServer = await start_server(heartbeat_timeout_seconds=30.0, reaper_interval_seconds=0.2)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        await refuse_endings(db, cid)
+
+        async def heal() -> None:
+            try:
+                await wait_until(lambda: endings_refused(db), 20, "an ending to be refused", every=0.05)
+            finally:
+                await accept_endings(db)
+
+        async def follow() -> list[SSEEvent]:
+            body = {"content": "hello"}
+            async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as r:
+                return await drain(iter_sse(r))
+
+        try:
+            seen, _ = await asyncio.gather(follow(), heal())
+        finally:
+            await accept_endings(db)
+        assert seen[-1].event == EventName.TURN_COMPLETED
+        turn = (await client.get(f"/v1/turns/{seen[0].data['reply_id']}")).json()
+        assert turn["status"] == "completed" and turn["content"] == text_of(seen)
+
+
 async def test_a_reply_whose_ending_could_not_be_stored_does_not_stay_streaming(
     start_server: Any, db: Database
 ) -> None:
-    """Postgres refused the ending (down for a moment) on a one-process deployment.
+    """Postgres refused the ending (down for longer than the heartbeat timeout) on a one-process deployment.
 
     The process no longer runs the reply and no other replica exists: its own reaper must end
     it once the heartbeat is stale, keeping the checkpointed text, and free the conversation.
@@ -478,28 +543,13 @@ async def test_a_reply_whose_ending_could_not_be_stored_does_not_stay_streaming(
     server: LiveServer = await start_server(heartbeat_timeout_seconds=1.0, reaper_interval_seconds=0.2)
     async with server.client() as client:
         cid = await new_conversation(client)
-        refuse = (
-            "CREATE TRIGGER refuse_ending BEFORE UPDATE ON turns FOR EACH ROW"
-            " WHEN (OLD.status = 'streaming' AND NEW.status <> 'streaming'"
-            f" AND OLD.conversation_id = '{cid}')"
-            " EXECUTE FUNCTION refuse_ending()"
-        )
-        async with db.transaction() as session:
-            await session.execute(
-                text(
-                    "CREATE FUNCTION refuse_ending() RETURNS trigger LANGUAGE plpgsql AS "
-                    "$$ BEGIN RAISE EXCEPTION 'the database is unavailable'; END $$"
-                )
-            )
-            await session.execute(text(refuse))
+        await refuse_endings(db, cid)
         try:
             body = {"content": "hello"}
             async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as r:
                 seen = await drain(iter_sse(r))
         finally:
-            async with db.transaction() as session:
-                await session.execute(text("DROP TRIGGER refuse_ending ON turns"))
-                await session.execute(text("DROP FUNCTION refuse_ending()"))
+            await accept_endings(db)
         assert seen[-1].event == EventName.ERROR and seen[-1].data["code"] == "storage_error"
         reply_id = seen[0].data["reply_id"]
         turn = await wait_status(client, reply_id, {"interrupted_by_error"}, timeout=20)

@@ -92,6 +92,11 @@ FINISHED = "finished"
 PARKED = "parked"
 
 
+# Storing a reply's ending is tried again after these delays (doubling) while the database refuses it.
+ENDING_RETRY_FIRST_DELAY = 0.1
+ENDING_RETRY_MAX_DELAY = 2.0
+
+
 class ReplyRunner:
     """Starts replies in this process and owns their tasks."""
 
@@ -181,7 +186,7 @@ class ReplyRunner:
             status = TurnStatus.COMPLETED
             error = reply.ending_error
         try:
-            await self._finalize(reply, status, error)
+            await self._store_ending(reply, status, error)
         except Exception:
             # The turn stays `streaming` with its last checkpoint; the reaper will end it.
             log.exception("could not store the end of reply %s", reply.id)
@@ -463,6 +468,27 @@ class ReplyRunner:
         return result, state
 
     # --- the ending -----------------------------------------------------------------
+
+    async def _store_ending(self, reply: Reply, status: str, error: dict[str, str] | None) -> None:
+        """`_finalize`, tried again while the database refuses it, for up to the heartbeat timeout.
+
+        A blip (Postgres restarting, connections cut) must not cost the text the user saw:
+        this process still holds all of it, and live followers wait for the ending. The reply
+        stays registered meanwhile, so its heartbeat goes on once the database is back. Past
+        the heartbeat timeout it is left to the reaper, as a dead process's reply would be.
+        """
+        deadline = time.monotonic() + self.settings.heartbeat_timeout_seconds
+        delay = ENDING_RETRY_FIRST_DELAY
+        while True:
+            try:
+                await self._finalize(reply, status, error)
+                return
+            except Exception:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("could not store the end of reply %s yet; trying again", reply.id, exc_info=True)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, ENDING_RETRY_MAX_DELAY)
 
     async def _finalize(self, reply: Reply, status: str, error: dict[str, str] | None) -> None:
         """Store the ending (or the parking) with every event not stored yet, then tell followers."""
