@@ -29,6 +29,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.metrics import observe_first_token, observe_reply_end
@@ -483,7 +484,7 @@ class ReplyRunner:
             try:
                 await self._finalize(reply, status, error)
                 return
-            except Exception:
+            except (SQLAlchemyError, OSError):  # the database, not a bug: a bug is not tried again
                 if time.monotonic() + delay > deadline:
                     raise
                 log.warning("could not store the end of reply %s yet; trying again", reply.id, exc_info=True)
