@@ -232,28 +232,36 @@ async def test_closing_the_stream_mid_text_stops_and_the_next_response_is_valid(
     assert after.status == "completed" and "go on" in after.output_text
 
 
-async def test_closing_the_stream_mid_arguments_keeps_them_and_the_next_response_is_valid(
-    live: ServerProcess,
-) -> None:
-    user, client = await client_for(live)
-    long_args = json.dumps({"city": "Paris " * 60})
+def close_mid_arguments(client: openai.OpenAI, arguments: str) -> tuple[str, str, str, str]:
+    """Stream a call of get_weather with ``arguments`` and close the stream (the client's stop)
+    once 40 characters of them came: (conversation id, response id, call id, arguments received)."""
     raw = client.responses.with_raw_response.create(
         model=MODEL,
-        input=f"/tool get_weather {long_args}",
-        tools=[WEATHER],
-        stream=True,  # type: ignore[list-item]
+        input=f"/tool get_weather {arguments}",
+        tools=[WEATHER],  # type: ignore[list-item]
+        stream=True,
     )
-    conversation = raw.headers["x-chatmem-conversation-id"]
     stream = raw.parse()
-    received, response_id = "", ""
+    received, response_id, call_id = "", "", ""
     for event in stream:
         if event.type == "response.created":
             response_id = event.response.id
+        if event.type == "response.output_item.added" and event.item.type == "function_call":
+            call_id = event.item.call_id
         if event.type == "response.function_call_arguments.delta":
             received += event.delta
             if len(received) >= 40:
                 break
     stream.close()
+    return raw.headers["x-chatmem-conversation-id"], response_id, call_id, received
+
+
+async def test_closing_the_stream_mid_arguments_keeps_them_and_the_next_response_is_valid(
+    live: ServerProcess,
+) -> None:
+    user, client = await client_for(live)
+    long_args = json.dumps({"city": "Paris " * 60})
+    conversation, response_id, _, received = close_mid_arguments(client, long_args)
     stored = await ended_turns(live, user, conversation)
     call = stored[-1]["tool_calls"][0]
     assert stored[-1]["status"] == "interrupted_by_user"
@@ -273,26 +281,7 @@ async def test_a_result_for_a_call_a_stop_cut_off_is_refused_and_nothing_is_stor
     # It was stored as a tool turn and answered 200, but the next prompt leaves out every call of a
     # stopped reply, so the model never saw the result: it went on as if the client had not answered.
     user, client = await client_for(live)
-    long_args = json.dumps({"city": "Paris " * 60})
-    raw = client.responses.with_raw_response.create(
-        model=MODEL,
-        input=f"/tool get_weather {long_args}",
-        tools=[WEATHER],  # type: ignore[list-item]
-        stream=True,
-    )
-    conversation = raw.headers["x-chatmem-conversation-id"]
-    stream = raw.parse()
-    received, response_id, call_id = "", "", ""
-    for event in stream:
-        if event.type == "response.created":
-            response_id = event.response.id
-        if event.type == "response.output_item.added" and event.item.type == "function_call":
-            call_id = event.item.call_id
-        if event.type == "response.function_call_arguments.delta":
-            received += event.delta
-            if len(received) >= 40:
-                break
-    stream.close()  # the client's stop
+    conversation, response_id, call_id, _ = close_mid_arguments(client, json.dumps({"city": "Paris " * 60}))
     stopped = await ended_turns(live, user, conversation)
     assert stopped[-1]["status"] == "interrupted_by_user"
     with pytest.raises(openai.BadRequestError) as refused:

@@ -405,17 +405,21 @@ async def _parse(response: httpx.Response) -> list[SSEEvent]:
     return await collect(_Lines(response.text))  # type: ignore[arg-type]
 
 
+async def killed_at_event_15(victim: Any) -> tuple[str, list[SSEEvent]]:
+    """A long reply on ``victim``, the process killed once event 15 came: (conversation, events seen)."""
+    async with victim.client() as client:
+        cid = await new_conversation(client)
+        seen: list[SSEEvent] = []
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
+            await read_until(iter_sse(r), lambda e: e.id == 15, seen)
+            victim.kill()
+    return cid, seen
+
+
 async def test_a_killed_server_leaves_no_turn_streaming_forever(pg_url: str, start_server: Any) -> None:
     survivor: LiveServer = await start_server(heartbeat_timeout_seconds=1.0, reaper_interval_seconds=0.2)
     async with server_process(pg_url, demo_tokens_per_second=20, heartbeat_timeout_seconds=1.0) as victim:
-        async with victim.client() as client:
-            cid = await new_conversation(client)
-            seen: list[SSEEvent] = []
-            async with client.stream(
-                "POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}
-            ) as r:
-                await read_until(iter_sse(r), lambda e: e.id == 15, seen)
-                victim.kill()
+        cid, seen = await killed_at_event_15(victim)
     reply_id = seen[0].data["reply_id"]
     async with survivor.client() as client:
         turn = await wait_status(client, reply_id, {"interrupted_by_error"}, timeout=20)
@@ -444,14 +448,7 @@ async def test_a_client_resuming_from_the_last_event_it_saw_after_a_crash_sees_t
     async with server_process(
         pg_url, demo_tokens_per_second=20, checkpoint_interval_ms=2000, checkpoint_chars=100_000
     ) as victim:
-        async with victim.client() as client:
-            cid = await new_conversation(client)
-            seen: list[SSEEvent] = []
-            async with client.stream(
-                "POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}
-            ) as r:
-                await read_until(iter_sse(r), lambda e: e.id == 15, seen)
-                victim.kill()
+        cid, seen = await killed_at_event_15(victim)
     reply_id = seen[0].data["reply_id"]
     async with survivor.client() as client:
         resumed = await _events(client, reply_id, {"Last-Event-ID": "15"})
