@@ -75,6 +75,12 @@ RECALLS = Counter(
     "keywords_only: the embedding service did not answer).",
     ["outcome"],
 )
+QUERIES_AHEAD = Counter(
+    "chatmem_queries_encoded_ahead_total",
+    "Recall queries encoded while their reply was accepted (started), and of them the vectors a "
+    "recall used (used); the rest were encoded again or their reply never recalled.",
+    ["outcome"],
+)
 APPROVAL_DECISIONS = Counter(
     "chatmem_tool_approval_decisions_total",
     "Decisions on tool calls that waited for a person, by decision and by whom (user/timeout).",
@@ -144,6 +150,11 @@ def observe_retrieval(seconds: float) -> None:
 def observe_recall(outcome: str) -> None:
     """Count one recall before a reply; `outcome` is ok, timeout, error or keywords_only."""
     RECALLS.labels(outcome=outcome).inc()
+
+
+def observe_query_ahead(outcome: str) -> None:
+    """Count a recall query encoded ahead; `outcome` is started or used."""
+    QUERIES_AHEAD.labels(outcome=outcome).inc()
 
 
 def observe_rewrite(seconds: float, outcome: str) -> None:

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
 
 from indexer.pipeline import IndexPipeline
@@ -79,6 +81,17 @@ def window_reads(server: LiveServer, log: list[str]) -> Any:
     return note
 
 
+def queries_ahead(response: httpx.Response) -> dict[str, float]:
+    """chatmem_queries_encoded_ahead_total by outcome, from a /metrics answer."""
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(response.text)
+        if family.name == "chatmem_queries_encoded_ahead"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
 async def test_a_standalone_messages_query_is_encoded_once_before_its_window_is_read_and_recall_uses_it(
     start_server: Any, real_encoder: SentenceTransformerEmbedder
 ) -> None:
@@ -94,7 +107,9 @@ async def test_a_standalone_messages_query_is_encoded_once_before_its_window_is_
             await say(client, await new_conversation(client, "Family"), FACT)  # leans on "there": not ahead
             log.clear()
             before = recaller.prepared.prepared
+            counted = queries_ahead(await client.get("/metrics"))
             found = retrieved(await say(client, await new_conversation(client), QUESTION))
+            now_counted = queries_ahead(await client.get("/metrics"))
     finally:
         event.remove(engine, "before_cursor_execute", note)
     assert FACT in [item["text"] for item in found["items"]] and "error" not in found
@@ -104,6 +119,8 @@ async def test_a_standalone_messages_query_is_encoded_once_before_its_window_is_
     assert log.index(f"encode {QUESTION}") < log.index("window read"), log
     assert (recaller.prepared.prepared - before, recaller.prepared.used) == (1, 1)
     assert len(recaller.prepared) == 0
+    # An operator sees the same in /metrics: one started ahead, and recall used it.
+    assert {k: now_counted[k] - counted.get(k, 0.0) for k in now_counted} == {"started": 1.0, "used": 1.0}
 
 
 @pytest.mark.parametrize("door", ["chat.completions", "responses"])

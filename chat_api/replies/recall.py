@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from chat_api.metrics import observe_recall, observe_retrieval, observe_rewrite
+from chat_api.metrics import observe_query_ahead, observe_recall, observe_retrieval, observe_rewrite
 from chat_api.replies.reply import Reply
 from memory.events import ErrorData, EventName, MemoryRetrievedData, RecalledItem, RecallError
 from memory.json_bounds import readable_json
@@ -107,6 +107,8 @@ async def recall_for_reply(
         return
     observe_rewrite_of(found)
     observe_recall("ok" if found.degraded is None else "keywords_only")
+    if found.query_ahead:
+        observe_query_ahead("used")
     observe_retrieval(found.latency_ms["search"] / 1000)
     payload = MemoryRetrievedData(
         query=user_text,

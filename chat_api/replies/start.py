@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.metrics import observe_query_ahead
 from chat_api.providers.base import ModelOptions
 from chat_api.replies.idempotency import check_replay
 from chat_api.replies.queue import in_line, until
@@ -414,7 +415,10 @@ def _prepare_query(
     """
     if not recalls(memory_scope, conversation.use_memory):
         return None
-    return reply_id if services.recaller.prepare_query(reply_id, text) else None
+    if not services.recaller.prepare_query(reply_id, text):
+        return None
+    observe_query_ahead("started")
+    return reply_id
 
 
 async def _answered(session: AsyncSession, earlier: Turn) -> uuid.UUID:

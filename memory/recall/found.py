@@ -56,6 +56,8 @@ class RecallResult:
     # (code, reason) when the search went on without a query vector: keyword search only
     # (memory.events.RecallError.EMBEDDING_UNAVAILABLE: the embedding service did not answer).
     degraded: tuple[str, str] | None = None
+    # The query's vector was the one encoded while the reply was accepted (prepared_queries.py).
+    query_ahead: bool = False
 
 
 def normalised_text(text: str) -> str:

@@ -179,7 +179,14 @@ class Recaller:
                 memories = await self._for_block(result.query, memories, k, recalled)
                 latency["excerpts"] = _ms_since(mark)
             latency["total"] = _ms_since(started)
-            return RecallResult(result.query, result, memories, latency, degraded=recalled.degraded)
+            return RecallResult(
+                result.query,
+                result,
+                memories,
+                latency,
+                degraded=recalled.degraded,
+                query_ahead=recalled.query_ahead,
+            )
         finally:
             if ahead is not None:
                 ahead.encode.cancel()  # no-op once done; an unused encode stops here
