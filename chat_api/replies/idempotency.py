@@ -7,7 +7,10 @@ answer 200 with the earlier reply and silently drop the new text; now it is a 42
 
 What "the same body" means is what the request stores: a message's (or an edit's) text
 on its user turn, and for a regenerate, that the key was a regenerate's (on the reply's
-assistant turn). Options that only shape delivery (`stream`, `on_busy`, …) may differ.
+assistant turn). A message a client sends whole with its history (the OpenAI doors) may
+find its text already stored and be answered again: its key is then on the reply's
+assistant turn, and the same body is that the message answered has the same text.
+Options that only shape delivery (`stream`, `on_busy`, …) may differ.
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ class IdempotencyKeyReused(InvalidInput):
     code = "idempotency_key_reused"
 
 
-def check_replay(earlier: Turn, content: str | None) -> None:
+def check_replay(earlier: Turn, answered: Turn | None, content: str | None) -> None:
     """Raise IdempotencyKeyReused unless `earlier` was stored by this same request.
 
-    `content` is the request's message text, or None for a regenerate.
+    `answered` is the user turn the earlier request's reply answers; `content` is the
+    request's message text, or None for a regenerate (or tool results).
     """
     if content is None:
         same = earlier.role == "assistant"
     else:
-        same = earlier.role == "user" and earlier.content == content
+        same = answered is not None and answered.content == content
     if not same:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used for a request with a different body; use a new key",

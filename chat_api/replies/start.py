@@ -157,6 +157,7 @@ async def answer_tool_results(
     reply_id: uuid.UUID,
     results: Sequence[tuple[str, str]],
     meta: Mapping[str, dict[str, Any]] | None = None,
+    idempotency_key: str | None = None,
 ) -> Started:
     """The client's results of its tool calls, stored as tool turns, and a reply that goes on from them.
 
@@ -207,7 +208,7 @@ async def answer_tool_results(
     user_turn = next((turn for turn in reversed(turns) if turn.role == "user"), None)
     if user_turn is None:
         raise InvalidInput("the conversation has no user message to answer", field="messages")
-    return await answer_again(services, session, conversation, reply_id, user_turn)
+    return await answer_again(services, session, conversation, reply_id, user_turn, idempotency_key)
 
 
 async def regenerate_reply(
@@ -337,8 +338,10 @@ async def _start_reply(
                 if idempotency_key:
                     earlier = await find_by_idempotency_key(session, conversation.id, idempotency_key)
                     if earlier is not None and earlier.reply_id is not None:
-                        check_replay(earlier, content)
-                        return Accepted(earlier.reply_id, await _answered(session, earlier), reattached=True)
+                        answered = await _answered(session, earlier)
+                        check_replay(earlier, answered, content)
+                        answered_id = answered.id if answered is not None else earlier.id
+                        return Accepted(earlier.reply_id, answered_id, reattached=True)
                 if conversation.active_reply_id is not None:
                     running = conversation.active_reply_id
                 else:
@@ -421,9 +424,8 @@ def _prepare_query(
     return reply_id
 
 
-async def _answered(session: AsyncSession, earlier: Turn) -> uuid.UUID:
+async def _answered(session: AsyncSession, earlier: Turn) -> Turn | None:
     # A message's key is on its user turn; a regenerate's on the reply's assistant turn.
     if earlier.role == "user":
-        return earlier.id
-    user_turn = await user_turn_before(session, earlier)
-    return user_turn.id if user_turn is not None else earlier.id
+        return earlier
+    return await user_turn_before(session, earlier)

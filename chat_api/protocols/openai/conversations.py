@@ -10,7 +10,8 @@ of the caller's conversations:
 2. tool results: the conversation whose reply made those tool calls;
 3. by the history itself: the caller's conversation whose active history shares the
    longest prefix with the one sent (at least a question and its answer);
-4. otherwise a new conversation.
+4. otherwise a new conversation (with an `Idempotency-Key`, one whose id comes from the
+   key, so that a retry of the request lands in it; see below).
 
 In the chosen conversation, under its row lock (`chat_api.replies.start_reply`), the sent
 history is compared with the stored one (`memory.record.history_match`): the same history → the
@@ -18,6 +19,13 @@ new message continues it; the new message already stored after the same history 
 answer is generated again on a new branch (regenerate); a history that agrees only up
 to an earlier point → a new branch from there (edit), where the messages the client has
 and chatmem has not are imported as ordinary turns (so they reach memory too).
+
+A request with an `Idempotency-Key` (a header the SDKs send only when the caller sets it)
+stores the key with what it adds; the same request sent again (the SDK's retry after a
+dropped connection, a 5xx, 408 or 429) finds it under the conversation's lock and
+reattaches to the reply the first attempt started, wherever it runs: no second user
+message, no second reply. The same key with another message is a 400
+`idempotency_key_reused`.
 
 Those imported messages are an import like any other: they pass the import admission
 (`chat_api.admission`: turns per request, characters per message, the hourly quota) and
@@ -64,6 +72,8 @@ from memory.storage.models import Conversation
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
 # and two callers' keys can never name the same conversation.
 CHAT_KEY_NAMESPACE = uuid.UUID("8f4a2b1e-5d1c-4c36-9a57-2a0d6f1c9b3e")
+# The new conversation a keyed request makes is named the same way, in its own namespace.
+IDEMPOTENCY_NAMESPACE = uuid.UUID("c3b1e7a4-2f60-4d8e-9b55-7e0a4f9d2c61")
 MAX_CHAT_KEY_CHARS = 256
 CANDIDATES = 20
 TITLE_CHARS = 80
@@ -94,9 +104,9 @@ CONVERSATION_OF_CALL = text(
 )
 
 
-def chat_key_conversation(owner: Owner, key: str) -> uuid.UUID:
-    """The conversation a frontend's chat id names for this caller."""
-    return uuid.uuid5(CHAT_KEY_NAMESPACE, f"{owner.tenant_id}\x1f{owner.user_id}\x1f{key}")
+def chat_key_conversation(owner: Owner, key: str, namespace: uuid.UUID = CHAT_KEY_NAMESPACE) -> uuid.UUID:
+    """The conversation a frontend's chat id (or a request's Idempotency-Key) names for this caller."""
+    return uuid.uuid5(namespace, f"{owner.tenant_id}\x1f{owner.user_id}\x1f{key}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +115,6 @@ class Target:
 
     conversation_id: uuid.UUID | None
     new: bool = False
-    chat_key: str | None = None
 
 
 async def choose_conversation(
@@ -115,8 +124,13 @@ async def choose_conversation(
     *,
     conversation_id: uuid.UUID | None,
     chat_key: str | None,
+    idempotency_key: str | None = None,
 ) -> Target:
-    """The caller's conversation this request goes to, or a new one (NotFound for another's id)."""
+    """The caller's conversation this request goes to, or a new one (NotFound for another's id).
+
+    A keyed request's new conversation is the one its key names: made by the first attempt,
+    found by a retry.
+    """
     if conversation_id is not None:
         async with services.db.session() as session:
             await get_conversation(session, owner, conversation_id)  # 404 unless the caller's
@@ -124,7 +138,7 @@ async def choose_conversation(
     if chat_key is not None:
         if not chat_key.strip() or len(chat_key) > MAX_CHAT_KEY_CHARS:
             raise InvalidInput(f"a chat key must be 1 to {MAX_CHAT_KEY_CHARS} characters", field="chat_key")
-        return await _target_of_key(services, owner, chat_key)
+        return await _target_of_key(services, owner, chat_key_conversation(owner, chat_key))
     async with services.db.session() as session:
         if chat.tool_results:
             found = await _conversation_of_call(session, owner, chat.tool_results[0])
@@ -134,7 +148,12 @@ async def choose_conversation(
                 )
             return Target(found)
         best = await _best_match(session, owner, chat)
-    return Target(best) if best is not None else Target(None, new=True)
+    if best is not None:
+        return Target(best)
+    if idempotency_key is not None:
+        keyed = chat_key_conversation(owner, idempotency_key, IDEMPOTENCY_NAMESPACE)
+        return await _target_of_key(services, owner, keyed)
+    return Target(None, new=True)
 
 
 def _title(chat: ChatRequest) -> str:
@@ -143,12 +162,12 @@ def _title(chat: ChatRequest) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
 
 
-async def _target_of_key(services: Services, owner: Owner, key: str) -> Target:
-    conversation_id = chat_key_conversation(owner, key)
+async def _target_of_key(services: Services, owner: Owner, conversation_id: uuid.UUID) -> Target:
+    """The conversation a key names: new until the first request with the key makes it."""
     async with services.db.session() as session:
         found = (await session.execute(KEY_CONVERSATION, {"id": conversation_id})).first()
     if found is None:
-        return Target(conversation_id, new=True, chat_key=key)
+        return Target(conversation_id, new=True)
     if found.deleted_at is not None:
         raise NotFound("conversation not found", conversation_id=str(conversation_id))
     return Target(conversation_id)
@@ -219,12 +238,13 @@ async def start_chat_reply(
     admitted: AdmittedReply,
     memory_scope: str,
     recorded: Callable[[BeginReply], BeginReply] | None = None,
+    idempotency_key: str | None = None,
 ) -> tuple[uuid.UUID, Accepted]:
     """Store what the request adds to the conversation and start its reply (interrupting a running one).
 
     Returns the conversation (made here for a new target) and the started reply.
     `recorded` wraps what is stored (another adapter's own rows go in the same
-    transaction).
+    transaction). With `idempotency_key`, a request already started reattaches to its reply.
     """
     history: AdmittedImport | None = None
     rows = _turn_rows(_sent(chat)[:-1]) if target.new else []
@@ -235,9 +255,9 @@ async def start_chat_reply(
         conversation_id = await _make(services, owner, chat, target) if target.new else target.conversation_id
         assert conversation_id is not None
         if chat.tool_results:
-            begin = _begin_tool_answer(services, chat)
+            begin = _begin_tool_answer(services, chat, idempotency_key)
         else:
-            begin = _begin_prompt(services, admission, owner, chat, history)
+            begin = _begin_prompt(services, admission, owner, chat, history, idempotency_key)
         accepted = await start_reply(
             services,
             owner,
@@ -245,7 +265,7 @@ async def start_chat_reply(
             recorded(begin) if recorded is not None else begin,
             admitted=admitted,
             on_busy="interrupt",
-            idempotency_key=None,
+            idempotency_key=idempotency_key,
             memory_scope=memory_scope,
             # The new message's text: its recall query is encoded while the turns are stored.
             content=None if chat.tool_results else chat.prompt,
@@ -260,7 +280,12 @@ def _turn_rows(units: list[Unit]) -> list[dict[str, Any]]:
 
 
 def _begin_prompt(
-    services: Services, admission: Admission, owner: Owner, chat: ChatRequest, history: AdmittedImport | None
+    services: Services,
+    admission: Admission,
+    owner: Owner,
+    chat: ChatRequest,
+    history: AdmittedImport | None,
+    idempotency_key: str | None = None,
 ) -> BeginReply:
     """Store the new message after the sent history; what chatmem lacks of it is imported.
 
@@ -279,7 +304,7 @@ def _begin_prompt(
             user_turn = stored[matched - 1].turn
             if matched < len(stored):
                 await fork_branch(session, conversation, parent=active, fork_seq=user_turn.seq)
-            return await answer_again(services, session, conversation, reply_id, user_turn)
+            return await answer_again(services, session, conversation, reply_id, user_turn, idempotency_key)
         if matched < len(stored):
             fork_seq = stored[matched - 1].last_seq if matched else 0
             await fork_branch(session, conversation, parent=active, fork_seq=fork_seq)
@@ -293,15 +318,17 @@ def _begin_prompt(
             with admitted:
                 result = await import_turns(session, owner, conversation.id, admitted.turns)
                 admitted.settle(result.created)
-        return await store_message(services, session, conversation, reply_id, prompt)
+        return await store_message(services, session, conversation, reply_id, prompt, idempotency_key)
 
     return begin
 
 
-def _begin_tool_answer(services: Services, chat: ChatRequest) -> BeginReply:
+def _begin_tool_answer(services: Services, chat: ChatRequest, idempotency_key: str | None) -> BeginReply:
     results = chat.tool_answers
 
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
-        return await answer_tool_results(services, session, conversation, reply_id, results)
+        return await answer_tool_results(
+            services, session, conversation, reply_id, results, idempotency_key=idempotency_key
+        )
 
     return begin

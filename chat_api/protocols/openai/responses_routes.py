@@ -52,6 +52,7 @@ from chat_api.protocols.openai.routes import (
     chat_target,
     check_texts,
     fold_reply,
+    idempotency_key,
     reply_head,
     served_models,
     stop_here,
@@ -101,7 +102,7 @@ async def create_response(
     # Admitted before anything is stored, so a 429 leaves nothing behind.
     with admission.admit_reply(owner, stream=asked.chat.stream) as admitted:
         accepted, conversation_id, previous = await start_response(
-            request, services, admission, owner, asked, admitted
+            request, services, admission, owner, asked, admitted, key=idempotency_key(request)
         )
     translator = ResponseTranslator(
         response_base(accepted.reply_id, asked.echo, previous, asked.conversation_id),
@@ -134,11 +135,14 @@ async def start_response(
     asked: ResponsesRequest,
     admitted: AdmittedReply,
     known: Mapping[uuid.UUID, StoredResponse] | None = None,
+    key: str | None = None,
 ) -> tuple[Accepted, uuid.UUID, uuid.UUID | None]:
     """Store what the request adds and start its reply (HTTP and WebSocket mode alike).
 
     `known`: responses this connection made, which `previous_response_id` may name even
-    when they were not stored (`store: false` over one WebSocket). Returns the accepted
+    when they were not stored (`store: false` over one WebSocket). `key`: the request's
+    Idempotency-Key (HTTP only: a WebSocket's headers are those of its whole session);
+    sent again, the request reattaches to the reply it started. Returns the accepted
     reply, its conversation and the response it continues (if any).
     """
     chat = asked.chat
@@ -148,22 +152,24 @@ async def start_response(
         if previous is None:
             previous = await previous_response(services, owner, asked.previous_response_id)
         conversation_id = previous.conversation_id
-        begin = _continue(services, admission, owner, asked, after_response(previous))
+        begin = _continue(services, admission, owner, asked, after_response(previous), key)
     elif asked.compacted is not None:
         async with services.db.session() as session:
             conversation_id = (
                 await get_turn(session, owner, asked.compacted)
             ).conversation_id  # 404 unless theirs
-        begin = _continue(services, admission, owner, asked, after_turn(owner, asked.compacted))
+        begin = _continue(services, admission, owner, asked, after_turn(owner, asked.compacted), key)
     elif asked.conversation_id is not None:
         conversation_id = asked.conversation_id
         async with services.db.session() as session:
             await get_conversation(session, owner, conversation_id)  # 404 unless the caller's
-        begin = _continue(services, admission, owner, asked, None)
+        begin = _continue(services, admission, owner, asked, None, key)
     else:
         # Mapped exactly as a chat completion is (its admission of imported history included).
         explicit, chat_key = chat_target(connection, chat)
-        target = await choose_conversation(services, owner, chat, conversation_id=explicit, chat_key=chat_key)
+        target = await choose_conversation(
+            services, owner, chat, conversation_id=explicit, chat_key=chat_key, idempotency_key=key
+        )
         conversation_id, accepted = await start_chat_reply(
             services,
             admission,
@@ -173,6 +179,7 @@ async def start_response(
             admitted=admitted,
             memory_scope=services.settings.memory_scope,
             recorded=lambda begin: _recorded(owner, asked, begin),
+            idempotency_key=key,
         )
         return accepted, conversation_id, None
     accepted = await start_reply(
@@ -182,7 +189,7 @@ async def start_response(
         _recorded(owner, asked, begin),
         admitted=admitted,
         on_busy=await busy_policy(services, owner, conversation_id, otherwise="reject"),
-        idempotency_key=None,
+        idempotency_key=key,
         memory_scope=services.settings.memory_scope,
         # The new message's text: its recall query is encoded while the turns are stored.
         content=None if chat.tool_results else chat.prompt,
@@ -280,7 +287,12 @@ async def import_history(
 
 
 def _continue(
-    services: Services, admission: Admission, owner: Owner, asked: ResponsesRequest, after: LastTurn | None
+    services: Services,
+    admission: Admission,
+    owner: Owner,
+    asked: ResponsesRequest,
+    after: LastTurn | None,
+    key: str | None,
 ) -> BeginReply:
     """Add the input after a turn (a new branch if its branch moved on), or after the active branch."""
     chat = asked.chat
@@ -289,9 +301,11 @@ def _continue(
         if after is not None:
             await continue_after(session, conversation, await after(session))
         if chat.tool_results:
-            return await answer_tool_results(services, session, conversation, reply_id, chat.tool_answers)
+            return await answer_tool_results(
+                services, session, conversation, reply_id, chat.tool_answers, idempotency_key=key
+            )
         await import_history(admission, session, owner, conversation, chat.history)
-        return await store_message(services, session, conversation, reply_id, chat.prompt or "")
+        return await store_message(services, session, conversation, reply_id, chat.prompt or "", key)
 
     return begin
 

@@ -6,6 +6,12 @@ shape (`{"error": {"message", "type", "param", "code"}}`) with the status OpenAI
 so the SDKs raise their usual exceptions. Closing the connection is the stop: the reply
 ends `interrupted_by_user` with what was sent.
 
+A request with an `Idempotency-Key` header (at most 200 characters) is done once: sent again
+(the SDKs retry a dropped connection, a 408, 409, 429 or 5xx), it is answered from the reply
+the first attempt started, streamed live or replayed from its log, on any replica. The SDKs
+send no key unless the caller sets one (`extra_headers={"Idempotency-Key": ...}`, kept
+across the SDK's own retries).
+
 Response headers say what chatmem did: `X-Chatmem-Conversation-Id`, `X-Chatmem-Reply-Id`,
 `X-Chatmem-Memory-Count` and `X-Chatmem-Memory-Turn-Ids` (the remembered turns the
 prompt quoted). Streaming responses send them once the memories are known, before the
@@ -55,6 +61,8 @@ log = logging.getLogger(__name__)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CONVERSATION_HEADER = "x-chatmem-conversation-id"
 CHAT_KEY_HEADERS = ("x-chatmem-chat-key", "x-openwebui-chat-id")
+IDEMPOTENCY_HEADER = "idempotency-key"
+MAX_IDEMPOTENCY_KEY_CHARS = 200  # as on chatmem's own routes
 # Events after which the response's headers can say which memories the reply uses.
 HEAD_EVENTS = (
     frozenset(
@@ -159,10 +167,11 @@ async def chat_completions(
     chat = parse_request(await request.json(), served_models(services))
     check_texts(chat, services.settings.max_message_chars)
     conversation_id, chat_key = chat_target(request, chat)
+    key = idempotency_key(request)
     # Admitted before anything is stored, so a 429 leaves nothing behind.
     with admission.admit_reply(owner, stream=chat.stream) as admitted:
         target = await choose_conversation(
-            services, owner, chat, conversation_id=conversation_id, chat_key=chat_key
+            services, owner, chat, conversation_id=conversation_id, chat_key=chat_key, idempotency_key=key
         )
         conversation, accepted = await start_chat_reply(
             services,
@@ -172,6 +181,7 @@ async def chat_completions(
             target,
             admitted=admitted,
             memory_scope=services.settings.memory_scope,
+            idempotency_key=key,
         )
     translator = ReplyTranslator(
         f"chatcmpl-{accepted.reply_id.hex}",
@@ -241,6 +251,18 @@ def chat_target(request: HTTPConnection, chat: ChatRequest) -> tuple[uuid.UUID |
     if key is None and user.startswith("chat:"):
         key = user.removeprefix("chat:")
     return None, key
+
+
+def idempotency_key(request: HTTPConnection) -> str | None:
+    """The request's `Idempotency-Key` (None when absent or empty); over its bound a 400."""
+    key = request.headers.get(IDEMPOTENCY_HEADER) or None
+    if key is not None and len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise OpenAIError(
+            400,
+            f"Idempotency-Key must be at most {MAX_IDEMPOTENCY_KEY_CHARS} characters",
+            param="Idempotency-Key",
+        )
+    return key
 
 
 async def reply_head(batches: AsyncIterator[list[Event]]) -> list[Event]:

@@ -1,0 +1,154 @@
+"""Retries on the OpenAI doors, sent by the `openai` SDK itself, through a gateway to two replicas.
+
+The SDK (2 retries by default) sends a request again after a dropped connection, a 408,
+409, 429 or 5xx, with the same headers (`X-Stainless-Retry-Count` counts the attempt). It
+sends an `Idempotency-Key` only when the caller sets one. The gateway here is a process
+edge: an httpx transport that sends each attempt to the next replica and, for the first
+attempt, reads chatmem's whole answer and then tells the SDK 502 (a proxy that lost the
+answer), so the retry reaches the other replica.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+
+from tests.openai_support import MODEL, TENANT, conversations, ended_turns, make_key, new_user, turns
+from tests.procs import ServerProcess, server_processes
+
+
+@pytest.fixture(scope="module")
+async def replicas(pg_url: str) -> AsyncIterator[list[ServerProcess]]:
+    async with server_processes(pg_url, 2, demo_tokens_per_second=200) as procs:
+        yield procs
+
+
+class LosingGateway(httpx.AsyncBaseTransport):
+    """Attempt N goes to replica N % 2; the answers to the first `lose` attempts are read, then lost."""
+
+    def __init__(self, replicas: list[ServerProcess], lose: int = 1) -> None:
+        self.replicas = replicas
+        self.lose = lose
+        self.sent: list[httpx.Headers] = []
+        self.lost: list[bytes] = []
+        self.upstream = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        replica = self.replicas[len(self.sent) % len(self.replicas)]
+        self.sent.append(request.headers)
+        url = request.url.copy_with(host="127.0.0.1", port=replica.port)
+        forwarded = httpx.Request(request.method, url, headers=request.headers, content=await request.aread())
+        response = await self.upstream.handle_async_request(forwarded)
+        if len(self.sent) > self.lose:
+            return response
+        self.lost.append(await response.aread())  # the whole answer reached the gateway
+        await response.aclose()
+        return httpx.Response(502, json={"error": {"message": "bad gateway"}})
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+
+
+def client_through(gateway: LosingGateway, key: str) -> openai.AsyncOpenAI:
+    # The SDK's defaults (2 retries) on a client whose connections go through the gateway.
+    http = httpx.AsyncClient(transport=gateway, timeout=30)
+    return openai.AsyncOpenAI(base_url="http://gateway/openai/v1", api_key=key, http_client=http)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_completion_retried_after_a_lost_answer_is_one_turn_answered_from_the_first_reply(
+    replicas: list[ServerProcess], stream: bool
+) -> None:
+    # Without the key on this door, a first message retried made a second conversation with the
+    # same message and a second reply, both remembered.
+    user = new_user()
+    gateway = LosingGateway(replicas)
+    client = client_through(gateway, await make_key(replicas[0], user))
+    key = str(uuid.uuid4())
+    messages = [{"role": "user", "content": "tell me about retries"}]
+    if stream:
+        answer = await client.chat.completions.create(
+            model=MODEL, messages=messages, stream=True, extra_headers={"Idempotency-Key": key}
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in answer if c.choices])
+    else:
+        completion = await client.chat.completions.create(
+            model=MODEL, messages=messages, extra_headers={"Idempotency-Key": key}
+        )
+        text = completion.choices[0].message.content or ""
+    assert [h["x-stainless-retry-count"] for h in gateway.sent] == ["0", "1"]
+    assert [h["idempotency-key"] for h in gateway.sent] == [key, key]
+    [conversation] = await conversations(replicas[0], user)
+    stored = await ended_turns(replicas[0], user, conversation["id"])
+    assert [(t["role"], t["status"]) for t in stored] == [("user", "completed"), ("assistant", "completed")]
+    assert "retries" in text and stored[1]["content"] == text
+    # The continuation of that chat, sent whole as clients do, goes on in the same conversation.
+    more = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": "and more?"}]
+    await client.chat.completions.create(model=MODEL, messages=more, extra_headers={"Idempotency-Key": "2nd"})
+    assert len(await conversations(replicas[0], user)) == 1
+    stored = await ended_turns(replicas[0], user, conversation["id"])
+    assert [t["content"] for t in stored if t["role"] == "user"] == ["tell me about retries", "and more?"]
+
+
+async def test_the_same_idempotency_key_with_another_message_is_a_400_that_stores_nothing(
+    replicas: list[ServerProcess],
+) -> None:
+    user = new_user()
+    client = openai.AsyncOpenAI(
+        base_url=f"{replicas[0].base_url}/openai/v1", api_key=await make_key(replicas[0], user), max_retries=0
+    )
+    headers = {"Idempotency-Key": "k-1"}
+    first = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "pay 5"}], extra_headers=headers
+    )
+    for content in ("pay 500", "pay 5 now"):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": content}], extra_headers=headers
+            )
+        assert refused.value.code == "idempotency_key_reused"
+    again = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "pay 5"}], extra_headers=headers
+    )
+    assert again.headers["x-chatmem-reply-id"] == first.headers["x-chatmem-reply-id"]
+    assert len(await conversations(replicas[0], user)) == 1
+    stored = await turns(replicas[0], user, first.headers["x-chatmem-conversation-id"])
+    assert [t["content"] for t in stored if t["role"] == "user"] == ["pay 5"]
+    with pytest.raises(openai.BadRequestError):
+        too_long = {"Idempotency-Key": "k" * 201}
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], extra_headers=too_long
+        )
+
+
+async def test_a_response_retried_after_a_lost_answer_is_one_turn_on_either_replica(
+    replicas: list[ServerProcess],
+) -> None:
+    user = new_user()
+    gateway = LosingGateway(replicas, lose=1)
+    client = client_through(gateway, await make_key(replicas[0], user))
+    first = await client.responses.create(
+        model=MODEL, input="remember the retries", extra_headers={"Idempotency-Key": "r-1"}
+    )
+    gateway.lose = 3  # the continuation's first answer is lost too
+    second = await client.responses.create(
+        model=MODEL,
+        input="and again",
+        previous_response_id=first.id,
+        extra_headers={"Idempotency-Key": "r-2"},
+    )
+    assert [h["x-stainless-retry-count"] for h in gateway.sent] == ["0", "1", "0", "1"]
+    [conversation] = await conversations(replicas[0], user)
+    stored = await ended_turns(replicas[0], user, conversation["id"])
+    assert [(t["role"], t["content"]) for t in stored if t["role"] == "user"] == [
+        ("user", "remember the retries"),
+        ("user", "and again"),
+    ]
+    answers = [t["content"] for t in stored if t["role"] == "assistant"]
+    assert answers == [first.output_text, second.output_text]
+    async with replicas[1].client(TENANT, user) as api:
+        assert (await api.get(f"/openai/v1/responses/{second.id}")).json()["previous_response_id"] == first.id
