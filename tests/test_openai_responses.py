@@ -7,6 +7,7 @@ what the client was sent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -15,10 +16,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from sqlalchemy import text
 
 from tests.conftest import auth
 from tests.openai_support import MODEL, TENANT, conversations, ended_turns, make_key, new_user, sdk, turns
 from tests.procs import ServerProcess, server_process
+from tests.support import wait_until
 
 WEATHER = {
     "type": "function",
@@ -730,3 +733,54 @@ async def test_new_input_after_a_response_that_waits_for_an_approval_replaces_it
     assert stored[1]["tool_calls"][0]["state"] == "cancelled"
     assert not any(m.get("tool_calls") or m["role"] == "tool" for m in context["messages"])
     assert (await client.responses.retrieve(parked.id)).status == "incomplete"
+
+
+async def test_two_inputs_at_once_beside_a_waiting_reply_replace_it_once_and_the_second_is_409(
+    start_server: Any, db: Any
+) -> None:
+    # The door decided "a waiting reply gives way" before taking the conversation's lock, so both
+    # requests decided it; the second then stopped the reply the first had just started and
+    # stored its own message too: two messages answered at once, one reply cut off.
+    server = await start_server(tools_requiring_approval=["current_time"], demo_tokens_per_second=20)
+    user = new_user()
+    token = auth(TENANT, user)["Authorization"].removeprefix("Bearer ")
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token, max_retries=0)
+    parked = await client.responses.create(model=MODEL, input="what time is it?")
+    assert parked.incomplete_details is not None and parked.incomplete_details.reason == "awaiting_approval"
+    async with server.client(TENANT, user) as api:
+        conversation = (await api.get("/v1/conversations")).json()["items"][0]["id"]
+    waiting = text(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND query LIKE '%FROM conversations%FOR UPDATE%'"
+    )
+
+    async def both_wait_for_the_lock() -> bool:
+        async with db.session() as watch:  # a new snapshot of pg_stat_activity each time
+            return bool((await watch.execute(waiting)).scalar_one() == 2)
+
+    async with db.transaction() as session:
+        # Both requests get as far as the conversation's lock, and wait there together.
+        await session.execute(
+            text("SELECT 1 FROM conversations WHERE id = :id FOR UPDATE"), {"id": conversation}
+        )
+        inputs = [
+            asyncio.create_task(
+                client.responses.create(model=MODEL, input=f"instead, {n}", conversation=conversation)
+            )
+            for n in ("one", "two")
+        ]
+        await wait_until(both_wait_for_the_lock, what="both requests at the conversation's lock")
+    outcomes = await asyncio.gather(*inputs, return_exceptions=True)
+    answered = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, openai.ConflictError)]
+    assert len(answered) == 1 and len(refused) == 1, outcomes
+    assert answered[0].status == "completed"
+    async with server.client(TENANT, user) as api:
+        stored = (await api.get(f"/v1/conversations/{conversation}/turns")).json()["items"]
+    assert [(t["role"], t["status"]) for t in stored] == [
+        ("user", "completed"),
+        ("assistant", "interrupted_by_user"),
+        ("user", "completed"),
+        ("assistant", "completed"),
+    ]
+    assert stored[1]["interrupt_reason"] == "new_message"

@@ -1,8 +1,9 @@
 """Starting a reply: a new message, a regenerated answer, or an edited message.
 
 Each stores the reply's turns in one transaction with the conversation row locked, applies
-the busy policy (reject, interrupt the running reply, or wait for it), registers the
-reply in this process before commit and launches it. A request retried with the same
+the busy policy (reject, interrupt the running reply, or wait for it; a reply waiting for an
+approval may give way, decided and ended under that same lock), registers the reply in this
+process before commit and launches it. A request retried with the same
 Idempotency-Key reattaches to the reply it started.
 """
 
@@ -34,6 +35,8 @@ from memory.record.branches import (
 )
 from memory.record.conversations import Owner, get_conversation
 from memory.record.outbox import record_finished_turn
+from memory.record.reply_endings import end_parked_reply, wait_for_parked_turn
+from memory.record.reply_state import reply_state
 from memory.record.tool_calls import takes_a_result, tool_calls_of
 from memory.record.turns import add_turn, begin_answer, begin_reply, find_by_idempotency_key, get_turn
 from memory.storage.models import Conversation, Turn
@@ -89,6 +92,7 @@ async def accept_message(
     on_busy: str,
     idempotency_key: str | None,
     memory_scope: str,
+    parked_gives_way: bool = False,
 ) -> Accepted:
     """Store the user turn and a streaming assistant turn, and start the reply."""
 
@@ -105,6 +109,7 @@ async def accept_message(
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
         content=content,
+        parked_gives_way=parked_gives_way,
     )
 
 
@@ -221,6 +226,7 @@ async def regenerate_reply(
     on_busy: str,
     idempotency_key: str | None,
     memory_scope: str,
+    parked_gives_way: bool = False,
 ) -> Accepted:
     """Answer the last reply's user message again, on a new active branch forked just after it."""
 
@@ -239,6 +245,7 @@ async def regenerate_reply(
         on_busy=on_busy,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
+        parked_gives_way=parked_gives_way,
     )
 
 
@@ -253,6 +260,7 @@ async def edit_message(
     on_busy: str,
     idempotency_key: str | None,
     memory_scope: str,
+    parked_gives_way: bool = False,
 ) -> Accepted:
     """Replace a user message: a new active branch forked just before it, the new message, and a reply."""
 
@@ -272,6 +280,7 @@ async def edit_message(
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
         content=content,
+        parked_gives_way=parked_gives_way,
     )
 
 
@@ -286,8 +295,15 @@ async def start_reply(
     idempotency_key: str | None,
     memory_scope: str,
     content: str | None = None,
+    parked_gives_way: bool = False,
 ) -> Accepted:
     """Lock the conversation, apply the busy policy, store the reply's turns with `begin`, and launch it.
+
+    With `parked_gives_way`, a reply that waits for an approval is ended (`new_message`; its
+    calls never run) and this one starts, whatever `on_busy` says: for a door whose client sent
+    no busy policy, new input beside a parked reply is the client's answer to it (the user
+    typed, edited or regenerated instead of deciding). It is decided under the conversation's
+    lock, so two requests at once cannot both take the parked reply's place.
 
     `admitted` is the reply's admission (chat_api.admission): it counts as running from
     the moment the reply is registered. A request retried with the same Idempotency-Key
@@ -307,6 +323,7 @@ async def start_reply(
             idempotency_key=idempotency_key,
             memory_scope=memory_scope,
             content=content,
+            parked_gives_way=parked_gives_way,
         )
 
     if on_busy != "enqueue":
@@ -326,9 +343,11 @@ async def _start_reply(
     idempotency_key: str | None,
     memory_scope: str,
     content: str | None,
+    parked_gives_way: bool,
 ) -> Accepted:
     while True:
         running: uuid.UUID | None = None
+        deciding: uuid.UUID | None = None
         reply: Reply | None = None
         user_text = ""
         prepared: uuid.UUID | None = None
@@ -342,7 +361,11 @@ async def _start_reply(
                         check_replay(earlier, answered, content)
                         answered_id = answered.id if answered is not None else earlier.id
                         return Accepted(earlier.reply_id, answered_id, reattached=True)
-                if conversation.active_reply_id is not None:
+                if conversation.active_reply_id is not None and parked_gives_way:
+                    deciding = await _give_way_if_parked(session, conversation)
+                if deciding is not None:
+                    pass  # a decision on the parked reply is being written: see it through, then look again
+                elif conversation.active_reply_id is not None:
                     running = conversation.active_reply_id
                 else:
                     reply_id = uuid.uuid4()
@@ -376,11 +399,17 @@ async def _start_reply(
         if reply is not None:
             services.runner.launch(reply, ReplyRequest(user_text=user_text, memory_scope=memory_scope))
             return Accepted(reply.id, reply.user_turn_id, reattached=False)
+        if deciding is not None:
+            async with services.db.transaction() as session:
+                await wait_for_parked_turn(session, deciding)  # only that turn's lock is held here
+            continue
         assert running is not None
         if on_busy == "interrupt":
             await stop_reply(services, running, reason=StopReason.NEW_MESSAGE)
             continue  # then start it, once the running reply has ended
         if await reply_parked(services, running):
+            if parked_gives_way:
+                continue  # parked since the check: it gives way under the lock
             # Waiting for a person can take hours; holding this request open would not help.
             raise ConversationBusy(
                 "the reply in this conversation waits for a tool approval",
@@ -394,19 +423,21 @@ async def _start_reply(
         await until(wait_reply_done(services, running, timeout=None))  # enqueue
 
 
-async def busy_policy(services: Services, owner: Owner, conversation_id: uuid.UUID, *, otherwise: str) -> str:
-    """`interrupt` when the conversation's reply waits for an approval, else `otherwise`.
+async def _give_way_if_parked(session: AsyncSession, conversation: Conversation) -> uuid.UUID | None:
+    """End the conversation's reply if it waits for an approval (under the conversation's lock).
 
-    For a door whose client sent no busy policy: new input beside a parked reply is the
-    client's answer to it (the user typed, edited or regenerated instead of deciding), so it
-    replaces the waiting reply, whose calls then never run, as a new chat-completions message
-    or AG-UI's steer-away does. A reply still streaming gets `otherwise`.
+    Returns the reply when it is parked but a decision on it (an approval, a stop) holds its
+    turn now: the caller waits for that outside the conversation's lock (whoever holds the
+    turn may want the conversation next) and looks again.
     """
-    async with services.db.session() as session:
-        running = (await get_conversation(session, owner, conversation_id)).active_reply_id
-    if running is not None and await reply_parked(services, running):
-        return "interrupt"
-    return otherwise
+    running = conversation.active_reply_id
+    assert running is not None
+    if await reply_state(session, running) != TurnStatus.AWAITING_APPROVAL:
+        return None
+    if await end_parked_reply(session, running, StopReason.NEW_MESSAGE, skip_locked=True) is None:
+        return running
+    conversation.active_reply_id = None  # its ending released the conversation
+    return None
 
 
 def _prepare_query(

@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import any_, bindparam, func, not_, select
+from sqlalchemy import Select, any_, bindparam, func, not_, select
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -169,16 +169,29 @@ async def end_stale_replies(
     return ended
 
 
-async def end_parked_reply(session: AsyncSession, reply_id: uuid.UUID, reason: str) -> Event | None:
-    """Stop a reply that waits for approval (its undecided calls never run); None if it was not parked."""
-    parked = (
-        await session.execute(
-            select(Turn.id)
-            .where(Turn.reply_id == reply_id, Turn.status == TurnStatus.AWAITING_APPROVAL)
-            .with_for_update()
-        )
-    ).scalar_one_or_none()
+def _parked_turn(reply_id: uuid.UUID, *, skip_locked: bool = False) -> Select[uuid.UUID]:
+    return (
+        select(Turn.id)
+        .where(Turn.reply_id == reply_id, Turn.status == TurnStatus.AWAITING_APPROVAL)
+        .with_for_update(skip_locked=skip_locked)
+    )
+
+
+async def end_parked_reply(
+    session: AsyncSession, reply_id: uuid.UUID, reason: str, *, skip_locked: bool = False
+) -> Event | None:
+    """Stop a reply that waits for approval (its undecided calls never run); None if it was not parked.
+
+    With `skip_locked`, also None when another transaction holds the parked turn (a decision
+    or a stop being written): the caller holds a lock that one may need next.
+    """
+    parked = (await session.execute(_parked_turn(reply_id, skip_locked=skip_locked))).scalar_one_or_none()
     if parked is None:
         return None
     ending = Ending(TurnStatus.INTERRUPTED_BY_USER, reason=reason)
     return await end_reply(session, parked, ending, from_status=TurnStatus.AWAITING_APPROVAL)
+
+
+async def wait_for_parked_turn(session: AsyncSession, reply_id: uuid.UUID) -> None:
+    """Wait until no other transaction holds the reply's parked turn (a decision on it has landed)."""
+    await session.execute(_parked_turn(reply_id))

@@ -69,7 +69,6 @@ from chat_api.replies import (
     Started,
     accept_message,
     answer_again,
-    busy_policy,
     decide,
     edit_message,
     follow_reply,
@@ -156,7 +155,9 @@ async def chat(
             conversation.id,
             content,
             admitted=admitted,
-            on_busy=await _busy_policy(services, owner, conversation.id, body),
+            on_busy=_on_busy(services, body),
+            # Without a policy of its own, new input replaces a reply that waits for an approval.
+            parked_gives_way=body.on_busy is None,
             # A retried request (same message id) reattaches to the reply it started.
             idempotency_key=f"ai-sdk:{last.id}",
             memory_scope=body.memory_scope or services.settings.memory_scope,
@@ -174,13 +175,9 @@ def _text(message: UIMessageIn) -> str:
         raise InvalidInput(str(exc), field="messages") from exc
 
 
-async def _busy_policy(
-    services: Services, owner: Owner, conversation_id: uuid.UUID, body: ChatRequest
-) -> str:
-    """The client's `on_busy`; without one, a reply waiting for an approval gives way (see busy_policy)."""
-    if body.on_busy is not None:
-        return body.on_busy
-    return await busy_policy(services, owner, conversation_id, otherwise=services.settings.on_busy_default)
+def _on_busy(services: Services, body: ChatRequest) -> str:
+    """The client's `on_busy`, else the server's default (beside which a parked reply gives way)."""
+    return body.on_busy or services.settings.on_busy_default
 
 
 def _instructions(body: ChatRequest, max_chars: int) -> str | None:
@@ -215,7 +212,9 @@ async def _edit(
             content,
             admitted=admitted,
             conversation_id=conversation.id,
-            on_busy=await _busy_policy(services, owner, conversation.id, body),
+            on_busy=_on_busy(services, body),
+            # Without a policy of its own, new input replaces a reply that waits for an approval.
+            parked_gives_way=body.on_busy is None,
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
@@ -250,7 +249,9 @@ async def _regenerate(
             conversation.id,
             begin,
             admitted=admitted,
-            on_busy=await _busy_policy(services, owner, conversation.id, body),
+            on_busy=_on_busy(services, body),
+            # Without a policy of its own, new input replaces a reply that waits for an approval.
+            parked_gives_way=body.on_busy is None,
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )

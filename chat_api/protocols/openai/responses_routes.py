@@ -75,7 +75,6 @@ from chat_api.replies import (
     BeginReply,
     Started,
     answer_tool_results,
-    busy_policy,
     follow_reply,
     hand_over,
     start_reply,
@@ -188,7 +187,8 @@ async def start_response(
         conversation_id,
         _recorded(owner, asked, begin),
         admitted=admitted,
-        on_busy=await busy_policy(services, owner, conversation_id, otherwise="reject"),
+        on_busy="reject",
+        parked_gives_way=True,  # new input replaces a reply that waits for an approval
         idempotency_key=key,
         memory_scope=services.settings.memory_scope,
         # The new message's text: its recall query is encoded while the turns are stored.
