@@ -11,7 +11,7 @@ answer), so the retry reaches the other replica.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import openai
@@ -19,6 +19,7 @@ import pytest
 
 from tests.openai_support import MODEL, TENANT, conversations, ended_turns, make_key, new_user, turns
 from tests.procs import ServerProcess, server_processes
+from tests.support import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -31,23 +32,41 @@ class LosingGateway(httpx.AsyncBaseTransport):
     """Attempt N goes to replica N % 2; the answers to the first `lose` attempts are read, then lost."""
 
     def __init__(self, replicas: list[ServerProcess], lose: int = 1) -> None:
-        self.replicas = replicas
+        self.ports = [replica.port for replica in replicas]
         self.lose = lose
         self.sent: list[httpx.Headers] = []
-        self.lost: list[bytes] = []
         self.upstream = httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        replica = self.replicas[len(self.sent) % len(self.replicas)]
+        port = self.ports[len(self.sent) % len(self.ports)]
         self.sent.append(request.headers)
-        url = request.url.copy_with(host="127.0.0.1", port=replica.port)
+        url = request.url.copy_with(host="127.0.0.1", port=port)
         forwarded = httpx.Request(request.method, url, headers=request.headers, content=await request.aread())
         response = await self.upstream.handle_async_request(forwarded)
         if len(self.sent) > self.lose:
             return response
-        self.lost.append(await response.aread())  # the whole answer reached the gateway
-        await response.aclose()
+        await self.lose_answer(response)
         return httpx.Response(502, json={"error": {"message": "bad gateway"}})
+
+    async def lose_answer(self, response: httpx.Response) -> None:
+        await response.aread()  # the whole answer reached the gateway
+        await response.aclose()
+
+
+class LeavingGateway(LosingGateway):
+    """The first attempt's connection drops once text has started to come: the client left."""
+
+    def __init__(self, replicas: list[ServerProcess], ended: Callable[[], Awaitable[bool]]) -> None:
+        super().__init__(replicas)
+        self.ended = ended
+
+    async def lose_answer(self, response: httpx.Response) -> None:
+        async for line in response.aiter_lines():
+            if '"content":' in line:
+                break
+        await response.aclose()
+        # As a proxy's 502 comes after the upstream connection closed: the retry finds the reply ended.
+        await wait_until(self.ended, what="the left reply's ending")
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
@@ -152,3 +171,47 @@ async def test_a_response_retried_after_a_lost_answer_is_one_turn_on_either_repl
     assert answers == [first.output_text, second.output_text]
     async with replicas[1].client(TENANT, user) as api:
         assert (await api.get(f"/openai/v1/responses/{second.id}")).json()["previous_response_id"] == first.id
+
+
+async def test_a_completion_retried_after_its_client_left_is_answered_again_not_replayed_cut_off(
+    replicas: list[ServerProcess],
+) -> None:
+    # Closing the connection is the stop on this door, so the first attempt's reply ended
+    # interrupted (client_disconnected); the retry was answered with that cut-off reply.
+    user = new_user()
+    question = "/long tell me about retries"
+
+    async def first_reply_ended() -> bool:
+        found = await conversations(replicas[0], user)
+        stored = await turns(replicas[0], user, found[0]["id"]) if found else []
+        return any(t["status"] == "interrupted_by_user" for t in stored)
+
+    gateway = LeavingGateway(replicas, first_reply_ended)
+    client = client_through(gateway, await make_key(replicas[0], user))
+    answer = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": question}],
+        stream=True,
+        extra_headers={"Idempotency-Key": "leave-1"},
+    )
+    chunks = [chunk async for chunk in answer if chunk.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
+    assert [h["x-stainless-retry-count"] for h in gateway.sent] == ["0", "1"]
+    [conversation] = await conversations(replicas[0], user)
+    async with replicas[1].client(TENANT, user) as api:
+        url = f"/v1/conversations/{conversation['id']}"
+        stored = (await api.get(f"{url}/turns")).json()["items"]
+        [left] = [b for b in (await api.get(f"{url}/branches")).json()["items"] if not b["active"]]
+        cut_off = (await api.get(f"{url}/turns", params={"branch": left["id"]})).json()["items"]
+    assert [(t["role"], t["status"], t["content"]) for t in stored] == [
+        ("user", "completed", question),
+        ("assistant", "completed", text),
+    ]
+    assert text.endswith("real answers.")
+    # The reply its client left stays, as every stopped reply, on the branch it was made on.
+    assert [(t["role"], t["status"], t["interrupt_reason"]) for t in cut_off] == [
+        ("user", "completed", None),
+        ("assistant", "interrupted_by_user", "client_disconnected"),
+    ]
+    assert text.startswith(cut_off[1]["content"])

@@ -49,6 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmittedImport, AdmittedReply
 from chat_api.protocols.openai.chat import ChatRequest, ClientMessage
+from chat_api.protocols.openai.retries import retried_reply
 
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
 from chat_api.replies import (
@@ -269,6 +270,15 @@ async def start_chat_reply(
             memory_scope=memory_scope,
             # The new message's text: its recall query is encoded while the turns are stored.
             content=None if chat.tool_results else chat.prompt,
+        )
+        accepted = await retried_reply(
+            services,
+            owner,
+            conversation_id,
+            accepted,
+            admitted=admitted,
+            on_busy="interrupt",
+            memory_scope=memory_scope,
         )
     hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return conversation_id, accepted

@@ -46,6 +46,7 @@ from chat_api.protocols.openai.responses_request import (
     parse_response_id,
     response_ref,
 )
+from chat_api.protocols.openai.retries import retried_reply
 from chat_api.protocols.openai.routes import (
     SSE_HEADERS,
     OpenAIRoute,
@@ -193,6 +194,16 @@ async def start_response(
         memory_scope=services.settings.memory_scope,
         # The new message's text: its recall query is encoded while the turns are stored.
         content=None if chat.tool_results else chat.prompt,
+    )
+    accepted = await retried_reply(
+        services,
+        owner,
+        conversation_id,
+        accepted,
+        admitted=admitted,
+        on_busy="reject",
+        memory_scope=services.settings.memory_scope,
+        parked_gives_way=True,
     )
     hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return accepted, conversation_id, previous.id if previous is not None else None

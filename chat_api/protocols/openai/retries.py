@@ -1,0 +1,72 @@
+"""A retried OpenAI request (the same `Idempotency-Key`): which reply answers it.
+
+The SDKs retry a request whose answer did not reach them. Two cases look alike to the
+server's key check and are not:
+
+- the answer was made and lost on the way (a gateway's 502 or 504 after chatmem finished,
+  a connection dropped at the very end): the retry gets that same reply, replayed from its
+  log, or followed live while it still runs;
+- the client left while the reply ran (its own timeout, a dropped connection). On these
+  doors closing the connection is the stop, so that reply ended `interrupted_by_user`
+  (`client_disconnected`) with part of an answer the client never got. Replaying it would
+  hand over a cut-off answer as if it were whole; the retry gets the same stored message
+  answered again instead, on a new branch, as a regenerate (the stopped reply stays, as
+  every stopped reply does). No second user message is stored.
+
+The reply a retry is measured against is the newest one to the key's message on the
+active branch (a retry after an answer-again follows that one); once the conversation
+has moved on past the message, the key's own reply is replayed.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from chat_api.admission import AdmittedReply
+from chat_api.replies import Accepted, regenerate_reply
+from chat_api.services import Services
+from memory.errors import NotLastReply, NotOnActiveBranch, TurnNotFinished
+from memory.events import StopReason, TurnStatus
+from memory.record.branches import conversation_branch, newest_turn
+from memory.record.conversations import Owner, get_conversation
+
+
+async def retried_reply(
+    services: Services,
+    owner: Owner,
+    conversation_id: uuid.UUID,
+    accepted: Accepted,
+    *,
+    admitted: AdmittedReply,
+    on_busy: str,
+    memory_scope: str,
+    parked_gives_way: bool = False,
+) -> Accepted:
+    """`accepted` as it is, unless it is a retry's reattachment to a reply its client left:
+    then the key's message answered again (see the module's docstring)."""
+    if not accepted.reattached:
+        return accepted
+    async with services.db.session() as session:
+        conversation = await get_conversation(session, owner, conversation_id)
+        active = await conversation_branch(session, conversation)
+        newest = await newest_turn(session, active)
+        message = await newest_turn(session, active, role="user")
+    if newest is None or message is None or message.id != accepted.user_turn_id or newest.role == "user":
+        return accepted  # the conversation moved on (or the reply has no turn of its own yet)
+    stopped = newest.status == TurnStatus.INTERRUPTED_BY_USER
+    if not (stopped and newest.interrupt_reason == StopReason.CLIENT_DISCONNECTED):
+        return Accepted(newest.reply_id or newest.id, message.id, reattached=True)
+    try:
+        return await regenerate_reply(
+            services,
+            owner,
+            newest,
+            admitted=admitted,
+            conversation_id=conversation_id,
+            on_busy=on_busy,
+            idempotency_key=None,
+            memory_scope=memory_scope,
+            parked_gives_way=parked_gives_way,
+        )
+    except (NotLastReply, NotOnActiveBranch, TurnNotFinished):
+        return accepted  # something else happened in the conversation since: the key's reply, as it is
