@@ -14,10 +14,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI
 
+from tests.conftest import auth
 from tests.openai_support import MODEL, TENANT, ended_turns, make_key, new_user, sdk
 from tests.procs import ServerProcess, server_process
+from tests.support import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +151,47 @@ async def test_a_first_message_alone_starts_a_new_conversation(live: ServerProce
     first, _ = ask(client, [user("hi")])
     second, _ = ask(client, [user("hi")])
     assert first != second
+
+
+@pytest.mark.parametrize("stopped_reply_sent_as", ["left out", "empty"])
+async def test_a_history_whose_reply_was_stopped_before_any_text_continues_its_conversation(
+    start_server: Any, stopped_reply_sent_as: str
+) -> None:
+    # The stored history was one message (its reply, stopped before its first token, shows
+    # nothing), fewer than the question and answer a match needed: the next request started a
+    # copy of the conversation with the first message imported again (twice in memory).
+    server = await start_server(demo_first_token_delay_seconds=60)
+    owner = new_user()
+    token = auth(TENANT, owner)["Authorization"].removeprefix("Bearer ")
+    client = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token, max_retries=0)
+
+    async def stopped_before_any_text(messages: list[dict[str, Any]]) -> str:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, stream=True
+        )
+        await raw.parse().close()  # the Stop button, before the first token
+        return raw.headers["x-chatmem-conversation-id"]
+
+    async def stored() -> list[tuple[str, str, str]]:
+        async with server.client(TENANT, owner) as api:
+            turns = (await api.get(f"/v1/conversations/{first}/turns")).json()["items"]
+        ended = all(t["status"] != "streaming" for t in turns)
+        return [(t["role"], t["status"], t["content"]) for t in turns] if ended else []
+
+    first = await stopped_before_any_text([user("what is a vole?")])
+    await wait_until(stored, what="the stopped reply's ending")
+    sent_back = [assistant("")] if stopped_reply_sent_as == "empty" else []
+    second = await stopped_before_any_text([user("what is a vole?"), *sent_back, user("and a shrew?")])
+    assert second == first
+    assert await wait_until(stored, what="the second reply's ending") == [
+        ("user", "completed", "what is a vole?"),
+        ("assistant", "interrupted_by_user", ""),
+        ("user", "completed", "and a shrew?"),
+        ("assistant", "interrupted_by_user", ""),
+    ]
+    async with server.client(TENANT, owner) as api:
+        assert len((await api.get("/v1/conversations")).json()["items"]) == 1
+        context = (await api.get(f"/v1/conversations/{first}/context")).json()["messages"]
+    # The next prompt holds both questions and nothing empty or half made.
+    assert [m["role"] for m in context if m["role"] != "system"] == ["user", "user"]
+    assert all(m["content"] for m in context)

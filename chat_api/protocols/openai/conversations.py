@@ -9,7 +9,8 @@ of the caller's conversations:
    conversation per caller, made on first use;
 2. tool results: the conversation whose reply made those tool calls;
 3. by the history itself: the caller's conversation whose active history shares the
-   longest prefix with the one sent (at least a question and its answer);
+   longest prefix with the one sent (at least a question and its answer, or the whole
+   stored history when its last reply was stopped before any text);
 4. otherwise a new conversation (with an `Idempotency-Key`, one whose id comes from the
    key, so that a retry of the request lands in it; see below).
 
@@ -78,7 +79,8 @@ IDEMPOTENCY_NAMESPACE = uuid.UUID("c3b1e7a4-2f60-4d8e-9b55-7e0a4f9d2c61")
 MAX_CHAT_KEY_CHARS = 256
 CANDIDATES = 20
 TITLE_CHARS = 80
-# A history must agree on a question and its answer before it counts as the same conversation.
+# A history must agree on a question and its answer before it counts as the same conversation
+# (or be all of the stored one, when that ends with a reply stopped before any text).
 MIN_MATCHED_UNITS = 2
 
 CANDIDATE_CONVERSATIONS = text(
@@ -219,9 +221,22 @@ async def _best_match(session: AsyncSession, owner: Owner, chat: ChatRequest) ->
         conversation = await get_conversation(session, owner, conversation_id)
         stored = stored_units(await branch_history(session, await conversation_branch(session, conversation)))
         matched = matched_prefix(sent, stored)
-        if matched >= MIN_MATCHED_UNITS and (best is None or matched > best[0]):
+        enough = matched >= MIN_MATCHED_UNITS or (matched == len(stored) and _ends_unanswered(stored))
+        if enough and (best is None or matched > best[0]):
             best = (matched, conversation_id)
     return None if best is None else best[1]
+
+
+def _ends_unanswered(stored: list[Unit]) -> bool:
+    """Whether a stored history ends with a user message whose reply showed nothing (stopped or
+    failed before any text).
+
+    A client sends such a history back without that reply (there was nothing to show), so
+    all it has in common with the conversation may be the one message: that whole history
+    sent back, and a new message after it, continues the conversation rather than starting
+    a copy of it. (Its empty reply's turns are in the message's unit: `last_seq` is past it.)
+    """
+    return bool(stored) and stored[-1].role == "user" and stored[-1].last_seq > stored[-1].turn.seq
 
 
 def _sent(chat: ChatRequest) -> list[Unit]:
