@@ -10,6 +10,7 @@ answer), so the retry reaches the other replica.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -53,6 +54,10 @@ class LosingGateway(httpx.AsyncBaseTransport):
         await response.aclose()
 
 
+# A chat.completion.chunk with text, or a Responses text delta.
+TEXT_CAME = re.compile(r'"content": ?"[^"]|response\.output_text\.delta')
+
+
 class LeavingGateway(LosingGateway):
     """The first attempt's connection drops once text has started to come: the client left."""
 
@@ -62,7 +67,7 @@ class LeavingGateway(LosingGateway):
 
     async def lose_answer(self, response: httpx.Response) -> None:
         async for line in response.aiter_lines():
-            if '"content":' in line:
+            if TEXT_CAME.search(line):
                 break
         await response.aclose()
         # As a proxy's 502 comes after the upstream connection closed: the retry finds the reply ended.
@@ -215,3 +220,39 @@ async def test_a_completion_retried_after_its_client_left_is_answered_again_not_
         ("assistant", "interrupted_by_user", "client_disconnected"),
     ]
     assert text.startswith(cut_off[1]["content"])
+
+
+async def test_a_response_retried_after_its_client_left_is_answered_again_and_stored_as_a_response(
+    replicas: list[ServerProcess],
+) -> None:
+    user = new_user()
+    key = await make_key(replicas[0], user)
+    direct = openai.AsyncOpenAI(base_url=f"{replicas[0].base_url}/openai/v1", api_key=key, max_retries=0)
+    first = await direct.responses.create(model=MODEL, input="hello")
+
+    async def second_reply_ended() -> bool:
+        stored = await turns(replicas[0], user, (await conversations(replicas[0], user))[0]["id"])
+        return any(t["status"] == "interrupted_by_user" for t in stored)
+
+    gateway = LeavingGateway(replicas, second_reply_ended)
+    events = await client_through(gateway, key).responses.create(
+        model=MODEL,
+        input="/long and then?",
+        previous_response_id=first.id,
+        stream=True,
+        extra_headers={"Idempotency-Key": "leave-2"},
+    )
+    done = [event.response async for event in events if event.type == "response.completed"]
+    assert len(done) == 1 and done[0].output_text.endswith("real answers.")
+    assert [h["x-stainless-retry-count"] for h in gateway.sent] == ["0", "1"]
+    again = await direct.responses.retrieve(done[0].id)  # stored as a response, like the first attempt's
+    assert again.status == "completed" and again.previous_response_id == first.id
+    [conversation] = await conversations(replicas[0], user)
+    stored = await turns(replicas[0], user, conversation["id"])
+    assert [(t["role"], t["status"]) for t in stored] == [
+        ("user", "completed"),
+        ("assistant", "completed"),
+        ("user", "completed"),
+        ("assistant", "completed"),
+    ]
+    assert stored[2]["content"] == "/long and then?" and stored[3]["content"] == done[0].output_text

@@ -227,8 +227,12 @@ async def regenerate_reply(
     idempotency_key: str | None,
     memory_scope: str,
     parked_gives_way: bool = False,
+    recorded: Callable[[BeginReply], BeginReply] | None = None,
 ) -> Accepted:
-    """Answer the last reply's user message again, on a new active branch forked just after it."""
+    """Answer the last reply's user message again, on a new active branch forked just after it.
+
+    `recorded` wraps what is stored (an adapter's own rows go in the same transaction).
+    """
 
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
         current = await get_turn(session, owner, turn.id)  # re-read under the conversation's lock
@@ -240,7 +244,7 @@ async def regenerate_reply(
         services,
         owner,
         conversation_id,
-        begin,
+        recorded(begin) if recorded is not None else begin,
         admitted=admitted,
         on_busy=on_busy,
         idempotency_key=idempotency_key,

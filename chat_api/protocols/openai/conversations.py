@@ -294,6 +294,7 @@ async def start_chat_reply(
             admitted=admitted,
             on_busy="interrupt",
             memory_scope=memory_scope,
+            recorded=recorded,
         )
     hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return conversation_id, accepted

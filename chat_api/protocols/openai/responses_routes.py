@@ -204,6 +204,7 @@ async def start_response(
         on_busy="reject",
         memory_scope=services.settings.memory_scope,
         parked_gives_way=True,
+        recorded=lambda begin: _recorded(owner, asked, begin),
     )
     hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return accepted, conversation_id, previous.id if previous is not None else None

@@ -21,9 +21,10 @@ has moved on past the message, the key's own reply is replayed.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from chat_api.admission import AdmittedReply
-from chat_api.replies import Accepted, regenerate_reply
+from chat_api.replies import Accepted, BeginReply, regenerate_reply
 from chat_api.services import Services
 from memory.errors import NotLastReply, NotOnActiveBranch, TurnNotFinished
 from memory.events import StopReason, TurnStatus
@@ -41,9 +42,14 @@ async def retried_reply(
     on_busy: str,
     memory_scope: str,
     parked_gives_way: bool = False,
+    recorded: Callable[[BeginReply], BeginReply] | None = None,
 ) -> Accepted:
     """`accepted` as it is, unless it is a retry's reattachment to a reply its client left:
-    then the key's message answered again (see the module's docstring)."""
+    then the key's message answered again (see the module's docstring).
+
+    `recorded` wraps what the answer again stores, as it wrapped the first attempt's (the
+    Responses door's response row).
+    """
     if not accepted.reattached:
         return accepted
     async with services.db.session() as session:
@@ -67,6 +73,7 @@ async def retried_reply(
             idempotency_key=None,
             memory_scope=memory_scope,
             parked_gives_way=parked_gives_way,
+            recorded=recorded,
         )
     except (NotLastReply, NotOnActiveBranch, TurnNotFinished):
         return accepted  # something else happened in the conversation since: the key's reply, as it is
