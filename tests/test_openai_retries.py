@@ -25,7 +25,7 @@ from tests.support import wait_until
 
 @pytest.fixture(scope="module")
 async def replicas(pg_url: str) -> AsyncIterator[list[ServerProcess]]:
-    async with server_processes(pg_url, 2, demo_tokens_per_second=200) as procs:
+    async with server_processes(pg_url, 2, demo_tokens_per_second=100) as procs:
         yield procs
 
 
@@ -52,6 +52,33 @@ class LosingGateway(httpx.AsyncBaseTransport):
     async def lose_answer(self, response: httpx.Response) -> None:
         await response.aread()  # the whole answer reached the gateway
         await response.aclose()
+
+
+class HoldingGateway(LosingGateway):
+    """The first attempt's answer is held (its connection open, nothing read) while the SDK is
+    told 502 and to retry at once: the retry reaches the other replica while the reply runs."""
+
+    def __init__(self, replicas: list[ServerProcess], running: Callable[[], Awaitable[bool]]) -> None:
+        super().__init__(replicas)
+        self.running = running
+        self.held: list[httpx.Response] = []
+        self.running_at_retry: list[bool] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if len(self.sent) == 1:
+            self.running_at_retry.append(await self.running())
+        response = await super().handle_async_request(request)
+        if response.status_code == 502:
+            response.headers["retry-after-ms"] = "1"
+        return response
+
+    async def lose_answer(self, response: httpx.Response) -> None:
+        self.held.append(response)
+
+    async def aclose(self) -> None:
+        for response in self.held:
+            await response.aclose()
+        await super().aclose()
 
 
 # A chat.completion.chunk with text, or a Responses text delta.
@@ -256,3 +283,32 @@ async def test_a_response_retried_after_its_client_left_is_answered_again_and_st
         ("assistant", "completed"),
     ]
     assert stored[2]["content"] == "/long and then?" and stored[3]["content"] == done[0].output_text
+
+
+async def test_a_completion_retried_while_its_reply_runs_follows_it_live_on_the_other_replica(
+    replicas: list[ServerProcess],
+) -> None:
+    user = new_user()
+
+    async def running() -> bool:
+        found = await conversations(replicas[1], user)
+        stored = await turns(replicas[1], user, found[0]["id"]) if found else []
+        return any(t["status"] == "streaming" for t in stored)
+
+    gateway = HoldingGateway(replicas, running)
+    client = client_through(gateway, await make_key(replicas[0], user))
+    answer = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "/long still going?"}],
+        stream=True,
+        extra_headers={"Idempotency-Key": "hold-1"},
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in answer if c.choices])
+    await gateway.aclose()
+    assert [h["x-stainless-retry-count"] for h in gateway.sent] == ["0", "1"]
+    [conversation] = await conversations(replicas[0], user)
+    stored = await ended_turns(replicas[0], user, conversation["id"])
+    assert [(t["role"], t["status"]) for t in stored] == [("user", "completed"), ("assistant", "completed")]
+    assert stored[1]["content"] == text and text.endswith("real answers.")
+    # Where it was meant to land: the retry came while the reply still ran on the first replica.
+    assert gateway.running_at_retry == [True]
