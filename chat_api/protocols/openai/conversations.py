@@ -295,6 +295,7 @@ async def start_chat_reply(
             on_busy="interrupt",
             memory_scope=memory_scope,
             recorded=recorded,
+            tool_results=bool(chat.tool_results),
         )
     hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return conversation_id, accepted

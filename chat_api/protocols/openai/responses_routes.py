@@ -205,6 +205,7 @@ async def start_response(
         memory_scope=services.settings.memory_scope,
         parked_gives_way=True,
         recorded=lambda begin: _recorded(owner, asked, begin),
+        tool_results=bool(chat.tool_results),
     )
     hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return accepted, conversation_id, previous.id if previous is not None else None

@@ -43,14 +43,16 @@ async def retried_reply(
     memory_scope: str,
     parked_gives_way: bool = False,
     recorded: Callable[[BeginReply], BeginReply] | None = None,
+    tool_results: bool = False,
 ) -> Accepted:
     """`accepted` as it is, unless it is a retry's reattachment to a reply its client left:
     then the key's message answered again (see the module's docstring).
 
     `recorded` wraps what the answer again stores, as it wrapped the first attempt's (the
-    Responses door's response row).
+    Responses door's response row). A request of tool results is not answered again
+    (that would answer the message before them, the calls made again): its reply is replayed.
     """
-    if not accepted.reattached:
+    if not accepted.reattached or tool_results:
         return accepted
     async with services.db.session() as session:
         conversation = await get_conversation(session, owner, conversation_id)
