@@ -158,3 +158,34 @@ async def test_a_long_system_prompt_leaves_the_history_less_room(
     assert count_tokens(system) > 1000 and sent.messages[0]["content"].endswith(system.strip())
     assert shown <= max_tokens - reserve, f"{shown} prompt tokens leave less than the reply's reserve"
     assert "and now?" in str(sent.messages[-1]["content"])
+
+
+async def test_a_keyed_completion_retried_after_the_model_failed_gets_a_new_answer_not_the_failure(
+    start_server: Any, fake_openai: FakeOpenAI
+) -> None:
+    # The SDK retries the 500 of a failed reply; with its Idempotency-Key the retry was given
+    # the same failed reply again (a 500 each time) while the model had recovered.
+    server: LiveServer = await start_server(
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        llm_model="fake-model",
+        llm_max_retries=0,
+    )
+    fake_openai.script(Reply(fail_status=500), Reply(text="fine now"))
+    client = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=2)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="fake-model",
+        messages=[{"role": "user", "content": "hello?"}],
+        extra_headers={"Idempotency-Key": "after-a-failure"},
+    )
+    assert raw.parse().choices[0].message.content == "fine now"
+    assert raw.retries_taken == 1 and len(fake_openai.requests) == 2
+    async with server.client() as api:
+        conversations = (await api.get("/v1/conversations")).json()["items"]
+        assert len(conversations) == 1
+        stored = (await api.get(f"/v1/conversations/{conversations[0]['id']}/turns")).json()["items"]
+    assert [(t["role"], t["status"], t["content"]) for t in stored] == [
+        ("user", "completed", "hello?"),
+        ("assistant", "completed", "fine now"),
+    ]

@@ -1,6 +1,6 @@
 """A retried OpenAI request (the same `Idempotency-Key`): which reply answers it.
 
-The SDKs retry a request whose answer did not reach them. Two cases look alike to the
+The SDKs retry a request whose answer did not reach them. Cases that look alike to the
 server's key check and are not:
 
 - the answer was made and lost on the way (a gateway's 502 or 504 after chatmem finished,
@@ -12,6 +12,9 @@ server's key check and are not:
   hand over a cut-off answer as if it were whole; the retry gets the same stored message
   answered again instead, on a new branch, as a regenerate (the stopped reply stays, as
   every stopped reply does). No second user message is stored.
+- the reply failed (the model's server refused or broke off, or the replica running it
+  died): the SDK retries the 5xx or the dropped connection, and the retry gets a new
+  answer rather than the same failure again.
 
 The reply a retry is measured against is the newest one to the key's message on the
 active branch (a retry after an answer-again follows that one); once the conversation
@@ -30,6 +33,7 @@ from memory.errors import NotLastReply, NotOnActiveBranch, TurnNotFinished
 from memory.events import StopReason, TurnStatus
 from memory.record.branches import conversation_branch, newest_turn
 from memory.record.conversations import Owner, get_conversation
+from memory.storage.models import Turn
 
 
 async def retried_reply(
@@ -61,8 +65,7 @@ async def retried_reply(
         message = await newest_turn(session, active, role="user")
     if newest is None or message is None or message.id != accepted.user_turn_id or newest.role == "user":
         return accepted  # the conversation moved on (or the reply has no turn of its own yet)
-    stopped = newest.status == TurnStatus.INTERRUPTED_BY_USER
-    if not (stopped and newest.interrupt_reason == StopReason.CLIENT_DISCONNECTED):
+    if not _answer_again(newest):
         return Accepted(newest.reply_id or newest.id, message.id, reattached=True)
     try:
         return await regenerate_reply(
@@ -79,3 +82,10 @@ async def retried_reply(
         )
     except (NotLastReply, NotOnActiveBranch, TurnNotFinished):
         return accepted  # something else happened in the conversation since: the key's reply, as it is
+
+
+def _answer_again(ended: Turn) -> bool:
+    """Whether a retry gets a new answer rather than this reply (see the module's docstring)."""
+    if ended.status == TurnStatus.INTERRUPTED_BY_USER:
+        return ended.interrupt_reason == StopReason.CLIENT_DISCONNECTED
+    return ended.status in (TurnStatus.FAILED, TurnStatus.INTERRUPTED_BY_ERROR)
