@@ -12,6 +12,7 @@ from sqlalchemy import func, select, text
 
 from chat_api.tools import Tool, ToolRegistry, default_registry
 from memory.events import ENDING_NAMES, EventName
+from memory.prompt.templates import load_prompts
 from memory.storage.db import Database
 from memory.storage.models import OutboxRow, ToolInvocation, Turn
 from tests.conftest import LiveServer
@@ -562,3 +563,54 @@ async def test_a_reply_whose_ending_could_not_be_stored_does_not_stay_streaming(
         again = {"content": "again", "stream": False}
         r2 = await client.post(f"/v1/conversations/{cid}/messages", json=again)
         assert r2.status_code == 200 and r2.json()["status"] == "completed"
+
+
+async def test_a_crash_while_a_side_effecting_tool_runs_is_stored_as_may_have_happened(
+    pg_url: str, start_server: Any, db: Database, tmp_path: Any
+) -> None:
+    """SIGKILL while a side-effecting tool runs: the reaper stored the call `cancelled` with no word of
+    its side effect, and left its invocation `running`. The model must be told the tool may have run."""
+    survivor: LiveServer = await start_server(heartbeat_timeout_seconds=1.0, reaper_interval_seconds=0.2)
+    log = tmp_path / "invoices.jsonl"
+    env = {
+        "tool_modules": '["tests.crash_tools"]',
+        "crash_tool_log": str(log),
+        "heartbeat_timeout_seconds": 1.0,
+    }
+    async with server_process(pg_url, **env) as victim, victim.client() as client:
+        cid = await new_conversation(client)
+        body = {"content": '/tool send_invoice {"to": "ann"}'}
+        seen: list[SSEEvent] = []
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as r:
+            await read_until(iter_sse(r), lambda e: e.event == EventName.TOOL_STARTED, seen)
+            await wait_until(log.exists, 10, "the tool to start")
+            victim.kill()
+    reply_id = seen[0].data["reply_id"]
+    async with survivor.client() as client:
+        turn = await wait_status(client, reply_id, {"interrupted_by_error"}, timeout=20)
+        [call] = turn["tool_calls"]
+        assert call["state"] == "cancelled" and call["side_effect_may_have_happened"] is True
+        async with db.transaction() as session:
+            [invocation] = (
+                (
+                    await session.execute(
+                        select(ToolInvocation).where(ToolInvocation.turn_id == uuid.UUID(turn["id"]))
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        assert invocation.state == "cancelled" and invocation.side_effect_may_have_happened is True
+        # The next prompt is valid (the call is followed by its result) and says the tool may have run.
+        messages = (await client.get(f"/v1/conversations/{cid}/context")).json()["messages"]
+        [asked] = [m for m in messages if m.get("tool_calls")]
+        [answer] = [m for m in messages if m["role"] == "tool"]
+        assert asked["tool_calls"][0]["function"]["name"] == "send_invoice"
+        assert answer["tool_call_id"] == asked["tool_calls"][0]["id"]
+        assert messages.index(answer) == messages.index(asked) + 1
+        assert answer["content"] == load_prompts("en").render("tool_result_interrupted")
+        r = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "did it go?", "stream": False}
+        )
+        assert r.status_code == 200 and r.json()["status"] == "completed"
+    assert len(log.read_text().splitlines()) == 1

@@ -6,8 +6,10 @@ what is complete and consistent:
 
 - `streaming` and `failed` turns never appear, nor turns of unknown roles;
 - an interrupted turn (`interrupted_by_user`, `interrupted_by_error`) contributes its
-  visible text only, never its tool calls; with `interrupted_policy="drop_turn"` it
-  contributes nothing;
+  visible text only, never its tool calls, except a call cut off while its tool ran whose
+  side effect may have happened: that call appears with a result saying so
+  (`tool_result_interrupted`), so the model neither runs it again unaware nor claims it
+  ran; with `interrupted_policy="drop_turn"` it contributes nothing;
 - a tool call appears only with arguments that parse as a JSON object, a state past
   `streaming`, and a later completed tool turn answering its id; that result is placed
   right after the call, in call order, whatever turns came between in storage;
@@ -369,9 +371,30 @@ def _assistant_unit(
     text = turn.content or ""
     calls: list[dict[str, Any]] = []
     results: list[TurnView] = []
+    # Calls cut off while their tool ran, whose side effect may have happened: the model is told so.
+    uncertain: list[dict[str, Any]] = []
     if turn.status in INTERRUPTED_STATUSES:
-        if turn.tool_calls:
-            dropped["tool_call_of_interrupted_turn"] += len(turn.tool_calls)
+        for call in turn.tool_calls:
+            call_id, name = call.get("id"), call.get("name")
+            arguments = _parse_arguments(call.get("arguments"), call.get("state"))
+            if (
+                call.get("side_effect_may_have_happened") is True
+                and call.get("state") == ToolCallState.CANCELLED
+                and isinstance(call_id, str)
+                and call_id
+                and isinstance(name, str)
+                and _TOOL_NAME.match(name)
+                and arguments is not None
+            ):
+                uncertain.append(
+                    {
+                        "id": _unique_id(call_id, turn.seq, emitted, dropped),
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    }
+                )
+            else:
+                dropped["tool_call_of_interrupted_turn"] += 1
     else:
         for call in turn.tool_calls:
             call_id, name = call.get("id"), call.get("name")
@@ -399,6 +422,19 @@ def _assistant_unit(
             )
             results.append(result)
     has_text = bool(text.strip())
+    if uncertain:
+        note = prompts.render("tool_result_interrupted")
+        unit_messages = [
+            {"role": "assistant", "content": text if has_text else None, "tool_calls": uncertain}
+        ]
+        unit_tokens = _message_tokens(text if has_text else None)
+        for call in uncertain:
+            unit_tokens += count_tokens(call["function"]["name"]) + count_tokens(
+                call["function"]["arguments"]
+            )
+            unit_messages.append({"role": "tool", "tool_call_id": call["id"], "content": note})
+            unit_tokens += _message_tokens(note)
+        return _Unit(unit_messages, [turn.id], unit_tokens)
     if not calls:
         if not has_text:
             dropped["empty_message"] += 1

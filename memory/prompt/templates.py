@@ -40,6 +40,7 @@ TEMPLATE_FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
         "history_role_assistant": frozenset(),
         "tool_result_truncated": frozenset({"kept_chars", "total_chars", "omitted_chars"}),
         "tool_result_empty": frozenset(),
+        "tool_result_interrupted": frozenset(),
     }
 )
 

@@ -34,7 +34,7 @@ from memory.json_values import JsonObject
 from memory.record.conversations import Owner
 from memory.record.outbox import record_finished_turn
 from memory.record.reply_state import notify_done
-from memory.record.tool_calls import ToolCall, settle_open_calls, tool_calls_of
+from memory.record.tool_calls import ToolCall, settle_open_calls, settle_running_invocations, tool_calls_of
 from memory.record.turns import append_events, finish_turn, release_conversation
 from memory.storage.models import Turn
 
@@ -98,12 +98,16 @@ async def end_reply(
         unsaved = live.unsaved_events
         values.update(usage=live.usage or None, prompt_version=live.prompt_version)
     terminal_id = last_event_id + 1
+    settled = settle_open_calls(calls, ending.status)
+    if calls and ending.status != TurnStatus.COMPLETED:
+        # A tool may have started after the last checkpoint: its invocation row says so.
+        await settle_running_invocations(session, turn_id, settled)
     turn = await finish_turn(
         session,
         turn_id,
         status=ending.status,
         content=content,
-        tool_calls=settle_open_calls(calls, ending.status),
+        tool_calls=settled,
         last_event_id=terminal_id,
         from_status=from_status,
         error=ending.error,

@@ -8,9 +8,15 @@ streams); the context builder decides what the model sees again.
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any, TypedDict
 
+from sqlalchemy import func, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from memory.events import ToolCallState, TurnStatus
+from memory.storage.models import ToolInvocation
 
 
 class Approval(TypedDict, total=False):
@@ -72,3 +78,47 @@ def settle_open_calls(calls: list[ToolCall], status: str) -> list[ToolCall]:
         elif state == ToolCallState.RUNNING:
             call["state"] = ToolCallState.CANCELLED
     return settled
+
+
+async def settle_running_invocations(
+    session: AsyncSession, turn_id: uuid.UUID, calls: list[ToolCall]
+) -> None:
+    """Cancel the turn's invocations still `running`; store their calls in `calls` as cut off while running.
+
+    A process that stops a running tool records this itself; one that died (the reaper ends
+    its reply) could not, and its last checkpoint may predate the call's start, even its last
+    argument bytes. The invocation row is the truth: the tool started with these arguments,
+    and it knows whether the tool has side effects. So the call is stored `cancelled` with
+    "may have happened" as the row says (never run again unseen, DESIGN invariant 7), with the
+    arguments the tool got if the checkpoint's are not a whole JSON object.
+    """
+    rows = await session.execute(
+        update(ToolInvocation)
+        .where(ToolInvocation.turn_id == turn_id, ToolInvocation.state == ToolCallState.RUNNING)
+        .values(state=ToolCallState.CANCELLED, updated_at=func.now())
+        .returning(
+            ToolInvocation.call_index,
+            ToolInvocation.call_id,
+            ToolInvocation.tool_name,
+            ToolInvocation.arguments,
+            ToolInvocation.side_effect_may_have_happened,
+        )
+    )
+    by_index = {call.get("index"): call for call in calls}
+    for index, call_id, name, arguments, may_have_happened in rows.all():
+        call = by_index.get(index)
+        if call is None:  # the crash came before any checkpoint held the call
+            call = ToolCall(index=index, id=call_id, name=name, arguments="")
+            calls.append(call)
+        call["state"] = ToolCallState.CANCELLED
+        call["side_effect_may_have_happened"] = may_have_happened
+        if not _whole_object(call.get("arguments")):
+            call["arguments"] = json.dumps(arguments, ensure_ascii=False)
+    calls.sort(key=lambda call: call.get("index", 0))
+
+
+def _whole_object(raw: object) -> bool:
+    try:
+        return isinstance(raw, str) and isinstance(json.loads(raw), dict)
+    except ValueError:
+        return False
