@@ -29,6 +29,7 @@ from chat_api.protocols.openai import routes as openai_routes
 from chat_api.providers.base import ChatProvider
 from chat_api.replies.approve import ApprovalTimeouts
 from chat_api.replies.checkpoint import Checkpointer
+from chat_api.replies.drain import Drain
 from chat_api.replies.prompt import Prompter
 from chat_api.replies.queue import watch_client
 from chat_api.replies.reaper import Reaper
@@ -156,6 +157,18 @@ def create_app(
             settings=settings,
         )
         prompter = Prompter(db, settings, prompts, recaller)
+        runner = ReplyRunner(
+            db=db,
+            settings=settings,
+            provider=chat_provider,
+            tools=tool_registry,
+            prompter=prompter,
+            checkpointer=checkpointer,
+            registry=registry,
+            process_id=pid,
+            recaller=recaller,
+        )
+        admission = Admission(settings, registry)
         services = Services(
             settings=settings,
             db=db,
@@ -172,22 +185,15 @@ def create_app(
                 registry=registry,
             ),
             prompter=prompter,
-            runner=ReplyRunner(
-                db=db,
-                settings=settings,
-                provider=chat_provider,
-                tools=tool_registry,
-                prompter=prompter,
-                checkpointer=checkpointer,
-                registry=registry,
-                process_id=pid,
-                recaller=recaller,
-            ),
+            runner=runner,
             process_id=pid,
-            admission=Admission(settings, registry),
+            admission=admission,
             embedder=model,
             recaller=recaller,
             memory_access=MemoryAccess(db, model, recaller, settings),
+            drain=Drain(
+                runner, registry, seconds=settings.shutdown_drain_seconds, refuse_replies=admission.close
+            ),
         )
         app.state.services = services
         stop = asyncio.Event()
@@ -211,6 +217,8 @@ def create_app(
         ]
         loops.append(asyncio.create_task(app.state.mcp.run(stop), name="mcp"))
         loops += [asyncio.create_task(worker(services, stop)) for worker in workers or []]
+        # SIGTERM begins the drain at once, while the streams are still connected (chat_api/replies/drain.py).
+        stop_watching_signals = services.drain.on_stop_signals()
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(services.signals.connected.wait(), timeout=5)
@@ -220,8 +228,13 @@ def create_app(
                 gc.set_threshold(*settings.gc_thresholds)
             yield
         finally:
-            # Replies still running end as interrupted_by_error with what they streamed.
-            await services.runner.shutdown()
+            stop_watching_signals()
+            # Replies still running end as interrupted_by_error with what they streamed. A stop
+            # signal began the drain while their streams were connected: it goes on to its end
+            # (a reply nobody listens to may still finish). Without one, they are stopped now.
+            if not services.drain.draining:
+                services.drain.begin(now=True)
+            await services.drain.wait()
             stop.set()
             await asyncio.wait(loops, timeout=10)
             for task in loops:

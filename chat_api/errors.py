@@ -42,9 +42,20 @@ class Forbidden(Exception):
 class RateLimited(Exception):
     """Too many requests; retry after `retry_after` seconds."""
 
+    status = 429
+    code = "rate_limited"
+
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class ShuttingDown(RateLimited):
+    """This process is shutting down (a deploy): no new reply here; retry after `retry_after` seconds,
+    which reaches another replica. Refused like a limit, before anything is stored, but as a 503."""
+
+    status = 503
+    code = "shutting_down"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -68,8 +79,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RateLimited)
     async def _limited(_: Request, exc: RateLimited) -> JSONResponse:
         return JSONResponse(
-            error_body("rate_limited", str(exc)),
-            status_code=429,
+            error_body(exc.code, str(exc)),
+            status_code=exc.status,
             headers={"Retry-After": str(exc.retry_after)},
         )
 

@@ -11,6 +11,7 @@ from chat_api.admission.limits import Admission
 from chat_api.auth import TokenVerifier
 from chat_api.providers.base import ChatProvider
 from chat_api.replies.checkpoint import Checkpointer
+from chat_api.replies.drain import Drain
 from chat_api.replies.prompt import Prompter
 from chat_api.replies.queue import ReplyQueues
 from chat_api.replies.reaper import Reaper
@@ -50,4 +51,5 @@ class Services:
     embedder: Embedder  # retrieval's encoder; an in-process indexer encodes with its twin
     recaller: Recaller  # long-term memory: every search of this process goes through it
     memory_access: MemoryAccess  # the memory items a person sees and edits (items API, MCP)
+    drain: Drain  # the shutdown: begun by SIGTERM, ends every reply of this process with its streams
     queues: ReplyQueues = field(default_factory=ReplyQueues)  # on_busy=enqueue, per conversation

@@ -143,6 +143,15 @@ class ReplySettings(BaseSettings):
     reaper_interval_seconds: float = Field(
         5.0, gt=0, description="How often the reaper looks for dead turns."
     )
+    shutdown_drain_seconds: float = Field(
+        20.0,
+        ge=0,
+        description=(
+            "On SIGTERM, how long running replies may go on to their end before the rest are stopped"
+            " (stored as interrupted_by_error / server_shutdown); new replies get 503 meanwhile. The"
+            " process exits within this plus 5 s: fits a 30 s Kubernetes grace period."
+        ),
+    )
     max_tool_steps: int = Field(
         5, ge=0, description="Model/tool round trips per reply (0: the server offers no tools)."
     )

@@ -572,7 +572,7 @@ async def test_a_crash_while_a_side_effecting_tool_runs_is_stored_as_may_have_ha
     its side effect, and left its invocation `running`. The model must be told the tool may have run."""
     survivor: LiveServer = await start_server(heartbeat_timeout_seconds=1.0, reaper_interval_seconds=0.2)
     log = tmp_path / "invoices.jsonl"
-    env = {
+    env: dict[str, Any] = {
         "tool_modules": '["tests.crash_tools"]',
         "crash_tool_log": str(log),
         "heartbeat_timeout_seconds": 1.0,

@@ -5,7 +5,8 @@ N times the configured numbers (a load balancer with sticky users, or a shared s
 would be needed for a global limit). That is the intended trade: no extra moving part,
 no network hop on every request, and the limits still stop one client from exhausting a
 replica. Every refusal is `chat_api.errors.RateLimited` (429 with `Retry-After`, in the
-door's protocol shape) or `InvalidInput` for a request no wait would make acceptable.
+door's protocol shape) or `InvalidInput` for a request no wait would make acceptable. Once
+the process shuts down (`close`), every new reply is `ShuttingDown` (503 with `Retry-After`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from chat_api.admission.bucket import TokenBuckets
 from chat_api.admission.imports import AdmittedImport
 from chat_api.admission.running import AdmittedReply, RunningReplies
 from chat_api.admission.streams import StreamLimit, StreamSlot
-from chat_api.errors import RateLimited
+from chat_api.errors import RateLimited, ShuttingDown
 from chat_api.replies.registry import ReplyRegistry
 from memory.config import Settings
 from memory.errors import InvalidInput
@@ -51,6 +52,11 @@ class Admission:
         self.imports: TokenBuckets[Owner] = TokenBuckets(settings.import_turns_per_hour, HOUR, clock=clock)
         self.streams = StreamLimit(settings.max_streams_per_user)
         self.running = RunningReplies(settings.max_running_replies_per_user, registry)
+        self.closed_retry_after: int | None = None  # set when the process shuts down
+
+    def close(self, retry_after: int) -> None:
+        """Refuse every new reply from now on (the process is shutting down)."""
+        self.closed_retry_after = retry_after
 
     # --- every authenticated request -----------------------------------------------------
 
@@ -79,6 +85,10 @@ class Admission:
 
         Call it before anything is stored, so a refusal leaves nothing behind.
         """
+        if self.closed_retry_after is not None:
+            raise ShuttingDown(
+                "this server is shutting down; send the request again", retry_after=self.closed_retry_after
+            )
         self.running.reserve(owner)
         try:
             slot = self.streams.acquire(owner) if stream else None

@@ -84,6 +84,8 @@ def _serve_processes(
 ) -> None:
     """N API processes on one port (uvicorn's supervisor restarts one that dies), and the indexer
     (and relay) in one more process, not in every API process: one indexer encoder, not N."""
+    from chat_api.replies.drain import graceful_shutdown_seconds
+
     assert settings.database_url is not None
     os.environ["DATABASE_URL"] = settings.database_url
     os.environ["DATA_DIR"] = str(settings.data_dir)  # where the encoder export is cached
@@ -110,7 +112,7 @@ def _serve_processes(
             port=settings.port,
             log_level=settings.log_level.lower(),
             lifespan="on",
-            timeout_graceful_shutdown=10,
+            timeout_graceful_shutdown=graceful_shutdown_seconds(settings),
             log_config=None,
             access_log=False,
         )
@@ -180,6 +182,7 @@ def _serve(
         _serve_processes(settings, processes, bool(workers), banner, ui_token)
         return
     from chat_api.app import create_app
+    from chat_api.replies.drain import graceful_shutdown_seconds
     from chat_api.tools import ToolConfigError
 
     try:
@@ -192,7 +195,7 @@ def _serve(
         port=settings.port,
         log_level=settings.log_level.lower(),
         lifespan="on",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=graceful_shutdown_seconds(settings),
         log_config=None,  # JSON logs from configure_logging; one line per request from RequestLog
         access_log=False,
     )

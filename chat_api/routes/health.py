@@ -20,7 +20,10 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=None)
 async def readyz(services: ServicesDep) -> JSONResponse | dict[str, str]:
-    """The database answers."""
+    """The database answers, and the process is not shutting down."""
+    if services.drain.draining:
+        # At once on SIGTERM: a load balancer stops sending work here while running replies end.
+        return JSONResponse({"status": "shutting_down"}, status_code=503, headers={"Retry-After": "1"})
     try:
         await services.db.ping()
     except Exception as exc:

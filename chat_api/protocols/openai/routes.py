@@ -37,7 +37,7 @@ from starlette.requests import HTTPConnection
 from chat_api.admission import AdmissionDep, DoorRoute, check_text, check_tools, door_router
 from chat_api.auth import AuthError
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.errors import Forbidden, RateLimited
+from chat_api.errors import Forbidden, RateLimited, ShuttingDown
 from chat_api.protocols.openai.chat import (
     DONE,
     REQUEST_SCHEMA,
@@ -80,6 +80,10 @@ def openai_error(exc: Exception) -> OpenAIError | None:
         return OpenAIError(401, str(exc), code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     if isinstance(exc, Forbidden):
         return OpenAIError(403, str(exc), type="permission_error", code=exc.code)
+    if isinstance(exc, ShuttingDown):  # the openai SDKs retry a 503 after Retry-After
+        return OpenAIError(
+            503, str(exc), type="server_error", code=exc.code, headers={"Retry-After": str(exc.retry_after)}
+        )
     if isinstance(exc, RateLimited):
         return OpenAIError(
             429,

@@ -1,0 +1,225 @@
+"""A deploy's SIGTERM: running replies end on their streams in each protocol's shape, new ones are refused.
+
+The SIGTERM tests run `chatmem serve` in a subprocess and send it the signal, as a rolling
+deploy (Kubernetes, systemd) does; the refusal test begins the same drain in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+from typing import Any
+
+import openai
+import pytest
+from ag_ui.core import Event as AGUIEvent
+from pydantic import TypeAdapter
+
+from memory.events import EventName
+from tests.conftest import LiveServer
+from tests.openai_support import MODEL, TENANT, async_sdk, make_key, new_user
+from tests.procs import ServerProcess, server_process
+from tests.sse import SSEEvent, iter_sse
+from tests.test_stop import text_of
+
+AG_UI_EVENTS: TypeAdapter[Any] = TypeAdapter(AGUIEvent)
+
+
+def ui_message(text: str) -> dict[str, Any]:
+    return {"id": str(uuid.uuid4()), "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def ag_ui_run(text: str) -> dict[str, Any]:
+    message = {"id": str(uuid.uuid4()), "role": "user", "content": text}
+    return {"threadId": str(uuid.uuid4()), "runId": str(uuid.uuid4()), "messages": [message]}
+
+
+async def exited(victim: ServerProcess, timeout: float) -> bool:
+    """True once the process has ended by the signal, as uvicorn does after a graceful shutdown
+    (it raises the signal again); fails the test after `timeout` seconds."""
+    assert victim.proc is not None
+    code = await asyncio.wait_for(asyncio.to_thread(victim.proc.wait), timeout)
+    return code == -signal.SIGTERM
+
+
+async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connection_closes(
+    pg_url: str, start_server: Any
+) -> None:
+    """SIGTERM closed every live stream before its ending was sent (sse-starlette ended the native and
+    OpenAI streams at once; uvicorn cut the others at its timeout, before the app stopped the replies).
+    Now each reply is stopped as a shutdown once the drain is over, and each stream gets its ending in
+    its protocol's shape, then the connection closes cleanly; the stored turns hold what was sent."""
+    user = new_user()
+    async with server_process(pg_url, demo_tokens_per_second=20, shutdown_drain_seconds=1) as victim:
+        key = await make_key(victim, user)
+        sdk = async_sdk(victim, key)
+        started = asyncio.Event()
+        ready: list[str] = []
+
+        def one_more_started(name: str) -> None:
+            ready.append(name)
+            if len(ready) == 5:
+                started.set()
+
+        async def native() -> list[SSEEvent]:
+            events: list[SSEEvent] = []
+            async with victim.client(TENANT, user) as api:
+                conversation = (await api.post("/v1/conversations", json={})).json()["id"]
+                body = {"content": "/long"}
+                async with api.stream("POST", f"/v1/conversations/{conversation}/messages", json=body) as r:
+                    async for event in iter_sse(r):
+                        events.append(event)
+                        if (
+                            event.event == EventName.MESSAGE_DELTA
+                            and len(ready) < 5
+                            and "native" not in ready
+                        ):
+                            one_more_started("native")
+            return events
+
+        async def raw(path: str, body: dict[str, Any], name: str) -> list[SSEEvent]:
+            events: list[SSEEvent] = []
+            async with victim.client(TENANT, user) as api, api.stream("POST", path, json=body) as r:
+                assert r.status_code == 200
+                async for event in iter_sse(r):
+                    events.append(event)
+                    if len(events) == 3:
+                        one_more_started(name)
+            return events
+
+        async def chat() -> tuple[str, BaseException | None]:
+            text = ""
+            stream = await sdk.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "/long"}], stream=True
+            )
+            try:
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        text += chunk.choices[0].delta.content
+                        if "chat" not in ready:
+                            one_more_started("chat")
+            except openai.APIError as exc:
+                return text, exc
+            return text, None
+
+        async def responses() -> tuple[list[Any], BaseException | None]:
+            events: list[Any] = []
+            stream = await sdk.responses.create(model=MODEL, input="/long", stream=True)
+            try:
+                async for event in stream:
+                    events.append(event)
+                    if event.type == "response.output_text.delta" and "responses" not in ready:
+                        one_more_started("responses")
+            except openai.APIError as exc:
+                return events, exc
+            return events, None
+
+        tasks = (
+            asyncio.ensure_future(native()),
+            asyncio.ensure_future(chat()),
+            asyncio.ensure_future(responses()),
+            asyncio.ensure_future(
+                raw(
+                    "/v1/ai-sdk/chat",
+                    {"id": str(uuid.uuid4()), "trigger": "submit-message", "messages": [ui_message("/long")]},
+                    "ai-sdk",
+                )
+            ),
+            asyncio.ensure_future(raw("/v1/ag-ui", ag_ui_run("/long"), "ag-ui")),
+        )
+        async with asyncio.timeout(30):
+            await started.wait()
+        assert victim.proc is not None
+        victim.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            (
+                native_events,
+                (chat_text, chat_error),
+                (response_events, response_error),
+                ai_sdk,
+                ag_ui,
+            ) = await asyncio.gather(*tasks)
+        assert await exited(victim, 30)
+
+    # Native SSE: the stored ending, as a resume on another replica would replay it.
+    assert native_events[-1].event == EventName.TURN_INTERRUPTED
+    assert native_events[-1].data["error"]["code"] == "server_shutdown"
+    # OpenAI chat completions: the SDK reads the error chunk the adapter sends for this ending.
+    assert isinstance(chat_error, openai.APIError) and chat_text
+    assert chat_error.code == "server_shutdown"
+    # Responses: `error`, then `response.failed`; the SDK raises at the `error` event.
+    assert response_error is not None or [e.type for e in response_events[-2:]] == [
+        "error",
+        "response.failed",
+    ]
+    assert isinstance(response_error, openai.APIError) and response_error.code == "server_shutdown"
+    # AI SDK UI message stream: an `error` chunk, then the stream's end marker.
+    assert ai_sdk[-2].data["type"] == "error" and ai_sdk[-1].data == "[DONE]"
+    # AG-UI: RUN_ERROR ends the run.
+    assert AG_UI_EVENTS.validate_python(ag_ui[-1].data).type == "RUN_ERROR"
+
+    survivor: LiveServer = await start_server()
+    async with survivor.client(TENANT, user) as api:
+        reply_id = native_events[0].data["reply_id"]
+        stored = (await api.get(f"/v1/turns/{reply_id}")).json()
+        assert stored["status"] == "interrupted_by_error" and stored["content"] == text_of(native_events)
+        async with api.stream("GET", f"/v1/turns/{reply_id}/events") as r:
+            resumed = [event async for event in iter_sse(r)]
+        assert resumed[-1].event == EventName.TURN_INTERRUPTED and resumed[-1].id == native_events[-1].id
+
+
+async def test_a_reply_that_ends_within_the_drain_completes_after_sigterm(pg_url: str) -> None:
+    """A rolling deploy must not cut short a reply that would end in a moment: it completes, and
+    the process exits as soon as no reply runs, not after the whole drain period."""
+    async with server_process(pg_url, demo_tokens_per_second=40, shutdown_drain_seconds=60) as victim:
+        async with victim.client() as api:
+            conversation = (await api.post("/v1/conversations", json={})).json()["id"]
+            events: list[SSEEvent] = []
+            body = {"content": "tell me something"}
+            async with api.stream("POST", f"/v1/conversations/{conversation}/messages", json=body) as r:
+                async for event in iter_sse(r):
+                    events.append(event)
+                    if event.event == EventName.MESSAGE_DELTA and len(events) < 4:
+                        assert victim.proc is not None
+                        victim.proc.send_signal(signal.SIGTERM)
+        assert events[-1].event == EventName.TURN_COMPLETED
+        # Far below the drain period: the process leaves once its last reply has ended.
+        assert await exited(victim, 30)
+
+
+async def test_a_draining_server_refuses_new_replies_with_503_and_retry_after_on_every_door(
+    start_server: Any,
+) -> None:
+    server: LiveServer = await start_server()
+    key = await make_key(server, new_user())  # type: ignore[arg-type]
+    server.services.drain.begin()
+    async with server.client() as api:
+        ready = await api.get("/readyz")
+        assert ready.status_code == 503 and ready.headers["Retry-After"]
+        conversation = await api.post("/v1/conversations", json={})
+        assert conversation.status_code == 201  # only what starts a reply is refused
+        cid = conversation.json()["id"]
+        refused = [
+            await api.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"}),
+            await api.post(
+                "/v1/ai-sdk/chat",
+                json={"id": str(uuid.uuid4()), "trigger": "submit-message", "messages": [ui_message("hi")]},
+            ),
+            await api.post("/v1/ag-ui", json=ag_ui_run("hi")),
+        ]
+        for response in refused:
+            assert response.status_code == 503, response.text
+            assert response.headers["Retry-After"] == "1"
+            assert response.json()["error"]["code"] == "shutting_down"
+        assert not (await api.get(f"/v1/conversations/{cid}/turns")).json()["items"]
+    sdk = async_sdk(server, key)  # type: ignore[arg-type]
+    for start in (
+        sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True),
+        sdk.responses.create(model=MODEL, input="hi", stream=True),
+    ):
+        with pytest.raises(openai.InternalServerError) as refused_by_sdk:
+            await start
+        assert refused_by_sdk.value.status_code == 503
+        assert refused_by_sdk.value.code == "shutting_down"
+        assert refused_by_sdk.value.response.headers["Retry-After"] == "1"
