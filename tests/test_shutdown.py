@@ -15,12 +15,17 @@ import openai
 import pytest
 from ag_ui.core import Event as AGUIEvent
 from pydantic import TypeAdapter
+from sqlalchemy import func, select
 
+from chat_api.replies.approve import ApprovalTimeouts
 from memory.events import EventName
+from memory.storage.models import Turn
 from tests.conftest import LiveServer
 from tests.openai_support import MODEL, TENANT, async_sdk, make_key, new_user
 from tests.procs import ServerProcess, server_process
 from tests.sse import SSEEvent, iter_sse
+from tests.support import new_conversation, wait_until
+from tests.test_approvals import park, required, transfer_tools
 from tests.test_stop import text_of
 
 AG_UI_EVENTS: TypeAdapter[Any] = TypeAdapter(AGUIEvent)
@@ -223,3 +228,28 @@ async def test_a_draining_server_refuses_new_replies_with_503_and_retry_after_on
         assert refused_by_sdk.value.status_code == 503
         assert refused_by_sdk.value.code == "shutting_down"
         assert refused_by_sdk.value.response.headers["Retry-After"] == "1"
+
+
+async def test_a_draining_server_does_not_resume_a_reply_whose_approval_timed_out(start_server: Any) -> None:
+    """The approval sweep of a shutting-down process resumed an expired parked reply, only for the
+    drain to stop it as a shutdown a moment later; it is left parked for a replica that stays."""
+    runs: list[dict[str, Any]] = []
+    server: LiveServer = await start_server(
+        tools=transfer_tools(runs, timeout=0.01), approval_sweep_seconds=3600
+    )
+    async with server.client() as client:
+        waiting = required(await park(client, await new_conversation(client)))
+
+        async def expired() -> bool:
+            async with server.services.db.session() as session:
+                late = await session.execute(
+                    select(func.count()).where(Turn.approval_expires_at <= func.now())
+                )
+                return late.scalar_one() == 1
+
+        await wait_until(expired)
+        server.services.drain.begin()
+        assert await ApprovalTimeouts(server.services, interval_seconds=3600).sweep_once() == 0
+        parked = (await client.get(f"/v1/turns/{waiting['turn_id']}")).json()
+        assert parked["status"] == "awaiting_approval"
+    assert runs == []

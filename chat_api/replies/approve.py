@@ -157,6 +157,10 @@ class ApprovalTimeouts:
 
     async def sweep_once(self) -> int:
         """Reject every expired waiting call now; returns how many calls."""
+        if self.services.drain.draining:
+            # A reply resumed here now would be stopped as a shutdown at the drain's end: the
+            # sweep of another replica (or of this deployment's next start) resumes it instead.
+            return 0
         resumed: list[Resumed] = []
         rejected = 0
         try:
