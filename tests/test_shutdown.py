@@ -253,3 +253,34 @@ async def test_a_draining_server_does_not_resume_a_reply_whose_approval_timed_ou
         parked = (await client.get(f"/v1/turns/{waiting['turn_id']}")).json()
         assert parked["status"] == "awaiting_approval"
     assert runs == []
+
+
+async def test_a_message_waiting_in_line_when_the_drain_begins_is_refused_not_started(
+    start_server: Any,
+) -> None:
+    """A message sent with on_busy=enqueue, admitted before the shutdown, started its reply once the
+    running one ended, during the drain, only to be stopped as a shutdown; it is refused with 503
+    before anything of it is stored, and the reply it waited for ends on its stream as a shutdown."""
+    server: LiveServer = await start_server(demo_tokens_per_second=20, shutdown_drain_seconds=0.5)
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
+            events = iter_sse(r)
+            first = await anext(events)
+            waiting = asyncio.ensure_future(
+                client.post(
+                    f"/v1/conversations/{cid}/messages",
+                    json={"content": "five", "on_busy": "enqueue", "stream": False},
+                )
+            )
+            await wait_until(lambda: server.services.queues.waiting(uuid.UUID(cid)) == 1)
+            server.services.drain.begin()
+            rest = [event async for event in events]
+        refused = await waiting
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert refused.json()["error"]["code"] == "shutting_down"
+        assert rest[-1].event == EventName.TURN_INTERRUPTED
+        assert rest[-1].data["error"]["code"] == "server_shutdown"
+        turns = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
+        assert [t["content"] for t in turns if t["role"] == "user"] == ["/long"]
+        assert first.data["reply_id"] == turns[-1]["reply_id"]

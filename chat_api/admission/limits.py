@@ -58,6 +58,14 @@ class Admission:
         """Refuse every new reply from now on (the process is shutting down)."""
         self.closed_retry_after = retry_after
 
+    def check_open(self) -> None:
+        """ShuttingDown once the process shuts down: also for a request admitted earlier that waited
+        (in its conversation's line) and would start its reply only now."""
+        if self.closed_retry_after is not None:
+            raise ShuttingDown(
+                "this server is shutting down; send the request again", retry_after=self.closed_retry_after
+            )
+
     # --- every authenticated request -----------------------------------------------------
 
     def check_address(self, address: str) -> None:
@@ -85,10 +93,7 @@ class Admission:
 
         Call it before anything is stored, so a refusal leaves nothing behind.
         """
-        if self.closed_retry_after is not None:
-            raise ShuttingDown(
-                "this server is shutting down; send the request again", retry_after=self.closed_retry_after
-            )
+        self.check_open()
         self.running.reserve(owner)
         try:
             slot = self.streams.acquire(owner) if stream else None

@@ -350,6 +350,8 @@ async def _start_reply(
     parked_gives_way: bool,
 ) -> Accepted:
     while True:
+        # A request that waited (its line, the reply it interrupts) may find the process shutting down.
+        services.admission.check_open()
         running: uuid.UUID | None = None
         deciding: uuid.UUID | None = None
         reply: Reply | None = None
