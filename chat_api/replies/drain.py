@@ -69,7 +69,6 @@ class Drain:
         self.registry = registry
         self.seconds = seconds
         self.draining = False
-        self.done = asyncio.Event()
         self._cut_short = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -81,7 +80,8 @@ class Drain:
             return
         self.draining = True
         self.refuse_replies(RETRY_AFTER_SECONDS)
-        log.warning("shutting down: new replies are refused; running ones get %.0f s to end", self.seconds)
+        if not now:
+            log.warning("shutting down: new replies refused; running ones get %.0f s to end", self.seconds)
         self._task = asyncio.create_task(self._run(), name="drain")
 
     async def wait(self) -> None:
@@ -95,7 +95,7 @@ class Drain:
         try:
             while running := [r for r in self.registry.all() if not r.finished.is_set()]:
                 left = deadline - time.monotonic()
-                if left <= 0 or cut_short.done():
+                if left <= 0 or self._cut_short.is_set():
                     break
                 ends = [asyncio.create_task(r.finished.wait()) for r in running]
                 try:
@@ -108,7 +108,6 @@ class Drain:
         if any(not r.finished.is_set() for r in self.registry.all()):
             log.warning("shutting down: stopping the replies still running")
         await self.runner.shutdown()
-        self.done.set()
 
     def on_stop_signals(self) -> Callable[[], None]:
         """Begin the drain on SIGTERM/SIGINT, then let the server's own handler run; returns the undo.
