@@ -174,23 +174,51 @@ async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connec
         assert resumed[-1].event == EventName.TURN_INTERRUPTED and resumed[-1].id == native_events[-1].id
 
 
-async def test_a_reply_that_ends_within_the_drain_completes_after_sigterm(pg_url: str) -> None:
-    """A rolling deploy must not cut short a reply that would end in a moment: it completes, and
-    the process exits as soon as no reply runs, not after the whole drain period."""
-    async with server_process(pg_url, demo_tokens_per_second=40, shutdown_drain_seconds=60) as victim:
-        async with victim.client() as api:
-            conversation = (await api.post("/v1/conversations", json={})).json()["id"]
-            events: list[SSEEvent] = []
-            body = {"content": "tell me something"}
-            async with api.stream("POST", f"/v1/conversations/{conversation}/messages", json=body) as r:
-                async for event in iter_sse(r):
-                    events.append(event)
-                    if event.event == EventName.MESSAGE_DELTA and len(events) < 4:
-                        assert victim.proc is not None
-                        victim.proc.send_signal(signal.SIGTERM)
-        assert events[-1].event == EventName.TURN_COMPLETED
-        # Far below the drain period: the process leaves once its last reply has ended.
-        assert await exited(victim, 30)
+async def test_a_reply_that_ends_within_the_drain_completes_after_sigterm(
+    pg_url: str, start_server: Any
+) -> None:
+    """A rolling deploy cut short a reply that would have ended a moment later: now it completes,
+    a stop sent to another replica meanwhile still stops a reply draining here (as the user's stop,
+    not a shutdown), and the process exits once no reply runs, not after the whole drain period."""
+    other: LiveServer = await start_server()
+    async with server_process(pg_url, demo_tokens_per_second=20, shutdown_drain_seconds=60) as victim:
+        assert victim.proc is not None
+        async with victim.client() as api, other.client() as on_other:
+            short, long = await new_conversation(api), await new_conversation(api)
+
+            async def reply(cid: str, content: str, events: list[SSEEvent], ready: asyncio.Event) -> None:
+                async with api.stream(
+                    "POST", f"/v1/conversations/{cid}/messages", json={"content": content}
+                ) as r:
+                    async for event in iter_sse(r):
+                        events.append(event)
+                        if event.event == EventName.MESSAGE_DELTA:
+                            ready.set()
+
+            short_events: list[SSEEvent] = []
+            long_events: list[SSEEvent] = []
+            short_started, long_started = asyncio.Event(), asyncio.Event()
+            short_reply = asyncio.ensure_future(reply(short, "hi", short_events, short_started))
+            long_reply = asyncio.ensure_future(reply(long, "/long", long_events, long_started))
+            async with asyncio.timeout(30):
+                await short_started.wait()
+                await long_started.wait()
+            victim.proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                await short_reply
+            assert short_events[-1].event == EventName.TURN_COMPLETED
+            assert not long_reply.done()
+            reply_id = long_events[0].data["reply_id"]
+            stop = await on_other.post(f"/v1/turns/{reply_id}/stop")
+            assert stop.status_code == 200 and stop.json()["status"] == "interrupted_by_user"
+            async with asyncio.timeout(30):
+                await long_reply
+            assert long_events[-1].event == EventName.TURN_INTERRUPTED
+            assert long_events[-1].data["reason"] == "user"
+            # Far below the drain period: the process leaves once its last reply has ended.
+            assert await exited(victim, 30)
+            stored = (await on_other.get(f"/v1/turns/{reply_id}")).json()
+            assert stored["content"] == text_of(long_events)
 
 
 async def test_a_draining_server_refuses_new_replies_with_503_and_retry_after_on_every_door(
