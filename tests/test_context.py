@@ -110,6 +110,35 @@ def test_interrupted_turn_keeps_only_its_visible_text(status: str) -> None:
     assert built.dropped["tool_result_orphaned"] == 1
 
 
+@pytest.mark.parametrize("status", ["interrupted_by_user", "interrupted_by_error"])
+def test_a_call_cut_off_while_its_side_effecting_tool_ran_is_answered_by_a_note_saying_so(
+    status: str,
+) -> None:
+    """Its turn was interrupted, so the call was left out: the model could not know the tool may have run."""
+    ran = {
+        **call("c1", '{"to": "ann"}', "cancelled", name="send_invoice"),
+        "side_effect_may_have_happened": True,
+    }
+    harmless = {**call("c2", state="cancelled"), "index": 1, "side_effect_may_have_happened": False}
+    half = {**call("c3", '{"to": "b', "streaming"), "index": 2}
+    turns = history(
+        user("invoice ann"), assistant("Sending", ran, harmless, half, status=status), user("did it go?")
+    )
+    built = build(turns)
+    assert [m["role"] for m in built.messages[1:]] == ["user", "assistant", "tool", "user"]
+    asked, answered = built.messages[2], built.messages[3]
+    assert asked["content"] == "Sending"
+    assert [c["function"] for c in asked["tool_calls"]] == [
+        {"name": "send_invoice", "arguments": '{"to": "ann"}'}
+    ]
+    assert answered == {
+        "role": "tool",
+        "tool_call_id": asked["tool_calls"][0]["id"],
+        "content": EN.render("tool_result_interrupted"),
+    }
+    assert built.dropped["tool_call_of_interrupted_turn"] == 2
+
+
 def test_drop_turn_policy_leaves_interrupted_turns_out() -> None:
     turns = history(user("a"), assistant("half an answ", status="interrupted_by_user"), user("b"))
     assert window(build(turns, interrupted_policy="drop_turn")) == [("user", "a"), ("user", "b")]
@@ -582,7 +611,12 @@ def replies(draw: st.DrawFn) -> list[dict[str, Any]]:
     )
     # Biased towards what a model really sends, so kept calls are common; the rest still comes up.
     made = [
-        call(i, draw(st.sampled_from(ARGUMENTS[:2] * 4 + ARGUMENTS)), draw(st.sampled_from(CALL_STATES)))
+        {
+            **call(
+                i, draw(st.sampled_from(ARGUMENTS[:2] * 4 + ARGUMENTS)), draw(st.sampled_from(CALL_STATES))
+            ),
+            "side_effect_may_have_happened": draw(st.booleans()),
+        }
         for i in ids
     ]
     status = draw(
@@ -666,10 +700,13 @@ def test_any_history_builds_a_prompt_the_api_accepts(
 
     assert check_chat_messages(messages) is None, (check_chat_messages(messages), messages)
     assert [m["role"] for m in messages].count("system") == 1 and messages[0]["role"] == "system"
-    # Exactly one source turn per message, in order, each at most once.
-    assert len(built.window_turn_ids) == len(messages) - 1 == len(set(built.window_turn_ids))
+    # A call cut off while its tool ran, which may have had its effect, is answered by a note, not a turn.
+    note = prompts.render("tool_result_interrupted")
+    sourced = [m for m in messages[1:] if not (m["role"] == "tool" and m["content"] == note)]
+    # Exactly one source turn per other message, in order, each at most once.
+    assert len(built.window_turn_ids) == len(sourced) == len(set(built.window_turn_ids))
     caller: TurnView | None = None
-    for message, turn_id in zip(messages[1:], built.window_turn_ids, strict=True):
+    for message, turn_id in zip(sourced, built.window_turn_ids, strict=True):
         turn = turns[turn_id]
         assert message["role"] == turn.role
         assert turn.status in (
@@ -679,7 +716,16 @@ def test_any_history_builds_a_prompt_the_api_accepts(
             "interrupted_by_error",
         )
         if turn.status.startswith("interrupted"):
-            assert budget.interrupted_policy == "keep_text" and "tool_calls" not in message
+            assert budget.interrupted_policy == "keep_text"
+            for made in message.get("tool_calls", ()):
+                assert any(
+                    made["id"] in (c.get("id"), f"{c.get('id')}_{turn.seq}")
+                    and c.get("state") == "cancelled"
+                    and c.get("side_effect_may_have_happened") is True
+                    for c in turn.tool_calls
+                )
+            answered = [m["tool_call_id"] for m in messages if m["role"] == "tool" and m["content"] == note]
+            assert all(made["id"] in answered for made in message.get("tool_calls", ()))
         if turn.role == "user":
             assert words_of(message["content"]) == turn.content
         elif turn.role == "assistant":
