@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from chat_api.cli.main import build_parser
+from chat_api.replies.drain import graceful_shutdown_seconds
 from memory.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,6 +150,19 @@ def test_postgres_has_pgvector_and_kafka_runs_in_kraft_mode(compose: dict[str, A
         assert topic in init
     partitions = re.search(r"--partitions (\d+)", init)
     assert partitions is not None and int(partitions[1]) >= 2
+
+
+def test_an_api_replica_is_given_the_time_its_shutdown_drain_takes(compose: dict[str, Any]) -> None:
+    """The engine sent SIGKILL 20 s after SIGTERM, mid-drain: replies were left to a reaper, streams cut."""
+    for name, service in services_of(compose, CHATMEM_IMAGE).items():
+        if command_of(service)[0] != "serve":
+            continue
+        drain = env_of(service).get(
+            "SHUTDOWN_DRAIN_SECONDS", Settings.model_fields["shutdown_drain_seconds"].default
+        )
+        settings = Settings.model_construct(shutdown_drain_seconds=float(drain))
+        grace = int(str(service["stop_grace_period"]).removesuffix("s"))
+        assert grace > graceful_shutdown_seconds(settings), name
 
 
 def test_scalable_workers_pin_no_host_port_or_name(compose: dict[str, Any]) -> None:
