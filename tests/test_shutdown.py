@@ -7,10 +7,12 @@ deploy (Kubernetes, systemd) does; the refusal test begins the same drain in-pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import uuid
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from ag_ui.core import Event as AGUIEvent
@@ -312,3 +314,32 @@ async def test_a_message_waiting_in_line_when_the_drain_begins_is_refused_not_st
         turns = (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
         assert [t["content"] for t in turns if t["role"] == "user"] == ["/long"]
         assert first.data["reply_id"] == turns[-1]["reply_id"]
+
+
+async def test_a_follower_of_a_reply_another_replica_runs_does_not_hold_up_the_exit(
+    pg_url: str, start_server: Any
+) -> None:
+    """With sse-starlette's own exit held back for the drain, a stream following a reply that another
+    replica runs kept the process alive until uvicorn's timeout (drain + 5 s) though no reply ran here.
+    It is closed once this process's replies have ended; its client resumes elsewhere."""
+    runner: LiveServer = await start_server(demo_tokens_per_second=5)
+    async with server_process(pg_url, shutdown_drain_seconds=60) as victim:
+        assert victim.proc is not None
+        async with runner.client() as api, victim.client() as follower:
+            cid = await new_conversation(api)
+            async with api.stream(
+                "POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}
+            ) as r:
+                first = await anext(iter_sse(r))
+                followed: list[SSEEvent] = []
+                # Closed without an ending (none exists yet): a cut, which an EventSource resumes.
+                with contextlib.suppress(httpx.RemoteProtocolError):
+                    async with follower.stream("GET", f"/v1/turns/{first.data['reply_id']}/events") as f:
+                        async for event in iter_sse(f):
+                            followed.append(event)
+                            if event.event == EventName.MESSAGE_DELTA and len(followed) < 4:
+                                victim.proc.send_signal(signal.SIGTERM)
+                # Far below the drain period and uvicorn's wait after it.
+                assert await exited(victim, 20)
+                assert followed[-1].event not in (EventName.TURN_INTERRUPTED, EventName.TURN_COMPLETED)
+                await api.post(f"/v1/turns/{first.data['reply_id']}/stop")

@@ -16,8 +16,9 @@ reply ends:
 
 A second signal cuts the wait short (step 3 at once). uvicorn gives the connections
 SHUTDOWN_DRAIN_SECONDS + ENDING_SECONDS (`graceful_shutdown_seconds`) before it cancels them.
-Streams that follow a reply another replica runs are not ended by the drain: they are cut
-when uvicorn's wait ends, and their clients resume elsewhere.
+Streams that follow a reply another replica runs have no ending here: once this process's
+replies have ended, the SSE ones are closed (sse-starlette's exit, held back until then), and
+their clients resume elsewhere; the AI SDK and AG-UI ones are cut when uvicorn's wait ends.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Drain:
         self.draining = False
         self._cut_short = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._signalled = False  # begun by a stop signal: the process is exiting
 
     def begin(self, *, now: bool = False) -> None:
         """Stop taking replies and start the drain; called again (or `now`), stop the running replies now."""
@@ -108,6 +110,12 @@ class Drain:
         if any(not r.finished.is_set() for r in self.registry.all()):
             log.warning("shutting down: stopping the replies still running")
         await self.runner.shutdown()
+        if self._signalled:
+            # Every reply of this process has ended and its streams with it. The SSE streams still
+            # open follow replies other replicas run: sse-starlette closes them now (their clients
+            # resume elsewhere) rather than uvicorn holding the exit until its timeout. Only on a
+            # signal: the flag is process-wide, and the process is exiting.
+            AppStatus.should_exit = True
 
     def on_stop_signals(self) -> Callable[[], None]:
         """Begin the drain on SIGTERM/SIGINT, then let the server's own handler run; returns the undo.
@@ -124,6 +132,7 @@ class Drain:
         previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
         def handle(sig: int, frame: FrameType | None) -> None:
+            self._signalled = True
             loop.call_soon_threadsafe(self.begin)
             before: Any = previous[signal.Signals(sig)]
             if callable(before):
