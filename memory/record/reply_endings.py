@@ -99,8 +99,9 @@ async def end_reply(
         values.update(usage=live.usage or None, prompt_version=live.prompt_version)
     terminal_id = last_event_id + 1
     settled = settle_open_calls(calls, ending.status)
-    if calls and ending.status != TurnStatus.COMPLETED:
-        # A tool may have started after the last checkpoint: its invocation row says so.
+    if live is None and ending.status != TurnStatus.COMPLETED:
+        # Ended from the stored turn (its process died): a tool may have started after the last
+        # checkpoint, even before any checkpoint held its call; its invocation row says so.
         await settle_running_invocations(session, turn_id, settled)
     turn = await finish_turn(
         session,
