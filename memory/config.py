@@ -9,13 +9,20 @@ README's settings table is generated from `Settings`, part by part, in the order
 
 from __future__ import annotations
 
+import json
+import re
 from functools import cached_property
 from pathlib import Path
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 import platformdirs
+import pydantic_settings
 from pydantic import Field, NonNegativeFloat, PositiveFloat, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# A list setting is read from the environment as written (not as JSON first), so that the
+# comma-separated form the README shows works; `Settings._split_list` accepts a JSON list too.
+CommaList = Annotated[list[str], NoDecode]
 
 
 def default_data_dir() -> Path:
@@ -60,8 +67,8 @@ class HttpSettings(BaseSettings):
     """The HTTP server, and the limits every door applies."""
 
     host: str = Field("127.0.0.1", description="Address `chatmem up/serve` listens on.")
-    port: int = Field(8000, description="Port `chatmem up/serve` listens on.")
-    cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins.")
+    port: int = Field(8000, ge=1, le=65535, description="Port `chatmem up/serve` listens on.")
+    cors_origins: CommaList = Field(default_factory=list, description="Allowed CORS origins.")
     max_message_chars: int = Field(32_000, ge=1, description="Longest user message accepted.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
     import_max_turns: int = Field(5000, ge=1, description="Most turns in one import request.")
@@ -91,7 +98,7 @@ class HttpSettings(BaseSettings):
     ui_token_handout: bool = Field(
         True, description="`chatmem up`: hand the page its token (only to loopback Host and Origin)."
     )
-    gc_thresholds: tuple[int, int, int] = Field(
+    gc_thresholds: Annotated[tuple[int, int, int], NoDecode] = Field(
         (10_000, 10, 100),
         description=(
             "Garbage collector thresholds of `chatmem up/serve` (gc.set_threshold), set with the "
@@ -159,11 +166,11 @@ class ReplySettings(BaseSettings):
         "on",
         description="Whether the model is offered `recall_memory` (never when the reply's memory is off).",
     )
-    tool_modules: list[str] = Field(
+    tool_modules: CommaList = Field(
         default_factory=list,
-        description="Python modules whose `register(registry)` adds your tools (JSON list of import paths).",
+        description="Python modules whose `register(registry)` adds your tools (import paths).",
     )
-    tools_requiring_approval: list[str] = Field(
+    tools_requiring_approval: CommaList = Field(
         default_factory=list, description="Tool names that wait for a person's approval before running."
     )
     tool_approval_timeouts: dict[str, PositiveFloat] = Field(
@@ -333,7 +340,7 @@ class IndexerSettings(BaseSettings):
     chunk_chars: int = Field(1200, ge=100, description="Longest chunk of a turn.")
     chunk_overlap_chars: int = Field(200, ge=0, description="Overlap between chunks.")
     redact_pii: bool = Field(True, description="Redact PII before embedding/indexing.")
-    low_information_extra: list[str] = Field(
+    low_information_extra: CommaList = Field(
         default_factory=list, description="More phrases not worth remembering."
     )
     fact_keys: Literal["off", "model"] = Field(
@@ -417,7 +424,9 @@ class RecallSettings(BaseSettings):
 class ObservabilitySettings(BaseSettings):
     """Logs and metrics."""
 
-    log_level: str = Field("INFO", description="Log level.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", description="Log level."
+    )
     log_message_text: bool = Field(False, description="Allow message text in logs (debugging only).")
     metrics_port: int | None = Field(
         None,
@@ -425,6 +434,11 @@ class ObservabilitySettings(BaseSettings):
         le=65535,
         description="Port of /metrics for `chatmem relay` and `chatmem indexer` (the API serves its own).",
     )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
 
 
 # Pydantic collects the fields of the last base first: listed in reverse, the parts keep the
@@ -446,12 +460,26 @@ class Settings(
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", env_file_encoding="utf-8")
 
-    @field_validator("cors_origins", "low_information_extra", mode="before")
+    @field_validator(
+        "cors_origins",
+        "tool_modules",
+        "tools_requiring_approval",
+        "low_information_extra",
+        "gc_thresholds",
+        mode="before",
+    )
     @classmethod
-    def _split_csv(cls, value: object) -> object:
-        if isinstance(value, str) and not value.strip().startswith("["):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+    def _split_list(cls, value: object) -> object:
+        """Comma-separated values (`a,b`), or a JSON list (`["a", "b"]`)."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a JSON list ({exc.msg}); or give comma-separated values") from None
+        return [part.strip() for part in text.split(",") if part.strip()]
 
 
 class SettingsError(Exception):
@@ -464,6 +492,11 @@ def get_settings(**overrides: object) -> Settings:
 
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
+    except pydantic_settings.SettingsError as exc:
+        # A value the environment source could not decode (a JSON object setting that is not JSON).
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = field[1].upper() if field else "settings"
+        raise SettingsError(f"invalid settings: {name}: not valid JSON") from None
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']).upper() or 'settings'}: {err['msg']}"

@@ -22,7 +22,7 @@ from chat_api.tools import Tool, ToolConfigError, ToolRegistry, configured_regis
 from memory.events import EventName
 from memory.storage.db import Database
 from memory.storage.models import ToolInvocation, Turn
-from tests.conftest import TEST_SECRET, LiveServer, token_for
+from tests.conftest import TEST_SECRET, LiveServer, free_port, token_for
 from tests.fake_openai import FakeOpenAI, ToolCall
 from tests.fake_openai import Reply as FakeReply
 from tests.procs import ServerProcess
@@ -457,7 +457,7 @@ def test_serve_reports_a_bad_tool_setting_in_one_line(pg_url: str) -> None:
     env = {**os.environ, "DATABASE_URL": pg_url, "JWT_SECRET": TEST_SECRET}
     env["TOOLS_REQUIRING_APPROVAL"] = '["nope"]'
     done = subprocess.run(
-        [sys.executable, "-m", "chat_api.cli", "serve", "--port", "0"],
+        [sys.executable, "-m", "chat_api.cli", "serve", "--port", str(free_port())],
         env=env,
         capture_output=True,
         text=True,

@@ -1,0 +1,57 @@
+"""Settings as an operator writes them: in the environment, in the form the README shows.
+
+In-process: `chatmem` is called as its console script would be, with the environment set.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from chat_api.cli.main import main
+from memory.config import get_settings
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("CORS_ORIGINS", "https://app.example.com", ["https://app.example.com"]),
+        ("CORS_ORIGINS", "https://a.example, https://b.example", ["https://a.example", "https://b.example"]),
+        ("CORS_ORIGINS", '["https://a.example"]', ["https://a.example"]),
+        ("TOOL_MODULES", "tests.approval_tools", ["tests.approval_tools"]),
+        ("TOOLS_REQUIRING_APPROVAL", "transfer_funds,send_mail", ["transfer_funds", "send_mail"]),
+        ("LOW_INFORMATION_EXTRA", "ok then, cheers", ["ok then", "cheers"]),
+        ("GC_THRESHOLDS", "5000,10,10", (5000, 10, 10)),
+        ("GC_THRESHOLDS", "[5000, 10, 10]", (5000, 10, 10)),
+        ("LOG_LEVEL", "debug", "DEBUG"),
+    ],
+)
+def test_list_settings_were_refused_in_the_comma_separated_form_the_readme_documents(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: object
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert getattr(get_settings(), variable.lower()) == expected
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TOOL_APPROVAL_TIMEOUTS", "transfer_funds:30"),  # a JSON object setting, not JSON
+        ("RETENTION_TENANT_DAYS", "{acme: 30}"),
+        ("CORS_ORIGINS", '["https://a.example"'),
+        ("LOG_LEVEL", "verbose"),
+        ("PORT", "70000"),
+        ("PORT", "0"),
+        ("RATE_LIMIT_PER_MINUTE", "-1"),
+        ("LLM_PROVIDER", "anthropic"),
+    ],
+)
+def test_a_malformed_setting_was_a_traceback_and_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as exited:
+        main(["db", "upgrade"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"chatmem: invalid settings: {variable}"), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
