@@ -51,23 +51,38 @@ def test_every_chatmem_variable_is_a_setting_the_code_reads(compose: dict[str, A
         assert not unknown, f"{name}: {sorted(unknown)} are not fields of memory.config.Settings"
 
 
-def test_fixed_values_are_valid_settings(compose: dict[str, Any]) -> None:
-    """Each service's literal values build a valid Settings (interpolated ones get their defaults)."""
+def container_environment(service: dict[str, Any]) -> dict[str, str]:
+    """What the container's environment holds (interpolated values get their defaults)."""
+    values: dict[str, str] = {}
+    for key, value in env_of(service).items():
+        if key in INFRA_VARS or value is None:
+            continue
+        text = str(value)
+        default = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", text)
+        if default:
+            text = default.group(1)
+        elif "${" in text:
+            text = "x" * 40  # a required secret from the shell
+        values[key] = text
+    return values
+
+
+def settings_in(service: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings the service's processes read: from the environment, as the container has it."""
+    with monkeypatch.context() as env:
+        for key in Settings.model_fields:
+            env.delenv(key.upper(), raising=False)
+        for key, text in container_environment(service).items():
+            env.setenv(key, text)
+        return Settings(_env_file=None)  # type: ignore[call-arg]
+
+
+def test_fixed_values_are_valid_settings(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each service's values build a valid Settings, read from the environment as in the container."""
     for name, service in services_of(compose, CHATMEM_IMAGE).items():
-        values: dict[str, Any] = {}
-        for key, value in env_of(service).items():
-            if key in INFRA_VARS or value is None:
-                continue
-            text = str(value)
-            default = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", text)
-            if default:
-                text = default.group(1)
-            elif "${" in text:
-                text = "x" * 40  # a required secret from the shell
-            values[key.lower()] = text
-        Settings(_env_file=None, **values)  # type: ignore[call-arg]
-        assert values.get("database_url", "").startswith("postgresql+asyncpg://"), name
-        assert "@postgres:5432/" in values["database_url"], name
+        settings = settings_in(service, monkeypatch)
+        assert (settings.database_url or "").startswith("postgresql+asyncpg://"), name
+        assert "@postgres:5432/" in (settings.database_url or ""), name
 
 
 def test_commands_are_chatmem_commands(compose: dict[str, Any]) -> None:
@@ -143,12 +158,7 @@ def test_postgres_has_pgvector_and_kafka_runs_in_kraft_mode(compose: dict[str, A
     for name, service in services_of(compose, CHATMEM_IMAGE).items():
         bootstrap = env_of(service).get("KAFKA_BOOTSTRAP_SERVERS")
         assert bootstrap and bootstrap in advertised, f"{name} bootstraps from {bootstrap}, not {advertised}"
-    # The topics the code uses are the ones created, with room for several indexer consumers.
-    init = " ".join(command_of(services["kafka-init"]))
-    api_env = env_of(services["api-1"])
-    for topic in (api_env["KAFKA_TOPIC"], api_env["KAFKA_DLQ_TOPIC"]):
-        assert topic in init
-    partitions = re.search(r"--partitions (\d+)", init)
+    partitions = re.search(r"--partitions (\d+)", " ".join(command_of(services["kafka-init"])))
     assert partitions is not None and int(partitions[1]) >= 2
 
 
@@ -163,6 +173,23 @@ def test_an_api_replica_is_given_the_time_its_shutdown_drain_takes(compose: dict
         settings = Settings.model_construct(shutdown_drain_seconds=float(drain))
         grace = int(str(service["stop_grace_period"]).removesuffix("s"))
         assert grace > graceful_shutdown_seconds(settings), name
+
+
+def test_imported_history_had_no_topic_every_topic_the_code_uses_is_created(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker creates no topic by itself (auto-create off): kafka-init makes every one the
+    relay publishes to and the indexer reads, each service's as its settings name it."""
+    services = compose["services"]
+    assert env_of(services["kafka"])["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    init = command_of(services["kafka-init"])
+    loop = re.search(r"for topic in ([^;]+);", " ".join(init))
+    assert loop is not None, "kafka-init creates its topics in one loop"
+    created = set(loop[1].split())
+    for name, service in services_of(compose, CHATMEM_IMAGE).items():
+        settings = settings_in(service, monkeypatch)
+        used = {settings.kafka_topic, settings.history_topic, settings.kafka_dlq_topic}
+        assert used <= created, f"{name} uses {sorted(used - created)}, which kafka-init does not create"
 
 
 def test_scalable_workers_pin_no_host_port_or_name(compose: dict[str, Any]) -> None:
