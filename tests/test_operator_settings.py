@@ -5,6 +5,10 @@ In-process: `chatmem` is called as its console script would be, with the environ
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from chat_api.cli.main import main
@@ -55,3 +59,34 @@ def test_a_malformed_setting_was_a_traceback_and_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith(f"chatmem: invalid settings: {variable}"), err
     assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port something else listens on."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        yield other.getsockname()[1]
+
+
+def test_up_on_a_port_in_use_started_everything_first_and_now_says_so_in_one_line(
+    taken_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["up", "--port", str(taken_port), "--data-dir", str(tmp_path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"chatmem: cannot listen on 127.0.0.1:{taken_port}: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "pg").exists(), "nothing is started for a server that cannot listen"
+
+
+def test_serve_on_a_port_in_use_says_so_before_touching_the_database(
+    taken_port: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql+asyncpg://nobody@127.0.0.1:1/none")
+    monkeypatch.setenv("JWT_SECRET", "x" * 40)
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--port", str(taken_port)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith(f"chatmem: cannot listen on 127.0.0.1:{taken_port}: ")

@@ -13,6 +13,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -216,6 +217,22 @@ class AnnouncingServer(uvicorn.Server):
             print(self.banner, flush=True)
 
 
+def check_address_free(host: str, port: int) -> None:
+    """Fail in one line, before anything starts, if the server could not listen there."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running there? "
+            "choose another --port)"
+        ) from None
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -228,6 +245,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     # process there, before the embedded Postgres below is stopped.
     signal.signal(signal.SIGTERM, _interrupt)
     base = load_settings(host=args.host, port=args.port, data_dir=args.data_dir)
+    check_address_free(base.host, base.port)
     data_dir = base.data_dir.expanduser()
     secret = installation_secret(base, create=True)
     postgres = EmbeddedPostgres(data_dir)
@@ -266,6 +284,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise CommandError("DATABASE_URL is not set (chatmem serve needs an external Postgres with pgvector)")
     if settings.jwt_secret is None and settings.jwt_public_key_file is None:
         raise CommandError("JWT_SECRET (or JWT_PUBLIC_KEY_FILE) is not set")
+    check_address_free(settings.host, settings.port)
     check_database(settings.database_url)
     migrate(settings.database_url)
     workers = embedded_workers(settings) if args.with_workers else []
