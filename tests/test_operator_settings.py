@@ -13,6 +13,7 @@ import pytest
 
 from chat_api.cli.main import main
 from memory.config import get_settings
+from tests.conftest import free_port
 
 
 @pytest.mark.parametrize(
@@ -90,3 +91,16 @@ def test_serve_on_a_port_in_use_says_so_before_touching_the_database(
         main(["serve", "--port", str(taken_port)])
     assert exited.value.code == 2
     assert capsys.readouterr().err.startswith(f"chatmem: cannot listen on 127.0.0.1:{taken_port}: ")
+
+
+def test_up_on_an_unusable_data_directory_was_a_traceback_and_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_a_directory = tmp_path / "a-file"
+    not_a_directory.write_text("")
+    with pytest.raises(SystemExit) as exited:
+        main(["up", "--port", str(free_port()), "--data-dir", str(not_a_directory / "chatmem")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"chatmem: cannot use the data directory {not_a_directory / 'chatmem'}: "), err
+    assert err.count("\n") == 1, err

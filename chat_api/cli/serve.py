@@ -233,6 +233,16 @@ def check_address_free(host: str, port: int) -> None:
         ) from None
 
 
+def check_data_dir(data_dir: Path) -> None:
+    """Fail in one line if the installation's directory cannot be made or written."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=data_dir):
+            pass
+    except OSError as exc:
+        raise CommandError(f"cannot use the data directory {data_dir}: {exc.strerror or exc}") from None
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -247,6 +257,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     base = load_settings(host=args.host, port=args.port, data_dir=args.data_dir)
     check_address_free(base.host, base.port)
     data_dir = base.data_dir.expanduser()
+    check_data_dir(data_dir)
     secret = installation_secret(base, create=True)
     postgres = EmbeddedPostgres(data_dir)
     print(f"chatmem: starting the embedded Postgres in {data_dir / 'pg'} …", flush=True)
