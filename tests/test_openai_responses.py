@@ -605,6 +605,27 @@ async def test_websocket_mode_continues_unstored_responses_on_its_connection_onl
     ]
 
 
+async def test_a_key_revoked_while_its_websocket_was_open_kept_creating_responses(
+    live: ServerProcess,
+) -> None:
+    user = new_user()
+    async with live.client(TENANT, user) as api:
+        made = (await api.post("/v1/keys", json={"name": "socket"})).json()
+    client = sdk(live, made["key"])
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="first, while the key is live")
+        assert _until_terminal(connection)[-1].type == "response.completed"
+        async with live.client(TENANT, user) as api:
+            assert (await api.delete(f"/v1/keys/{made['id']}")).status_code == 200
+        connection.response.create(model=MODEL, input="second, after the revocation")
+        refused = _until_terminal(connection)[-1]
+        assert refused.type == "error" and refused.status == 401
+        assert refused.error.code == "invalid_api_key"
+    [conversation] = await conversations(live, user)
+    stored = await turns(live, user, conversation["id"])
+    assert [t["content"] for t in stored if t["role"] == "user"] == ["first, while the key is live"]
+
+
 async def test_closing_the_websocket_mid_response_stops_it(live: ServerProcess) -> None:
     user, client = await client_for(live)
     received = ""

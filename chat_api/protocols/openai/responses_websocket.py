@@ -78,6 +78,18 @@ async def responses_socket(websocket: WebSocket) -> None:
                 await websocket.send_json(_envelope(limit))
                 await websocket.close()
                 return
+            try:
+                # Each message passes the door again, as a request would: a key revoked (or a
+                # token expired) since the connection opened stops working at once.
+                owner = (await pass_door(services, websocket.scope)).owner
+            except (AuthError, RateLimited) as exc:
+                refused = openai_error(exc)
+                assert refused is not None
+                await websocket.send_json(_envelope(refused))
+                if isinstance(exc, AuthError):
+                    await websocket.close(code=1008)
+                    return
+                continue
             await _turn(websocket, services, owner, text, known)
     except WebSocketDisconnect:
         return
@@ -93,7 +105,6 @@ async def _turn(
         asked = parse_request({**message, "stream": True}, served_models(services))
         named = asked.previous_response_id
         check_texts(asked.chat, services.settings.max_message_chars)
-        services.admission.admit_request(owner)  # each response.create is a request
         admitted = services.admission.admit_reply(owner, stream=True)
         with admitted:
             accepted, conversation_id, previous = await start_response(
