@@ -57,10 +57,23 @@ class StorageSettings(BaseSettings):
 class AuthSettings(BaseSettings):
     """How callers are authenticated."""
 
-    jwt_secret: SecretStr | None = Field(None, description="HS256 secret; the embedded default makes one.")
+    jwt_secret: SecretStr | None = Field(
+        None,
+        description=(
+            "HS256 secret, at least 32 bytes (`openssl rand -hex 32`); the embedded default makes one."
+        ),
+    )
     jwt_public_key_file: Path | None = Field(None, description="RS256 public key (PEM) or JWKS file.")
     jwt_leeway_seconds: int = Field(30, ge=0, description="Clock skew tolerated on exp/nbf/iat.")
     jwt_audience: str | None = Field(None, description="Required `aud` claim, if set.")
+
+    @field_validator("jwt_secret")
+    @classmethod
+    def _long_enough(cls, secret: SecretStr | None) -> SecretStr | None:
+        # A short HS256 secret can be guessed offline from any one token (RFC 7518 3.2: 256 bits).
+        if secret is not None and len(secret.get_secret_value().encode()) < 32:
+            raise ValueError("must be at least 32 bytes (make one with `openssl rand -hex 32`)")
+        return secret
 
 
 class HttpSettings(BaseSettings):

@@ -48,6 +48,7 @@ def test_list_settings_were_refused_in_the_comma_separated_form_the_readme_docum
         ("PORT", "0"),
         ("RATE_LIMIT_PER_MINUTE", "-1"),
         ("LLM_PROVIDER", "anthropic"),
+        ("JWT_SECRET", "changeme"),  # guessable offline from any one token
     ],
 )
 def test_a_malformed_setting_was_a_traceback_and_is_one_line(
