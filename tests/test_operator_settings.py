@@ -49,6 +49,8 @@ def test_list_settings_were_refused_in_the_comma_separated_form_the_readme_docum
         ("RATE_LIMIT_PER_MINUTE", "-1"),
         ("LLM_PROVIDER", "anthropic"),
         ("JWT_SECRET", "changeme"),  # guessable offline from any one token
+        ("LLM_BASE_URL", "localhost:8080/v1"),  # every reply failed as provider_error
+        ("EMBEDDING_BASE_URL", "htp://embeddings/v1"),
     ],
 )
 def test_a_malformed_setting_was_a_traceback_and_is_one_line(
