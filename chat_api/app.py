@@ -215,6 +215,8 @@ def create_app(
                 name="retention",
             ),
         ]
+        # Moves this process to a new index generation soon after a reindex switches, traffic or not.
+        loops.append(asyncio.create_task(model.follow(stop), name="memory-index"))
         loops.append(asyncio.create_task(app.state.mcp.run(stop), name="mcp"))
         loops += [asyncio.create_task(worker(services, stop)) for worker in workers or []]
         # SIGTERM begins the drain at once, while the streams are still connected (chat_api/replies/drain.py).

@@ -176,6 +176,33 @@ async def test_a_write_encoded_for_a_generation_that_was_switched_away_is_refuse
     assert reindex.begin  # the refused batch is retried by the indexer (is_transient)
 
 
+async def test_a_process_with_no_search_during_the_grace_period_kept_the_deleted_generation(
+    db: Database, pg_url: str
+) -> None:
+    """An idle worker moves to the new generation by itself, before the old one's rows go."""
+    idle = MemoryIndex(db, OLD, loader=loader, check_seconds=0.05)
+    await idle.start()
+    [turn_id] = await index_turns(db, IndexPipeline(db, idle, test_settings(pg_url)), [fact(3)])
+    stop = asyncio.Event()
+    following = asyncio.create_task(idle.follow(stop))
+    try:
+        old, new = await reindex.begin(db, NEW) or (0, 0)
+        await reindex.build(db, NEW, old, new)
+
+        def moved_over() -> bool:
+            current = idle.current()
+            return current is not None and current.id == new
+
+        # No search reaches the idle process; it still moves over within the grace period.
+        await wait_until(moved_over, 10, "the idle process on the new generation")
+        assert idle.generation_encoder() is NEW
+    finally:
+        stop.set()
+        await following
+    await reindex.purge_retired(db, older_than_seconds=0)
+    assert await found_turns(db, idle, "locker code climbing gym number 3") == [turn_id]
+
+
 def test_the_reindex_command_rebuilds_with_the_configured_runtime_and_switches(pg_url: str) -> None:
     """`chatmem memory reindex` (a real process, the real torch encoder) over an index OpenVINO made."""
     import json

@@ -12,7 +12,8 @@ vectors. It is an ``Embedder`` itself (it encodes with the active generation's e
 ``generation()`` gives the pair (id, encoder) that a search or a write uses together, so a
 query vector is compared only with rows its own encoder made, and a row is written only
 into the generation whose encoder made its vector. It re-reads the active generation at
-most every ``check_seconds``; after a switch it loads the new generation's encoder (a local
+most every ``check_seconds`` (and ``follow``, a loop of each API process, makes it look that
+often when no search comes); after a switch it loads the new generation's encoder (a local
 runtime of the same weights) in the background and keeps using the old, complete
 generation until that is ready (retired rows are kept for a grace period).
 
@@ -26,6 +27,7 @@ exclusively, so no write straddles a switch (a write that lost the race raises
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -241,6 +243,23 @@ class MemoryIndex:
     def current(self) -> Generation | None:
         """The generation in use as last read (no database read; None before ``start``)."""
         return self._current
+
+    async def follow(self, stop: asyncio.Event) -> None:
+        """Look for a switched generation every ``check_seconds`` until ``stop``, searches or not.
+
+        A process that serves no search would otherwise keep the retired generation until its
+        next search, after the reindex's grace period deleted that generation's rows: that
+        search, and those made while the new encoder loads, would find nothing.
+        """
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(self._check_seconds, 0.1))
+            if stop.is_set():
+                return
+            try:
+                await self.generation()
+            except Exception as exc:  # the database away: readiness says so; look again later
+                log.debug("memory index: the active generation could not be read: %r", exc)
 
     def look_again(self) -> None:
         """Re-read the active generation at the next call (a write found it changed)."""
