@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+from jwt.algorithms import RSAAlgorithm
 
 from memory.accounts.keys import looks_like_key, owner_of_key
 from memory.config import Settings
@@ -24,6 +25,10 @@ MAX_IDENTITY_CHARS = 128  # the tenant_id and user_id columns are String(128)
 
 class AuthError(Exception):
     """The request has no valid token (401)."""
+
+
+class KeyFileError(Exception):
+    """JWT_PUBLIC_KEY_FILE cannot be read as a public key (the server refuses to start)."""
 
 
 class TokenVerifier:
@@ -44,14 +49,20 @@ class TokenVerifier:
             self._default_key = settings.jwt_secret.get_secret_value()
 
     def _load_public_keys(self, path: Path) -> None:
-        raw = path.read_text()
-        if raw.lstrip().startswith("{"):
-            for jwk in json.loads(raw).get("keys", []):
-                key = jwt.PyJWK(jwk).key
-                self._keys[jwk.get("kid", "")] = key
-                self._default_key = self._default_key or key
-        else:
-            self._default_key = raw
+        # Checked here, at start: a key that cannot be read would otherwise answer 401 to everyone.
+        try:
+            raw = path.read_text()
+            if raw.lstrip().startswith("{"):
+                for jwk in json.loads(raw).get("keys", []):
+                    key = jwt.PyJWK(jwk).key
+                    self._keys[jwk.get("kid", "")] = key
+                    self._default_key = self._default_key or key
+                if self._default_key is None:
+                    raise ValueError("the JWKS holds no key")
+            else:
+                self._default_key = RSAAlgorithm(RSAAlgorithm.SHA256).prepare_key(raw)
+        except (OSError, ValueError, jwt.PyJWTError) as exc:
+            raise KeyFileError(f"JWT_PUBLIC_KEY_FILE {path}: {exc}".splitlines()[0]) from None
 
     def accepts(self, token: str) -> bool:
         """True when `verify` would accept the token now."""

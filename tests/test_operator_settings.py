@@ -107,3 +107,20 @@ def test_up_on_an_unusable_data_directory_was_a_traceback_and_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith(f"chatmem: cannot use the data directory {not_a_directory / 'chatmem'}: "), err
     assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("content", [None, "not a key", '{"keys": []}', "{not json"])
+def test_serve_with_an_unreadable_public_key_file_was_a_traceback_or_401_for_everyone(
+    content: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "public.pem"
+    if content is not None:
+        key_file.write_text(content)
+    monkeypatch.delenv("JWT_SECRET", raising=False)
+    monkeypatch.setenv("JWT_PUBLIC_KEY_FILE", str(key_file))
+    monkeypatch.setenv("DATABASE_URL", "postgresql+asyncpg://nobody@127.0.0.1:1/none")
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--port", str(free_port())])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"chatmem: JWT_PUBLIC_KEY_FILE {key_file}: ") and err.count("\n") == 1, err

@@ -25,7 +25,7 @@ from typing import Any
 
 import uvicorn
 
-from chat_api.auth import issue_token
+from chat_api.auth import KeyFileError, TokenVerifier, issue_token
 from chat_api.cli.installation import (
     DEFAULT_TENANT,
     DEFAULT_USER,
@@ -295,6 +295,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise CommandError("DATABASE_URL is not set (chatmem serve needs an external Postgres with pgvector)")
     if settings.jwt_secret is None and settings.jwt_public_key_file is None:
         raise CommandError("JWT_SECRET (or JWT_PUBLIC_KEY_FILE) is not set")
+    try:
+        TokenVerifier(settings)  # a public key file that cannot be read stops the start here
+    except KeyFileError as exc:
+        raise CommandError(str(exc)) from None
     check_address_free(settings.host, settings.port)
     check_database(settings.database_url)
     migrate(settings.database_url)
