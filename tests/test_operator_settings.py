@@ -124,3 +124,19 @@ def test_serve_with_an_unreadable_public_key_file_was_a_traceback_or_401_for_eve
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"chatmem: JWT_PUBLIC_KEY_FILE {key_file}: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", ["indexer", "relay"])
+def test_a_worker_whose_metrics_port_is_in_use_was_a_traceback_and_is_one_line(
+    command: str, taken_port: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql+asyncpg://nobody@127.0.0.1:1/none")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("METRICS_PORT", str(taken_port))
+    with pytest.raises(SystemExit) as exited:
+        main([command])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"chatmem: cannot listen on 127.0.0.1:{taken_port}: ") and "METRICS_PORT" in err, (
+        err
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -64,6 +65,22 @@ def check_database(url: str) -> None:
     except Exception as exc:
         raise CommandError(
             f"cannot reach DATABASE_URL: {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from None
+
+
+def check_address_free(host: str, port: int, *, other: str = "choose another --port") -> None:
+    """Fail in one line, before anything starts, if the server could not listen there."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+            f"(is another server running there? {other})"
         ) from None
 
 

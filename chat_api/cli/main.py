@@ -15,6 +15,7 @@ from chat_api.cli.installation import (
     DEFAULT_TENANT,
     DEFAULT_USER,
     CommandError,
+    check_address_free,
     check_database,
     installation_database,
     installation_secret,
@@ -91,6 +92,8 @@ def _worker_main(which: str) -> None:
         raise CommandError(
             "KAFKA_BOOTSTRAP_SERVERS is not set (without Kafka the indexer reads Postgres directly)"
         )
+    if settings.metrics_port is not None:
+        check_address_free(settings.host, settings.metrics_port, other="set another METRICS_PORT")
     check_database(settings.database_url)
     asyncio.run(run_relay_main(settings) if which == "relay" else _run_indexer(settings))
 

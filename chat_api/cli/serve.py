@@ -13,7 +13,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from chat_api.cli.installation import (
     DEFAULT_TENANT,
     DEFAULT_USER,
     CommandError,
+    check_address_free,
     check_database,
     installation_secret,
     load_settings,
@@ -215,22 +215,6 @@ class AnnouncingServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started and self.banner:
             print(self.banner, flush=True)
-
-
-def check_address_free(host: str, port: int) -> None:
-    """Fail in one line, before anything starts, if the server could not listen there."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            probe.bind(address)
-    except OSError as exc:
-        raise CommandError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running there? "
-            "choose another --port)"
-        ) from None
 
 
 def check_data_dir(data_dir: Path) -> None:
