@@ -140,3 +140,34 @@ def test_a_worker_whose_metrics_port_is_in_use_was_a_traceback_and_is_one_line(
     assert err.startswith(f"chatmem: cannot listen on 127.0.0.1:{taken_port}: ") and "METRICS_PORT" in err, (
         err
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["token", "--ttl", "-5"], "--ttl"),  # printed a token that had already expired
+        (["token", "--tenant", ""], "--tenant"),  # printed a token every door refuses
+        (["keys", "create", "--tenant", "", "--user", "ann"], "--tenant"),  # a ValueError traceback
+        (["users", "delete", "--tenant", "acme", "--user", "a\x00b"], "--user"),
+        (["import", "turns.jsonl", "--batch-size", "0"], "--batch-size"),
+        (["mcp", "--user", "x" * 129], "--user"),
+        (["up", "--workers", "0"], "--workers"),
+        (["memory", "reindex", "--batch", "0"], "--batch"),
+    ],
+)
+def test_an_out_of_range_option_is_refused_before_the_command_runs(
+    argv: list[str],
+    option: str,
+    taken_port: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Should the option pass, the command fails fast here instead of touching a real installation.
+    monkeypatch.setenv("DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("DATABASE_URL", "postgresql+asyncpg://nobody@127.0.0.1:1/none")
+    monkeypatch.setenv("PORT", str(taken_port))
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert f"error: argument {option}: " in capsys.readouterr().err

@@ -38,7 +38,15 @@ import httpx
 import jwt
 
 from chat_api.auth import is_api_key
-from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, CommandError, bearer, default_url
+from chat_api.cli.installation import (
+    DEFAULT_TENANT,
+    DEFAULT_USER,
+    CommandError,
+    bearer,
+    default_url,
+    identity,
+    positive_int,
+)
 from memory.record.imports import DEFAULT_MAX_TURNS
 
 DEFAULT_BATCH_TURNS = 1000
@@ -452,16 +460,20 @@ def run_import_command(args: argparse.Namespace) -> None:
 def add_import_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `chatmem import` (for chat_api.cli.build_parser)."""
     parser.add_argument("file", type=Path, metavar="FILE", help="conversations.json (or the .zip), or .jsonl")
-    parser.add_argument("--tenant", help=f"tenant to import for (default {DEFAULT_TENANT!r})")
-    parser.add_argument("--user", help=f"user to import for (default {DEFAULT_USER!r})")
+    parser.add_argument("--tenant", type=identity, help=f"tenant to import for (default {DEFAULT_TENANT!r})")
+    parser.add_argument("--user", type=identity, help=f"user to import for (default {DEFAULT_USER!r})")
     parser.add_argument("--url", help="a running chatmem (default http://localhost:PORT)")
     parser.add_argument(
         "--token", help="an API key (cmk_…) or token (otherwise one is minted from the installation's secret)"
     )
     parser.add_argument("--data-dir", type=Path, help="the `chatmem up` installation to mint a token for")
     parser.add_argument("--format", choices=("auto", "chatgpt", "jsonl"), default="auto")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_TURNS, help="turns per request")
-    parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="longer texts are cut")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=DEFAULT_BATCH_TURNS, help="turns per request"
+    )
+    parser.add_argument(
+        "--max-chars", type=positive_int, default=DEFAULT_MAX_CHARS, help="longer texts are cut"
+    )
     parser.add_argument("--state", help="resume file (default: FILE.chatmem-import.json)")
     parser.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for indexing")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -17,8 +17,9 @@ from typing import Any
 
 import jwt
 
-from chat_api.auth import is_api_key, issue_token, load_or_create_secret
+from chat_api.auth import MAX_IDENTITY_CHARS, is_api_key, issue_token, load_or_create_secret
 from memory.config import Settings, SettingsError, get_settings
+from memory.json_bounds import text_problem
 
 DEFAULT_TENANT = "local"
 DEFAULT_USER = "me"
@@ -27,6 +28,24 @@ SECRET_FILE = "jwt_secret"
 
 class CommandError(Exception):
     """A problem to report to the person in one line, without a traceback."""
+
+
+def identity(text: str) -> str:
+    """argparse type of --tenant and --user: what a token may carry, as the server checks it."""
+    if not text or len(text) > MAX_IDENTITY_CHARS or text_problem(text) is not None or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_IDENTITY_CHARS} printable characters")
+    return text
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count or a duration that must be at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def load_settings(**overrides: Any) -> Settings:

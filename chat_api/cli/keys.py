@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, CommandError
+from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, CommandError, identity
 from memory.accounts.keys import KeyInfo, create_key, list_keys, revoke_key
 from memory.errors import DomainError
 from memory.record.conversations import Owner
@@ -35,8 +35,10 @@ def add_keys_arguments(keys: argparse.ArgumentParser) -> None:
     revoke = sub.add_parser("revoke", help="revoke a key by its id: it stops working at once")
     revoke.add_argument("key_id", type=uuid.UUID)
     for command in (create, listing, revoke):
-        command.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default {DEFAULT_TENANT!r}")
-        command.add_argument("--user", default=DEFAULT_USER, help=f"default {DEFAULT_USER!r}")
+        command.add_argument(
+            "--tenant", type=identity, default=DEFAULT_TENANT, help=f"default {DEFAULT_TENANT!r}"
+        )
+        command.add_argument("--user", type=identity, default=DEFAULT_USER, help=f"default {DEFAULT_USER!r}")
         command.add_argument(
             "--data-dir", type=Path, help="the `chatmem up` installation (when DATABASE_URL is not set)"
         )

@@ -17,10 +17,12 @@ from chat_api.cli.installation import (
     CommandError,
     check_address_free,
     check_database,
+    identity,
     installation_database,
     installation_secret,
     load_settings,
     migrate,
+    positive_int,
 )
 from chat_api.cli.keys import add_keys_arguments, run_keys_command
 from chat_api.cli.local_model import add_local_model_arguments
@@ -127,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", type=Path)
     up.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=1,
         help=WORKERS_HELP,
     )
@@ -141,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=1,
         help=WORKERS_HELP,
     )
@@ -149,9 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     token = sub.add_parser("token", help="print an access token for this installation")
     token.add_argument("--data-dir", type=Path)
-    token.add_argument("--tenant", default=DEFAULT_TENANT)
-    token.add_argument("--user", default=DEFAULT_USER)
-    token.add_argument("--ttl", type=int, default=30 * 24 * 3600, help="lifetime in seconds")
+    token.add_argument("--tenant", type=identity, default=DEFAULT_TENANT)
+    token.add_argument("--user", type=identity, default=DEFAULT_USER)
+    token.add_argument("--ttl", type=positive_int, default=30 * 24 * 3600, help="lifetime in seconds")
     token.set_defaults(func=cmd_token)
 
     keys = sub.add_parser("keys", help="API keys (for OpenAI-compatible clients): create, list, revoke")
@@ -173,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     users = sub.add_parser("users", help="user accounts")
     users_sub = users.add_subparsers(dest="users_command", required=True)
     delete = users_sub.add_parser("delete", help="delete everything of one user in one tenant")
-    delete.add_argument("--tenant", required=True)
-    delete.add_argument("--user", required=True)
+    delete.add_argument("--tenant", type=identity, required=True)
+    delete.add_argument("--user", type=identity, required=True)
     delete.add_argument("--data-dir", type=Path, help="the `chatmem up` installation (without DATABASE_URL)")
     delete.set_defaults(func=cmd_users_delete)
 

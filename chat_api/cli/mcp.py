@@ -25,7 +25,7 @@ import httpx
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
-from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, bearer, default_url
+from chat_api.cli.installation import DEFAULT_TENANT, DEFAULT_USER, bearer, default_url, identity
 from chat_api.protocols.mcp.server import MemoryTools, memory_mcp_server
 
 # Minted tokens live this long: each request gets a new one.
@@ -90,5 +90,7 @@ def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
         "--token", help="an API key (cmk_…) or token (otherwise one is minted from the installation's secret)"
     )
     parser.add_argument("--data-dir", type=Path, help="the `chatmem up` installation to mint a token for")
-    parser.add_argument("--tenant", help=f"tenant of a minted token (default {DEFAULT_TENANT!r})")
-    parser.add_argument("--user", help=f"user of a minted token (default {DEFAULT_USER!r})")
+    parser.add_argument(
+        "--tenant", type=identity, help=f"tenant of a minted token (default {DEFAULT_TENANT!r})"
+    )
+    parser.add_argument("--user", type=identity, help=f"user of a minted token (default {DEFAULT_USER!r})")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chat_api.cli.installation import CommandError, installation_database, load_settings
+from chat_api.cli.installation import CommandError, installation_database, load_settings, positive_int
 
 
 def add_memory_arguments(memory: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_memory_arguments(memory: argparse.ArgumentParser) -> None:
     reindex.add_argument(
         "--replace", action="store_true", help="abandon a rebuild under way for another encoder"
     )
-    reindex.add_argument("--batch", type=int, default=64, help="rows embedded per batch")
+    reindex.add_argument("--batch", type=positive_int, default=64, help="rows embedded per batch")
     reindex.add_argument(
         "--grace-seconds",
         type=float,
