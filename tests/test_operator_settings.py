@@ -5,6 +5,7 @@ In-process: `chatmem` is called as its console script would be, with the environ
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 
 from chat_api.cli.main import main
 from memory.config import get_settings
+from memory.storage.db import upgrade
 from tests.conftest import free_port
+from tests.test_schema import admin, fresh_database
 
 
 @pytest.mark.parametrize(
@@ -171,3 +174,27 @@ def test_an_out_of_range_option_is_refused_before_the_command_runs(
         main(argv)
     assert exited.value.code == 2
     assert f"error: argument {option}: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("revision", [None, "0019"])
+@pytest.mark.parametrize("argv", [["indexer"], ["keys", "list"], ["memory", "reindex", "--status"]])
+def test_a_command_on_a_database_never_migrated_or_behind_was_a_traceback(
+    pg_url: str,
+    revision: str | None,
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = fresh_database(pg_url, "operator_unmigrated")
+    try:
+        if revision is not None:
+            upgrade(url, revision)
+        monkeypatch.setenv("DATABASE_URL", url)
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+    finally:
+        asyncio.run(admin(pg_url, "DROP DATABASE operator_unmigrated"))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    behind = "has no chatmem schema" if revision is None else f"is at revision {revision}"
+    assert err.startswith(f"chatmem: the database {behind}") and "chatmem db upgrade" in err, err

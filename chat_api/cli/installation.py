@@ -87,6 +87,26 @@ def check_database(url: str) -> None:
         ) from None
 
 
+def check_schema(url: str, *, remedy: str = "run `chatmem db upgrade` first") -> None:
+    """Fail in one line if the database was not migrated to this version's schema."""
+    import asyncpg
+
+    from memory.storage.db import asyncpg_dsn, schema_behind
+
+    async def revision() -> str | None:
+        conn = await asyncpg.connect(asyncpg_dsn(url), timeout=5)
+        try:
+            return await conn.fetchval("SELECT version_num FROM alembic_version")  # type: ignore[no-any-return]
+        except asyncpg.UndefinedTableError:
+            return None
+        finally:
+            await conn.close()
+
+    behind = schema_behind(asyncio.run(revision()))
+    if behind:
+        raise CommandError(f"{behind}: {remedy}")
+
+
 def check_address_free(host: str, port: int, *, other: str = "choose another --port") -> None:
     """Fail in one line, before anything starts, if the server could not listen there."""
     try:
@@ -122,6 +142,7 @@ def installation_database(settings: Settings) -> Iterator[str]:
     """
     if settings.database_url:
         check_database(settings.database_url)
+        check_schema(settings.database_url)
         yield settings.database_url
         return
     from memory.storage.embedded import EmbeddedPostgres
@@ -131,7 +152,9 @@ def installation_database(settings: Settings) -> Iterator[str]:
         raise CommandError(f"DATABASE_URL is not set and there is no `chatmem up` installation in {data_dir}")
     postgres = EmbeddedPostgres(data_dir)
     try:
-        yield postgres.start()
+        url = postgres.start()
+        check_schema(url, remedy="start `chatmem up` once with this version (it migrates)")
+        yield url
     finally:
         postgres.stop()
 

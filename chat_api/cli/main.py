@@ -17,6 +17,7 @@ from chat_api.cli.installation import (
     CommandError,
     check_address_free,
     check_database,
+    check_schema,
     identity,
     installation_database,
     installation_secret,
@@ -97,6 +98,7 @@ def _worker_main(which: str) -> None:
     if settings.metrics_port is not None:
         check_address_free(settings.host, settings.metrics_port, other="set another METRICS_PORT")
     check_database(settings.database_url)
+    check_schema(settings.database_url)
     asyncio.run(run_relay_main(settings) if which == "relay" else _run_indexer(settings))
 
 

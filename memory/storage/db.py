@@ -103,6 +103,23 @@ class Database:
         await self.engine.dispose()
 
 
+def schema_behind(revision: str | None) -> str | None:
+    """Why a database at `revision` (None: never migrated) is behind these migrations, or None.
+
+    A revision these migrations do not know was made by a newer chatmem: not behind.
+    """
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(MIGRATIONS_DIR))
+    head = script.get_current_head()
+    if revision is None:
+        return f"the database has no chatmem schema (this version needs revision {head})"
+    known = {rev.revision for rev in script.walk_revisions()}
+    if revision in known and revision != head:
+        return f"the database is at revision {revision}, this version needs {head}"
+    return None
+
+
 def upgrade(database_url: str, revision: str = "head") -> None:
     """Apply Alembic migrations (synchronous; call it before the event loop serves)."""
     from alembic import command
