@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import text
+from sqlalchemy import Table, insert, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.events import TurnStatus
@@ -67,14 +67,19 @@ def turn_payload(turn: Turn) -> dict[str, Any]:
     }
 
 
-def _row(turn: Turn) -> OutboxRow:
-    return OutboxRow(
-        tenant_id=turn.tenant_id,
-        user_id=turn.user_id,
-        conversation_id=turn.conversation_id,
-        turn_id=turn.id,
-        payload=turn_payload(turn),
-    )
+def _row(turn: Turn) -> dict[str, Any]:
+    return {
+        "tenant_id": turn.tenant_id,
+        "user_id": turn.user_id,
+        "conversation_id": turn.conversation_id,
+        "turn_id": turn.id,
+        "payload": turn_payload(turn),
+    }
+
+
+# A plain INSERT, not an ORM flush: it runs twice for every message (its user turn and its
+# reply), and nothing reads the rows back in the transaction that writes them.
+INSERT_ROWS = insert(cast(Table, OutboxRow.__table__))
 
 
 async def record_finished_turn(session: AsyncSession, turn: Turn) -> None:
@@ -87,6 +92,5 @@ async def record_finished_turns(session: AsyncSession, turns: Iterable[Turn]) ->
     rows = [_row(turn) for turn in turns if is_recorded(turn)]
     if not rows:
         return
-    session.add_all(rows)
-    await session.flush()
+    await session.execute(INSERT_ROWS, rows)
     await session.execute(NOTIFY)
