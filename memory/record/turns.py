@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, case, column, func, select, text, update
+from sqlalchemy import Table, and_, column, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import aliased
 
 from memory.errors import NotFound
 from memory.events import TERMINAL_STATUSES, Event, TurnStatus
@@ -85,6 +85,25 @@ async def recent_turn_rows(session: AsyncSession, conversation_id: uuid.UUID, li
     return list(reversed(rows.all()))
 
 
+# A reply found to have been shown a memory forgotten since (memory/recall/forgetting.py) stays
+# forgotten: none of its steps, nor its ending, make it remembered again. A part or query not
+# given (NULL) leaves the stored one. One named statement: it runs before every first token.
+NOTE_REPLY_MEMORY = text(
+    """
+    UPDATE turns SET
+        memory_use = CASE
+            WHEN EXISTS (
+                SELECT 1 FROM turns AS first WHERE first.id = turns.reply_id AND first.memory_use = :forgotten
+            ) THEN :forgotten
+            ELSE :memory_use
+        END,
+        prompt_part = COALESCE(CAST(:prompt_part AS jsonb), prompt_part),
+        rewritten_query = COALESCE(CAST(:rewritten_query AS text), rewritten_query)
+    WHERE id = :turn_id
+    """
+)
+
+
 async def note_reply_memory(
     session: AsyncSession,
     turn_id: uuid.UUID,
@@ -100,16 +119,16 @@ async def note_reply_memory(
     the conversation's prompt only grows at its end and a model server's cache holds; the
     remembering rule reads `memory_use` (`memory.record.outbox`, the not-yet-indexed search).
     """
-    # A reply found to have been shown a memory forgotten since (memory/recall/forgetting.py)
-    # stays forgotten: none of its steps, nor its ending, make it remembered again.
-    first = aliased(Turn)
-    forgotten = select(first.id).where(first.id == Turn.reply_id, first.memory_use == FORGOTTEN).exists()
-    values: dict[str, Any] = {"memory_use": case((forgotten, FORGOTTEN), else_=memory_use)}
-    if prompt_part is not None:
-        values["prompt_part"] = prompt_part
-    if rewritten_query is not None:
-        values["rewritten_query"] = rewritten_query
-    await session.execute(update(Turn).where(Turn.id == turn_id).values(**values))
+    await session.execute(
+        NOTE_REPLY_MEMORY,
+        {
+            "turn_id": turn_id,
+            "memory_use": memory_use,
+            "forgotten": FORGOTTEN,
+            "prompt_part": None if prompt_part is None else json.dumps(prompt_part, ensure_ascii=False),
+            "rewritten_query": rewritten_query,
+        },
+    )
 
 
 async def reply_turns(session: AsyncSession, reply_id: uuid.UUID) -> list[Turn]:
@@ -290,15 +309,18 @@ async def finish_turn(
     return result.scalar_one_or_none()
 
 
+# Plain SQL: every reply's ending runs it, and no caller holds the conversation's row in its session.
+RELEASE_CONVERSATION = text(
+    "UPDATE conversations SET active_reply_id = NULL"
+    " WHERE id = :conversation_id AND active_reply_id = :reply_id"
+)
+
+
 async def release_conversation(
     session: AsyncSession, conversation_id: uuid.UUID, reply_id: uuid.UUID
 ) -> None:
     """Let the conversation accept a new message (only if this reply still held it)."""
-    await session.execute(
-        update(Conversation)
-        .where(Conversation.id == conversation_id, Conversation.active_reply_id == reply_id)
-        .values(active_reply_id=None)
-    )
+    await session.execute(RELEASE_CONVERSATION, {"conversation_id": conversation_id, "reply_id": reply_id})
 
 
 CHECKPOINT_TURN = text(
@@ -314,23 +336,27 @@ HEARTBEAT = text(
 )
 
 
+# A plain INSERT, not an ORM flush: every reply's ending writes one.
+INSERT_EVENT_CHUNK = insert(cast(Table, TurnEventChunk.__table__))
+
+
 async def append_events(
     session: AsyncSession, reply_id: uuid.UUID, owner: Owner, events: Sequence[Event]
 ) -> None:
     """Persist a contiguous run of a reply's events."""
     if not events:
         return
-    session.add(
-        TurnEventChunk(
-            reply_id=reply_id,
-            first_id=events[0][0],
-            last_id=events[-1][0],
-            tenant_id=owner.tenant_id,
-            user_id=owner.user_id,
-            events=[list(e) for e in events],
-        )
+    await session.execute(
+        INSERT_EVENT_CHUNK,
+        {
+            "reply_id": reply_id,
+            "first_id": events[0][0],
+            "last_id": events[-1][0],
+            "tenant_id": owner.tenant_id,
+            "user_id": owner.user_id,
+            "events": [list(e) for e in events],
+        },
     )
-    await session.flush()
 
 
 async def load_events(session: AsyncSession, reply_id: uuid.UUID, after: int) -> list[Event]:
