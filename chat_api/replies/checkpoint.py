@@ -98,7 +98,7 @@ class Checkpointer:
                 log.exception("checkpoint failed")
 
     async def flush(self) -> None:
-        """Write every live reply's new events and content, and heartbeat the rest."""
+        """Write every live reply's new events and content, and heartbeat the rest (one statement each)."""
         replies = [r for r in self.registry.all() if not r.finished.is_set()]
         if not replies:
             return
@@ -117,6 +117,7 @@ class Checkpointer:
                         "last_event_id": claimed.last_id,
                     }
                 )
+        checkpointed = set(owners)
         for reply in owners:
             reply.checkpoint_idle.clear()
         try:
@@ -126,7 +127,10 @@ class Checkpointer:
                     await session.execute(INSERT_EVENTS, [c.chunk for c in chunks])
                     await session.execute(CHECKPOINT_TURN, turns)
                     await session.execute(NOTIFY_CHECKPOINT)
-                await session.execute(HEARTBEAT, {"ids": [r.turn_id for r in replies]})
+                # A checkpointed turn's write is its heartbeat too: only the others need one.
+                idle = [r.turn_id for r in replies if r not in checkpointed]
+                if idle:
+                    await session.execute(HEARTBEAT, {"ids": idle})
         except BaseException:
             for reply, claimed in zip(owners, chunks, strict=True):
                 give_back(reply, claimed)
