@@ -49,8 +49,7 @@ async def create_conversation(
         use_memory=use_memory,
     )
     session.add(conversation)
-    await session.flush()
-    await session.refresh(conversation)
+    await session.flush()  # the model's eager defaults read its times back in the same statement
     return conversation
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from pgvector.sqlalchemy import Vector
@@ -46,6 +47,8 @@ def _now() -> Any:
 
 class Conversation(Base):
     __tablename__ = "conversations"
+    # Its database-made times come back with the INSERT (RETURNING), not in a second read.
+    __mapper_args__ = MappingProxyType({"eager_defaults": True})
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
     tenant_id: Mapped[str] = mapped_column(String(128))
