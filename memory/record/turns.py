@@ -6,9 +6,10 @@ import json
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, column, func, insert, select, text, update
+from sqlalchemy import Table, TextClause, and_, column, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -86,22 +87,28 @@ async def recent_turn_rows(session: AsyncSession, conversation_id: uuid.UUID, li
 
 
 # A reply found to have been shown a memory forgotten since (memory/recall/forgetting.py) stays
-# forgotten: none of its steps, nor its ending, make it remembered again. A part or query not
-# given (NULL) leaves the stored one. One named statement: it runs before every first token.
-NOTE_REPLY_MEMORY = text(
+# forgotten: none of its steps, nor its ending, make it remembered again.
+NOTE_MEMORY_USE = """
+    memory_use = CASE
+        WHEN EXISTS (
+            SELECT 1 FROM turns AS first WHERE first.id = turns.reply_id AND first.memory_use = :forgotten
+        ) THEN :forgotten
+        ELSE :memory_use
+    END"""
+
+
+@cache
+def _note_statement(with_part: bool, with_query: bool) -> TextClause:
+    """The UPDATE of a reply's turn that sets memory_use, and the part and query when given.
+
+    Built once per shape: it runs before every first token and at endings.
     """
-    UPDATE turns SET
-        memory_use = CASE
-            WHEN EXISTS (
-                SELECT 1 FROM turns AS first WHERE first.id = turns.reply_id AND first.memory_use = :forgotten
-            ) THEN :forgotten
-            ELSE :memory_use
-        END,
-        prompt_part = COALESCE(CAST(:prompt_part AS jsonb), prompt_part),
-        rewritten_query = COALESCE(CAST(:rewritten_query AS text), rewritten_query)
-    WHERE id = :turn_id
-    """
-)
+    columns = [NOTE_MEMORY_USE]
+    if with_part:
+        columns.append("prompt_part = CAST(:prompt_part AS jsonb)")
+    if with_query:
+        columns.append("rewritten_query = :rewritten_query")
+    return text(f"UPDATE turns SET {', '.join(columns)} WHERE id = :turn_id")
 
 
 async def note_reply_memory(
@@ -119,16 +126,13 @@ async def note_reply_memory(
     the conversation's prompt only grows at its end and a model server's cache holds; the
     remembering rule reads `memory_use` (`memory.record.outbox`, the not-yet-indexed search).
     """
-    await session.execute(
-        NOTE_REPLY_MEMORY,
-        {
-            "turn_id": turn_id,
-            "memory_use": memory_use,
-            "forgotten": FORGOTTEN,
-            "prompt_part": None if prompt_part is None else json.dumps(prompt_part, ensure_ascii=False),
-            "rewritten_query": rewritten_query,
-        },
-    )
+    params: dict[str, Any] = {"turn_id": turn_id, "memory_use": memory_use, "forgotten": FORGOTTEN}
+    if prompt_part is not None:
+        params["prompt_part"] = json.dumps(prompt_part, ensure_ascii=False)
+    if rewritten_query is not None:
+        params["rewritten_query"] = rewritten_query
+    statement = _note_statement(prompt_part is not None, rewritten_query is not None)
+    await session.execute(statement, params)
 
 
 async def reply_turns(session: AsyncSession, reply_id: uuid.UUID) -> list[Turn]:
