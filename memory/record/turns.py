@@ -313,7 +313,8 @@ async def finish_turn(
     return result.scalar_one_or_none()
 
 
-# Plain SQL: every reply's ending runs it, and no caller holds the conversation's row in its session.
+# Plain SQL (every reply's ending runs it): a caller that holds the conversation's row in its
+# session sets `active_reply_id` on it itself (start.py, a parked reply giving way).
 RELEASE_CONVERSATION = text(
     "UPDATE conversations SET active_reply_id = NULL"
     " WHERE id = :conversation_id AND active_reply_id = :reply_id"
