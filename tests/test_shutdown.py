@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import shutil
 import signal
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from ag_ui.core import Event as AGUIEvent
-from pydantic import TypeAdapter
 from sqlalchemy import func, select
 
 from chat_api.replies.approve import ApprovalTimeouts
 from memory.events import EventName
 from memory.storage.models import Turn
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, token_for
 from tests.openai_support import MODEL, TENANT, async_sdk, make_key, new_user
 from tests.procs import ServerProcess, server_process
 from tests.sse import SSEEvent, iter_sse
@@ -30,7 +32,8 @@ from tests.support import new_conversation, wait_until
 from tests.test_approvals import park, required, transfer_tools
 from tests.test_stop import text_of
 
-AG_UI_EVENTS: TypeAdapter[Any] = TypeAdapter(AGUIEvent)
+JS_DIR = Path(__file__).parent / "js"
+NODE = shutil.which("node")
 
 
 def ui_message(text: str) -> dict[str, Any]:
@@ -85,15 +88,22 @@ async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connec
                             one_more_started("native")
             return events
 
-        async def raw(path: str, body: dict[str, Any], name: str) -> list[SSEEvent]:
-            events: list[SSEEvent] = []
-            async with victim.client(TENANT, user) as api, api.stream("POST", path, json=body) as r:
-                assert r.status_code == 200
-                async for event in iter_sse(r):
-                    events.append(event)
-                    if len(events) == 3:
-                        one_more_started(name)
-            return events
+        async def js_clients() -> dict[str, Any]:
+            # The AI SDK's and AG-UI's own clients (tests/js/shutdown_clients.mjs), one node process.
+            assert NODE is not None, "node is not installed"
+            env = {**os.environ, "CHATMEM_URL": victim.base_url, "CHATMEM_TOKEN": token_for(TENANT, user)}
+            node = await asyncio.create_subprocess_exec(
+                NODE, "shutdown_clients.mjs", cwd=JS_DIR, env=env, stdout=asyncio.subprocess.PIPE
+            )
+            assert node.stdout is not None
+            lines = []
+            async for line in node.stdout:
+                lines.append(line.decode())
+                if line.strip() == b"started":
+                    one_more_started("ai-sdk")
+                    one_more_started("ag-ui")
+            assert await node.wait() == 0, lines
+            return dict(json.loads(lines[-1]))
 
         async def chat() -> tuple[str, BaseException | None]:
             text = ""
@@ -126,14 +136,7 @@ async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connec
             asyncio.ensure_future(native()),
             asyncio.ensure_future(chat()),
             asyncio.ensure_future(responses()),
-            asyncio.ensure_future(
-                raw(
-                    "/v1/ai-sdk/chat",
-                    {"id": str(uuid.uuid4()), "trigger": "submit-message", "messages": [ui_message("/long")]},
-                    "ai-sdk",
-                )
-            ),
-            asyncio.ensure_future(raw("/v1/ag-ui", ag_ui_run("/long"), "ag-ui")),
+            asyncio.ensure_future(js_clients()),
         )
         async with asyncio.timeout(30):
             await started.wait()
@@ -144,8 +147,7 @@ async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connec
                 native_events,
                 (chat_text, chat_error),
                 (response_events, response_error),
-                ai_sdk,
-                ag_ui,
+                js,
             ) = await asyncio.gather(*tasks)
         assert await exited(victim, 30)
 
@@ -161,10 +163,13 @@ async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connec
         "response.failed",
     ]
     assert isinstance(response_error, openai.APIError) and response_error.code == "server_shutdown"
-    # AI SDK UI message stream: an `error` chunk, then the stream's end marker.
-    assert ai_sdk[-2].data["type"] == "error" and ai_sdk[-1].data == "[DONE]"
-    # AG-UI: RUN_ERROR ends the run.
-    assert AG_UI_EVENTS.validate_python(ag_ui[-1].data).type == "RUN_ERROR"
+    # AI SDK (useChat's transport and reader): the stream ends with its `error` chunk, which the
+    # reader reports as the chat's error; the message holds the text that came before it.
+    ai_sdk, ag_ui = js["aiSdk"], js["agUi"]
+    assert ai_sdk["chunks"][-1] == "error" and ai_sdk.get("error")
+    assert ai_sdk["text"] and ai_sdk["messageText"] == ai_sdk["text"]
+    # AG-UI (HttpAgent): RUN_ERROR ends the run.
+    assert ag_ui["events"][-1] == "RUN_ERROR" and ag_ui["text"]
 
     survivor: LiveServer = await start_server()
     async with survivor.client(TENANT, user) as api:
@@ -174,6 +179,11 @@ async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connec
         async with api.stream("GET", f"/v1/turns/{reply_id}/events") as r:
             resumed = [event async for event in iter_sse(r)]
         assert resumed[-1].event == EventName.TURN_INTERRUPTED and resumed[-1].id == native_events[-1].id
+        # What each JS client showed is what was stored, ended by the shutdown.
+        for chat_id, shown in ((ai_sdk["chatId"], ai_sdk["text"]), (ag_ui["threadId"], ag_ui["text"])):
+            _, reply = (await api.get(f"/v1/ai-sdk/chat/{chat_id}/messages")).json()
+            assert reply["metadata"]["status"] == "interrupted_by_error"
+            assert "".join(p["text"] for p in reply["parts"] if p["type"] == "text") == shown
 
 
 async def test_a_reply_that_ends_within_the_drain_completes_after_sigterm(
