@@ -81,6 +81,17 @@ class HoldingGateway(LosingGateway):
         await super().aclose()
 
 
+def a_turn_is(replica: ServerProcess, user: str, status: str) -> Callable[[], Awaitable[bool]]:
+    """Whether the user's first conversation, read on `replica`, has a turn in `status` (for wait_until)."""
+
+    async def check() -> bool:
+        found = await conversations(replica, user)
+        stored = await turns(replica, user, found[0]["id"]) if found else []
+        return any(t["status"] == status for t in stored)
+
+    return check
+
+
 # A chat.completion.chunk with text, or a Responses text delta.
 TEXT_CAME = re.compile(r'"content": ?"[^"]|response\.output_text\.delta')
 
@@ -213,12 +224,7 @@ async def test_a_completion_retried_after_its_client_left_is_answered_again_not_
     user = new_user()
     question = "/long tell me about retries"
 
-    async def first_reply_ended() -> bool:
-        found = await conversations(replicas[0], user)
-        stored = await turns(replicas[0], user, found[0]["id"]) if found else []
-        return any(t["status"] == "interrupted_by_user" for t in stored)
-
-    gateway = LeavingGateway(replicas, first_reply_ended)
+    gateway = LeavingGateway(replicas, a_turn_is(replicas[0], user, "interrupted_by_user"))
     client = client_through(gateway, await make_key(replicas[0], user))
     answer = await client.chat.completions.create(
         model=MODEL,
@@ -257,11 +263,7 @@ async def test_a_response_retried_after_its_client_left_is_answered_again_and_st
     direct = openai.AsyncOpenAI(base_url=f"{replicas[0].base_url}/openai/v1", api_key=key, max_retries=0)
     first = await direct.responses.create(model=MODEL, input="hello")
 
-    async def second_reply_ended() -> bool:
-        stored = await turns(replicas[0], user, (await conversations(replicas[0], user))[0]["id"])
-        return any(t["status"] == "interrupted_by_user" for t in stored)
-
-    gateway = LeavingGateway(replicas, second_reply_ended)
+    gateway = LeavingGateway(replicas, a_turn_is(replicas[0], user, "interrupted_by_user"))
     events = await client_through(gateway, key).responses.create(
         model=MODEL,
         input="/long and then?",
@@ -290,12 +292,7 @@ async def test_a_completion_retried_while_its_reply_runs_follows_it_live_on_the_
 ) -> None:
     user = new_user()
 
-    async def running() -> bool:
-        found = await conversations(replicas[1], user)
-        stored = await turns(replicas[1], user, found[0]["id"]) if found else []
-        return any(t["status"] == "streaming" for t in stored)
-
-    gateway = HoldingGateway(replicas, running)
+    gateway = HoldingGateway(replicas, a_turn_is(replicas[1], user, "streaming"))
     client = client_through(gateway, await make_key(replicas[0], user))
     answer = await client.chat.completions.create(
         model=MODEL,
