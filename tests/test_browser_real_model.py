@@ -46,6 +46,9 @@ def server(real_model: RealModel) -> Iterator[ChatmemUp]:
         LLM_MODEL=real_model.model,
         LLM_API_KEY=real_model.api_key,
         LLM_TIMEOUT_SECONDS=180,
+        # As `chatmem local-model` sets it for a small model: offered `recall_memory`, the 0.5B
+        # model called it twice on "count to 200", the repeat ended the loop, and no text came.
+        MEMORY_TOOL="off",
     )
     up.env["LLM_PROVIDER"] = "openai"  # ChatmemUp clears it from the inherited environment
     try:
@@ -104,12 +107,22 @@ def test_send_tool_call_and_stop_on_the_real_model(
     assert stored["tool_calls"][0]["state"] == "succeeded"
     shot(tab, "real-model-tool-call")
 
+    # A fresh chat again, so the count does not follow the tool call above in the history.
+    new_chat(tab)
     send(tab, "Count from 1 to 200, separated by commas. Do not call any tool.")
+    # Text on the page, or the reply already over (then there is nothing to stop: said plainly).
     tab.wait_for_function(
         "() => { const r = [...document.querySelectorAll('.reply')].at(-1);"
-        " return r && [...r.querySelectorAll('.content')].map(e => e.textContent).join('').length > 8; }",
+        " return r && (r.dataset.status !== 'streaming'"
+        " || [...r.querySelectorAll('.content')].map(e => e.textContent).join('').length > 8); }",
         timeout=REPLY_MS,
     )
+    if (status := tab.locator(".reply").last.get_attribute("data-status")) != "streaming":
+        ended = [
+            (s["status"], s["content"][:80], [c["name"] for c in s["tool_calls"]])
+            for s in reply_steps(api, tab)
+        ]
+        pytest.fail(f"the reply ended ({status}) before it showed text to stop; its steps: {ended}")
     tab.click("#stop")
     wait_finished(tab, "interrupted_by_user", timeout=30_000)
     shown = reply_text(tab)
