@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.responses import Response
 from sqlalchemy import text
 
 from tests.conftest import auth
@@ -721,13 +722,9 @@ async def test_odd_bodies_are_400s_in_openai_shape_never_500s(live: ServerProces
     assert await conversations(live, user) == []
 
 
-@pytest.mark.parametrize("continued_by", ["previous_response_id", "conversation"])
-async def test_new_input_after_a_response_that_waits_for_an_approval_replaces_it(
-    start_server: Any, continued_by: str
-) -> None:
-    # It was a 409 ("a reply is already streaming"): a Responses client, which has no way to decide
-    # the approval, could not go on in its conversation at all.
-    server = await start_server(tools_requiring_approval=["current_time"])
+async def waiting_for_an_approval(server: ServerProcess) -> tuple[str, openai.AsyncOpenAI, Response, str]:
+    """A new user, their SDK client, and the response it created that waits for an approval
+    (the server asks one for `current_time`), with its conversation's id."""
     user = new_user()
     token = auth(TENANT, user)["Authorization"].removeprefix("Bearer ")
     client = openai.AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token, max_retries=0)
@@ -736,6 +733,28 @@ async def test_new_input_after_a_response_that_waits_for_an_approval_replaces_it
     assert parked.incomplete_details.reason == "awaiting_approval"
     async with server.client(TENANT, user) as api:
         conversation = (await api.get("/v1/conversations")).json()["items"][0]["id"]
+    return user, client, parked, conversation
+
+
+def assert_replaced_once(stored: list[dict[str, Any]]) -> None:
+    """The waiting reply was stopped by new input, and that one input was answered."""
+    assert [(t["role"], t["status"]) for t in stored] == [
+        ("user", "completed"),
+        ("assistant", "interrupted_by_user"),
+        ("user", "completed"),
+        ("assistant", "completed"),
+    ]
+    assert stored[1]["interrupt_reason"] == "new_message"
+
+
+@pytest.mark.parametrize("continued_by", ["previous_response_id", "conversation"])
+async def test_new_input_after_a_response_that_waits_for_an_approval_replaces_it(
+    start_server: Any, continued_by: str
+) -> None:
+    # It was a 409 ("a reply is already streaming"): a Responses client, which has no way to decide
+    # the approval, could not go on in its conversation at all.
+    server = await start_server(tools_requiring_approval=["current_time"])
+    user, client, parked, conversation = await waiting_for_an_approval(server)
     continuing = {"previous_response_id": parked.id, "conversation": conversation}
     after = await client.responses.create(
         model=MODEL, input="never mind, say hi", **{continued_by: continuing[continued_by]}
@@ -744,13 +763,7 @@ async def test_new_input_after_a_response_that_waits_for_an_approval_replaces_it
     async with server.client(TENANT, user) as api:
         stored = (await api.get(f"/v1/conversations/{conversation}/turns")).json()["items"]
         context = (await api.get(f"/v1/conversations/{conversation}/context")).json()
-    assert [(t["role"], t["status"]) for t in stored] == [
-        ("user", "completed"),
-        ("assistant", "interrupted_by_user"),
-        ("user", "completed"),
-        ("assistant", "completed"),
-    ]
-    assert stored[1]["interrupt_reason"] == "new_message"
+    assert_replaced_once(stored)
     assert stored[1]["tool_calls"][0]["state"] == "cancelled"
     assert not any(m.get("tool_calls") or m["role"] == "tool" for m in context["messages"])
     assert (await client.responses.retrieve(parked.id)).status == "incomplete"
@@ -763,13 +776,7 @@ async def test_two_inputs_at_once_beside_a_waiting_reply_replace_it_once_and_the
     # requests decided it; the second then stopped the reply the first had just started and
     # stored its own message too: two messages answered at once, one reply cut off.
     server = await start_server(tools_requiring_approval=["current_time"], demo_tokens_per_second=20)
-    user = new_user()
-    token = auth(TENANT, user)["Authorization"].removeprefix("Bearer ")
-    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token, max_retries=0)
-    parked = await client.responses.create(model=MODEL, input="what time is it?")
-    assert parked.incomplete_details is not None and parked.incomplete_details.reason == "awaiting_approval"
-    async with server.client(TENANT, user) as api:
-        conversation = (await api.get("/v1/conversations")).json()["items"][0]["id"]
+    user, client, _, conversation = await waiting_for_an_approval(server)
     waiting = text(
         "SELECT count(*) FROM pg_stat_activity"
         " WHERE wait_event_type = 'Lock' AND query LIKE '%FROM conversations%FOR UPDATE%'"
@@ -798,10 +805,4 @@ async def test_two_inputs_at_once_beside_a_waiting_reply_replace_it_once_and_the
     assert answered[0].status == "completed"
     async with server.client(TENANT, user) as api:
         stored = (await api.get(f"/v1/conversations/{conversation}/turns")).json()["items"]
-    assert [(t["role"], t["status"]) for t in stored] == [
-        ("user", "completed"),
-        ("assistant", "interrupted_by_user"),
-        ("user", "completed"),
-        ("assistant", "completed"),
-    ]
-    assert stored[1]["interrupt_reason"] == "new_message"
+    assert_replaced_once(stored)

@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmittedImport, AdmittedReply
 from chat_api.protocols.openai.chat import ChatRequest, ClientMessage
-from chat_api.protocols.openai.retries import retried_reply
+from chat_api.protocols.openai.retries import start_or_answer_retry
 
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
 from chat_api.replies import (
@@ -59,8 +59,6 @@ from chat_api.replies import (
     Started,
     answer_again,
     answer_tool_results,
-    hand_over,
-    start_reply,
     store_message,
 )
 from chat_api.services import Services
@@ -274,30 +272,18 @@ async def start_chat_reply(
             begin = _begin_tool_answer(services, chat, idempotency_key)
         else:
             begin = _begin_prompt(services, admission, owner, chat, history, idempotency_key)
-        accepted = await start_reply(
+        accepted = await start_or_answer_retry(
             services,
             owner,
             conversation_id,
-            recorded(begin) if recorded is not None else begin,
+            begin,
+            chat,
             admitted=admitted,
             on_busy="interrupt",
             idempotency_key=idempotency_key,
             memory_scope=memory_scope,
-            # The new message's text: its recall query is encoded while the turns are stored.
-            content=None if chat.tool_results else chat.prompt,
-        )
-        accepted = await retried_reply(
-            services,
-            owner,
-            conversation_id,
-            accepted,
-            admitted=admitted,
-            on_busy="interrupt",
-            memory_scope=memory_scope,
             recorded=recorded,
-            tool_results=bool(chat.tool_results),
         )
-    hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return conversation_id, accepted
 
 

@@ -46,7 +46,7 @@ from chat_api.protocols.openai.responses_request import (
     parse_response_id,
     response_ref,
 )
-from chat_api.protocols.openai.retries import retried_reply
+from chat_api.protocols.openai.retries import start_or_answer_retry
 from chat_api.protocols.openai.routes import (
     SSE_HEADERS,
     OpenAIRoute,
@@ -77,8 +77,6 @@ from chat_api.replies import (
     Started,
     answer_tool_results,
     follow_reply,
-    hand_over,
-    start_reply,
     stop_reply,
     store_message,
 )
@@ -182,32 +180,19 @@ async def start_response(
             idempotency_key=key,
         )
         return accepted, conversation_id, None
-    accepted = await start_reply(
+    accepted = await start_or_answer_retry(
         services,
         owner,
         conversation_id,
-        _recorded(owner, asked, begin),
+        begin,
+        chat,
         admitted=admitted,
         on_busy="reject",
         parked_gives_way=True,  # new input replaces a reply that waits for an approval
         idempotency_key=key,
         memory_scope=services.settings.memory_scope,
-        # The new message's text: its recall query is encoded while the turns are stored.
-        content=None if chat.tool_results else chat.prompt,
-    )
-    accepted = await retried_reply(
-        services,
-        owner,
-        conversation_id,
-        accepted,
-        admitted=admitted,
-        on_busy="reject",
-        memory_scope=services.settings.memory_scope,
-        parked_gives_way=True,
         recorded=lambda begin: _recorded(owner, asked, begin),
-        tool_results=bool(chat.tool_results),
     )
-    hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
     return accepted, conversation_id, previous.id if previous is not None else None
 
 

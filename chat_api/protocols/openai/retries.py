@@ -1,4 +1,4 @@
-"""A retried OpenAI request (the same `Idempotency-Key`): which reply answers it.
+"""Starting an OpenAI door's reply; and a retried request (the same `Idempotency-Key`): its answer.
 
 The SDKs retry a request whose answer did not reach them. Cases that look alike to the
 server's key check and are not:
@@ -27,7 +27,8 @@ import uuid
 from collections.abc import Callable
 
 from chat_api.admission import AdmittedReply
-from chat_api.replies import Accepted, BeginReply, regenerate_reply
+from chat_api.protocols.openai.chat import ChatRequest
+from chat_api.replies import Accepted, BeginReply, hand_over, regenerate_reply, start_reply
 from chat_api.services import Services
 from memory.errors import NotLastReply, NotOnActiveBranch, TurnNotFinished
 from memory.events import StopReason, TurnStatus
@@ -36,7 +37,55 @@ from memory.record.conversations import Owner, get_conversation
 from memory.storage.models import Turn
 
 
-async def retried_reply(
+async def start_or_answer_retry(
+    services: Services,
+    owner: Owner,
+    conversation_id: uuid.UUID,
+    begin: BeginReply,
+    chat: ChatRequest,
+    *,
+    admitted: AdmittedReply,
+    on_busy: str,
+    idempotency_key: str | None,
+    memory_scope: str,
+    parked_gives_way: bool = False,
+    recorded: Callable[[BeginReply], BeginReply] | None = None,
+) -> Accepted:
+    """Start the reply `begin` stores (`recorded` wraps it with the door's own rows) and hand
+    it what `chat` asks of the model; sent again with the same Idempotency-Key, the reply
+    that answers the retry (see the module's docstring). Both OpenAI doors start replies here;
+    their busy policies differ (`on_busy`, `parked_gives_way`).
+    """
+    accepted = await start_reply(
+        services,
+        owner,
+        conversation_id,
+        recorded(begin) if recorded is not None else begin,
+        admitted=admitted,
+        on_busy=on_busy,
+        parked_gives_way=parked_gives_way,
+        idempotency_key=idempotency_key,
+        memory_scope=memory_scope,
+        # The new message's text: its recall query is encoded while the turns are stored.
+        content=None if chat.tool_results else chat.prompt,
+    )
+    accepted = await _retried_reply(
+        services,
+        owner,
+        conversation_id,
+        accepted,
+        admitted=admitted,
+        on_busy=on_busy,
+        memory_scope=memory_scope,
+        parked_gives_way=parked_gives_way,
+        recorded=recorded,
+        tool_results=bool(chat.tool_results),
+    )
+    hand_over(services, accepted, tools=chat.tools, options=chat.options, instructions=chat.instructions)
+    return accepted
+
+
+async def _retried_reply(
     services: Services,
     owner: Owner,
     conversation_id: uuid.UUID,
