@@ -186,6 +186,52 @@ async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connec
             assert "".join(p["text"] for p in reply["parts"] if p["type"] == "text") == shown
 
 
+async def refuses_connections(server: ServerProcess) -> bool:
+    """Whether the server's port refuses a new connection: uvicorn has closed its listening
+    socket, which it does at a stop signal after the drain has begun."""
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    except OSError:
+        return True
+    writer.close()
+    await writer.wait_closed()
+    return False
+
+
+async def test_sigterm_closed_the_responses_websocket_before_its_response_ended(pg_url: str) -> None:
+    """uvicorn closed every WebSocket at the signal (1012, "service restart"), before the drain had
+    ended the connection's response: the SDK's Responses connection raised without the response's
+    ending, and a connection that sent nothing was cut too. Now a connection stays open through
+    the drain: its response ends in the Responses shape, a `response.create` meanwhile is refused
+    with an error event, and then the server closes the connection normally (going away)."""
+    user = new_user()
+    async with server_process(pg_url, demo_tokens_per_second=20, shutdown_drain_seconds=5) as victim:
+        sdk = async_sdk(victim, await make_key(victim, user))
+        async with sdk.responses.connect() as streaming, sdk.responses.connect() as idle:
+            await streaming.response.create(model=MODEL, input="/long")
+            events = [await streaming.recv()]
+            while events[-1].type != "response.output_text.delta":
+                events.append(await streaming.recv())
+            assert victim.proc is not None
+            victim.proc.send_signal(signal.SIGTERM)
+            await wait_until(lambda: refuses_connections(victim), what="the drain to begin")
+            await idle.response.create(model=MODEL, input="one more, while it drains")
+            async with asyncio.timeout(30):
+                # Each iteration ends without raising: the server closed its connection normally.
+                refused = [event async for event in idle]
+                events += [event async for event in streaming]
+        assert await exited(victim, 30)
+    # The streaming response: stopped at the drain's end, as over HTTP (`error`, `response.failed`).
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2].error.code == "server_shutdown"
+    failed = events[-1].response
+    assert failed.error is not None and failed.error.code == "server_shutdown"
+    assert failed.output and failed.output[0].content[0].text  # what was sent before the stop
+    # The new response, refused in the error envelope WebSocket mode uses, with nothing started.
+    assert [e.type for e in refused] == ["error"]
+    assert refused[0].status == 503 and refused[0].error.code == "shutting_down"
+
+
 async def test_a_reply_that_ends_within_the_drain_completes_after_sigterm(
     pg_url: str, start_server: Any
 ) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from chat_api.auth import KeyFileError, TokenVerifier, issue_token
 from chat_api.cli.installation import (
@@ -114,6 +115,7 @@ def _serve_processes(
             log_level=settings.log_level.lower(),
             lifespan="on",
             timeout_graceful_shutdown=graceful_shutdown_seconds(settings),
+            ws=DrainedWebSocketProtocol,
             log_config=None,
             access_log=False,
         )
@@ -197,11 +199,27 @@ def _serve(
         log_level=settings.log_level.lower(),
         lifespan="on",
         timeout_graceful_shutdown=graceful_shutdown_seconds(settings),
+        ws=DrainedWebSocketProtocol,
         log_config=None,  # JSON logs from configure_logging; one line per request from RequestLog
         access_log=False,
     )
     server = AnnouncingServer(config, banner)
     server.run()
+
+
+class DrainedWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, except that a stop signal leaves an open connection to the app.
+
+    uvicorn closes every WebSocket at the signal (1012), before the drain has ended the
+    connection's response (chat_api/replies/drain.py). The app closes it instead, once the
+    drain is over and the response's ending has been sent; uvicorn's graceful-shutdown timeout
+    still bounds the wait (it cancels the connection's task, and the connection closes).
+    """
+
+    def shutdown(self) -> None:
+        if self.handshake_complete and not self.close_sent:
+            return
+        super().shutdown()
 
 
 class AnnouncingServer(uvicorn.Server):

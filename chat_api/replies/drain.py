@@ -19,6 +19,8 @@ SHUTDOWN_DRAIN_SECONDS + ENDING_SECONDS (`graceful_shutdown_seconds`) before it 
 Streams that follow a reply another replica runs have no ending here: once this process's
 replies have ended, the SSE ones are closed (sse-starlette's exit, held back until then), and
 their clients resume elsewhere; the AI SDK and AG-UI ones are cut when uvicorn's wait ends.
+uvicorn would close every WebSocket at the signal; `chatmem serve` leaves them open
+(chat_api/cli/serve.py), and a Responses WebSocket closes itself once the drain is over.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Drain:
         self._cut_short = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._signalled = False  # begun by a stop signal: the process is exiting
+        self._over = asyncio.Event()
 
     def begin(self, *, now: bool = False) -> None:
         """Stop taking replies and start the drain; called again (or `now`), stop the running replies now."""
@@ -90,6 +93,11 @@ class Drain:
         """Until the drain (if begun) is over: every reply of this process ended and stored."""
         if self._task is not None:
             await asyncio.shield(self._task)
+
+    async def over(self) -> None:
+        """Until a drain has begun and is over (waiting for one to begin): for connections that
+        outlive their replies, such as a Responses WebSocket, which close then."""
+        await self._over.wait()
 
     async def _run(self) -> None:
         deadline = time.monotonic() + self.seconds
@@ -116,6 +124,7 @@ class Drain:
             # resume elsewhere) rather than uvicorn holding the exit until its timeout. Only on a
             # signal: the flag is process-wide, and the process is exiting.
             AppStatus.should_exit = True
+        self._over.set()
 
     def on_stop_signals(self) -> Callable[[], None]:
         """Begin the drain on SIGTERM/SIGINT, then let the server's own handler run; returns the undo.

@@ -9,10 +9,17 @@ it named, so naming it again is `previous_response_not_found`. Failures are erro
 envelopes, `{"type": "error", "status", "error": {"type", "code", "message", "param"}}`,
 and the connection stays open. Closing the connection while a response streams is a
 stop, like closing a foreground stream.
+
+At a deploy's SIGTERM (chat_api/replies/drain.py) the connection stays open through the
+drain: its response ends as a stream's would (completed, or `error` and `response.failed`
+with `server_shutdown`), a `response.create` meanwhile is refused with an error envelope
+(503, `shutting_down`), and once the drain is over the connection is closed with 1001
+(going away), after any response's ending has been sent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -40,6 +47,8 @@ router = APIRouter(prefix="/openai/v1", tags=["openai"])
 
 # A connection is closed after this long (the specification's limit, with its error code).
 CONNECTION_SECONDS = 60 * 60
+# The close code once a shutdown's drain is over: the server is going away (RFC 6455 7.4.1).
+GOING_AWAY = 1001
 
 
 def _envelope(error: OpenAIError) -> dict[str, Any]:
@@ -69,8 +78,7 @@ async def responses_socket(websocket: WebSocket) -> None:
     opened = datetime.now(UTC)
     known: dict[uuid.UUID, StoredResponse] = {}
     try:
-        while True:
-            text = await websocket.receive_text()
+        while (text := await _next_message(websocket, services)) is not None:
             if (datetime.now(UTC) - opened).total_seconds() > CONNECTION_SECONDS:
                 limit = OpenAIError(
                     400, "this connection is over its 60 minutes", code="websocket_connection_limit_reached"
@@ -93,6 +101,21 @@ async def responses_socket(websocket: WebSocket) -> None:
             await _turn(websocket, services, owner, text, known)
     except WebSocketDisconnect:
         return
+    await websocket.close(code=GOING_AWAY, reason="the server is shutting down")
+
+
+async def _next_message(websocket: WebSocket, services: Services) -> str | None:
+    """The client's next message; None once a shutdown's drain is over (every reply of this
+    process ended, and this connection's response, if any, sent to its end)."""
+    receiving = asyncio.ensure_future(websocket.receive_text())
+    drained = asyncio.ensure_future(services.drain.over())
+    try:
+        await asyncio.wait([receiving, drained], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        drained.cancel()
+        if not receiving.done():
+            receiving.cancel()
+    return receiving.result() if receiving.done() and not receiving.cancelled() else None
 
 
 async def _turn(
