@@ -58,8 +58,9 @@ async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connec
 ) -> None:
     """SIGTERM closed every live stream before its ending was sent (sse-starlette ended the native and
     OpenAI streams at once; uvicorn cut the others at its timeout, before the app stopped the replies).
-    Now each reply is stopped as a shutdown once the drain is over, and each stream gets its ending in
-    its protocol's shape, then the connection closes cleanly; the stored turns hold what was sent."""
+    Now each reply is stopped as a shutdown once the drain is over, and each stream (a follower's too)
+    gets its ending in its protocol's shape, then the connection closes cleanly; the stored turns
+    hold what was sent."""
     user = new_user()
     async with server_process(pg_url, demo_tokens_per_second=20, shutdown_drain_seconds=1) as victim:
         key = await make_key(victim, user)
@@ -170,6 +171,12 @@ async def test_sigterm_mid_reply_sends_every_stream_its_ending_before_the_connec
     assert ai_sdk["text"] and ai_sdk["messageText"] == ai_sdk["text"]
     # AG-UI (HttpAgent): RUN_ERROR ends the run.
     assert ag_ui["events"][-1] == "RUN_ERROR" and ag_ui["text"]
+    # A second client following each of those replies (useChat's resume from the start, AG-UI's
+    # connect after its snapshot) gets the same ending, not a cut at uvicorn's timeout.
+    ai_follower, ag_follower = js["aiSdkFollower"], js["agUiFollower"]
+    assert ai_follower["chunks"][-1] == "error" and ai_follower["text"] == ai_sdk["text"]
+    assert ag_follower["events"][-1] == "RUN_ERROR" and not ag_follower["rejected"]
+    assert ag_follower["text"] and ag_ui["text"].endswith(ag_follower["text"])
 
     survivor: LiveServer = await start_server()
     async with survivor.client(TENANT, user) as api:
