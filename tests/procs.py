@@ -73,7 +73,7 @@ class ServerProcess:
             stderr=subprocess.PIPE,
         )
         try:
-            await wait_until_ready(self.base_url, self.proc, 60, exited=self._stderr_tail)
+            await wait_until_ready(self.base_url, self.proc, 180, exited=self._stderr_tail)
         except BaseException:
             # Not ready in time (a loaded machine) or cancelled: a server left running would
             # outlive the test run.
