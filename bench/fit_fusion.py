@@ -23,7 +23,10 @@ with the product's de-duplication (``best_distinct``) and RRF beside it:
 - across: fitted on all of LoCoMo, measured on LongMemEval, and the other way round;
 - an ablation: the joint cross-validation without each group of signals.
 
-``--write`` fits on everything and writes ``memory/recall/fusion_weights.py``.
+``--write`` fits on everything and writes ``memory/recall/fusion_weights.py``. ``--cache`` keeps
+the collected signals, so a change of the features refits without a reload; ``--no-load`` with
+``--database-url`` (a database an earlier run loaded) collects again without loading, so a
+change of the search statement is measured on the same rows in minutes.
 
     python bench/fit_fusion.py --data ../shared/bench/locomo_dev.json \
         --lme-data ../shared/bench/longmemeval_dev.json --cache /tmp/fit.pickle --write
@@ -358,11 +361,14 @@ async def collect_all(
             for a in asked:  # the features as this checkout computes them
                 a.features = fusion_features(a.signals, a.query)
         return loading, by_depth
+    loading = {}
     with database(args.database_url) as url:
-        async with Server(url, with_workers=True, rate_limit_per_minute=RATE_LIMIT_PER_MINUTE) as server:
-            loading: dict[str, float] = await load_both_layouts(server.url, args.data, sample_ids)
-            loading[LME] = await lme.load(server.url, pool)
-        collected = (loading, {depth: await collect(url, questions, pool, depth) for depth in args.depth})
+        if not args.no_load:
+            async with Server(url, with_workers=True, rate_limit_per_minute=RATE_LIMIT_PER_MINUTE) as server:
+                loading = await load_both_layouts(server.url, args.data, sample_ids)
+                loading[LME] = await lme.load(server.url, pool)
+        by_depth = {depth: await collect(url, questions, pool, depth) for depth in args.depth}
+    collected = (loading, by_depth)
     if args.cache:
         args.cache.write_bytes(pickle.dumps(collected))
     return collected
@@ -435,6 +441,9 @@ def main() -> None:
     parser.add_argument("--lme-limit-questions", type=int, default=0)
     parser.add_argument(
         "--depth", type=int, nargs="+", default=[100], help="candidates of each list (the first is written)"
+    )
+    parser.add_argument(
+        "--no-load", action="store_true", help="both slices are already in --database-url: only collect"
     )
     parser.add_argument("--ablation", action="store_true", help="joint cross-validation without each group")
     parser.add_argument(
