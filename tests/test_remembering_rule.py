@@ -300,3 +300,54 @@ async def test_a_forgotten_fact_does_not_come_back_through_a_reply_that_repeated
     rows = await _memory_rows(db, [retold_id, regenerated_id, recalled_id])
     # The indexed replies are tombstones; the queued one has no row at all.
     assert sorted(rows) == sorted([(str(retold_id), "", True), (str(regenerated_id), "", True)])
+
+
+async def test_a_deleted_conversation_does_not_come_back_through_a_reply_that_repeated_it(
+    start_server: Any, fake_openai: Any, make_settings: Any
+) -> None:
+    """Deleting a conversation forgot its own memory rows, but a reply elsewhere that was shown
+    one of them as a memory, and retold it in new words, stayed remembered: the deleted fact
+    came back in every later recall. Such replies are forgotten with the conversation, the
+    indexed one taken out, the one still queued never indexed."""
+    server = await small_model_server(start_server, fake_openai)
+    db = server.services.db
+    indexed_retelling = "You drive a Volvo estate from 2009; estates like it keep their value well."
+    queued_retelling = "Your dark green 2009 Volvo estate should be serviced every spring."
+    async with server.client() as client:
+        deleted = await new_conversation(client, "Cars")
+        fake_openai.script(Reply(text="Noted."))
+        await say(client, deleted, STATEMENT)
+        await index_outbox(db, make_settings())
+        asked = await new_conversation(client, "Question")
+        asked_later = await new_conversation(client, "Later")
+        fake_openai.script(Reply(text=indexed_retelling))
+        await say(client, asked, QUESTION)  # shown the statement as a memory
+        assert STATEMENT in json.dumps(fake_openai.requests[-1].messages)
+        await index_outbox(db, make_settings())
+        fake_openai.script(Reply(text=queued_retelling))
+        await say(client, asked_later, "When should my car be serviced?")  # shown it too; still queued
+        assert STATEMENT in json.dumps(fake_openai.requests[-1].messages)
+
+        def old_fact(found: list[str]) -> list[str]:
+            return [text for text in found if "2009" in text]
+
+        fake_openai.script(Reply(text="Noted."))
+        before = retrieved(await say(client, await new_conversation(client), QUESTION))["items"]
+        # The test could fail: the statement and both retellings are found.
+        assert {STATEMENT, indexed_retelling, queued_retelling} <= {item["text"] for item in before}
+
+        assert (await client.delete(f"/v1/conversations/{deleted}")).status_code == 204
+        # Before the queued reply is indexed (the not-yet-indexed search), and after.
+        fake_openai.script(Reply(text="Noted."), Reply(text="Noted."))
+        found = retrieved(await say(client, await new_conversation(client), QUESTION))["items"]
+        assert old_fact([item["text"] for item in found]) == []
+        await index_outbox(db, make_settings())
+        found = retrieved(await say(client, await new_conversation(client), QUESTION))["items"]
+        assert old_fact([item["text"] for item in found]) == []
+        searched = await client.post("/v1/memory/search", json={"query": QUESTION, "k": 10})
+        assert old_fact([item["text"] for item in searched.json()["items"]]) == []
+        listed = (await client.get("/v1/memory/items", params={"limit": 200})).json()["items"]
+        assert old_fact([item["text"] for item in listed]) == []
+        # The replies stay in their chats as they were said.
+        turns = (await client.get(f"/v1/conversations/{asked}/turns")).json()["items"]
+        assert turns[-1]["content"] == indexed_retelling

@@ -9,18 +9,23 @@ changes. Two things make that hold against the asynchronous indexer:
 - the conversations are locked in id order (as the indexer locks them) before the rows
   are deleted, so an indexer batch either committed before (its rows are deleted here)
   or runs after (and sees the new mark).
+
+Forgetting one item, correcting it, or deleting a conversation also stops remembering the
+assistant replies that were shown those words (``forget_replies_shown``): a reply may retell
+them, and remembered, it brought them back.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import func, null, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.recall.remembering import FORGOTTEN
-from memory.record.conversations import Owner
+from memory.record.conversations import Owner, get_conversation
 from memory.storage.models import MemoryItem, MemoryItemKind
 
 LOCK_USER_CONVERSATIONS = text(
@@ -108,35 +113,45 @@ DELETE_TURN_KEYS = text(
 )
 
 
-async def forget_replies_shown(session: AsyncSession, owner: Owner, turn_id: uuid.UUID) -> list[uuid.UUID]:
-    """Stop remembering every assistant reply that was shown this turn's words; returns their turn ids.
+async def forget_replies_shown(
+    session: AsyncSession,
+    owner: Owner,
+    turn_ids: Sequence[uuid.UUID],
+    *,
+    lock_also: Collection[uuid.UUID] = (),
+) -> list[uuid.UUID]:
+    """Stop remembering every assistant reply that was shown these turns' words; returns their turn ids.
 
     Their rows are tombstoned in every generation, and their turns marked `forgotten`, so the
     indexer skips them if they are still queued and recall never finds them before indexing.
+    The conversations in ``lock_also`` are locked with theirs, all in id order (the caller's
+    own changes to them come after).
     """
     params = {"tenant_id": owner.tenant_id, "user_id": owner.user_id}
     found: dict[uuid.UUID, uuid.UUID] = {}
-    frontier = [turn_id]
+    frontier = list(turn_ids)
     for _ in range(SHOWN_DEPTH):
+        if not frontier:
+            break
         rows = await session.execute(
             REPLIES_SHOWN,
             {
                 **params,
                 "turn_ids": [str(t) for t in frontier],
                 "turn_id_texts": [str(t) for t in frontier],
-                "seen": [str(t) for t in (turn_id, *found)],
+                "seen": [str(t) for t in (*turn_ids, *found)],
             },
         )
         frontier = []
         for row in rows:
             found[row.id] = row.conversation_id
             frontier.append(row.id)
-        if not frontier:
-            break
+    locked = sorted({str(c) for c in (*found.values(), *lock_also)})
+    if locked:
+        await session.execute(LOCK_CONVERSATIONS, {"ids": locked})
     if not found:
         return []
     ids = [str(t) for t in found]
-    await session.execute(LOCK_CONVERSATIONS, {"ids": sorted({str(c) for c in found.values()})})
     await session.execute(MARK_REPLIES_FORGOTTEN, {"ids": ids, "forgotten": FORGOTTEN})
     await session.execute(DELETE_TURN_KEYS, {**params, "ids": ids})
     # Rows already indexed, in every generation (a reply's keys, if any, went just above).
@@ -152,3 +167,21 @@ async def forget_replies_shown(session: AsyncSession, owner: Owner, turn_id: uui
         .values(TOMBSTONE)
     )
     return list(found)
+
+
+CONVERSATION_TURNS = text("SELECT id FROM turns WHERE conversation_id = :conversation_id")
+SOFT_DELETE_CONVERSATION = text("UPDATE conversations SET deleted_at = now() WHERE id = :conversation_id")
+DELETE_CONVERSATION_MEMORY = text("DELETE FROM memory_items WHERE conversation_id = :conversation_id")
+
+
+async def delete_conversation(session: AsyncSession, owner: Owner, conversation_id: uuid.UUID) -> None:
+    """Soft-delete the conversation (hidden everywhere) and forget its memory now, with every reply
+    elsewhere that was shown its words as a memory (it may retell them: deleted, they came back)."""
+    conversation = await get_conversation(session, owner, conversation_id)  # 404 unless the owner's
+    said = await session.execute(CONVERSATION_TURNS, {"conversation_id": conversation.id})
+    turn_ids = list(said.scalars())
+    # Locks the conversation with the replies' ones, in id order, as the indexer takes them.
+    await forget_replies_shown(session, owner, turn_ids, lock_also=[conversation.id])
+    await get_conversation(session, owner, conversation_id)  # not deleted meanwhile (idempotent: 404)
+    await session.execute(SOFT_DELETE_CONVERSATION, {"conversation_id": conversation.id})
+    await session.execute(DELETE_CONVERSATION_MEMORY, {"conversation_id": conversation.id})

@@ -292,7 +292,7 @@ async def correct_item(session: AsyncSession, owner: Owner, item_id: int, embedd
         raise NotFound("memory item not found", item_id=item_id)
     item = await get_item(session, owner, item_id)
     await _delete_keys(session, owner, item)
-    await forget_replies_shown(session, owner, await _turn_of(session, item))
+    await forget_replies_shown(session, owner, [await _turn_of(session, item)])
     return item
 
 
@@ -326,7 +326,7 @@ async def forget_item(session: AsyncSession, owner: Owner, item_id: int) -> None
         MemoryItem.user_id == owner.user_id,
         MemoryItem.deleted_at.is_(None),
     )
-    await forget_replies_shown(session, owner, await _turn_of(session, item))
+    await forget_replies_shown(session, owner, [await _turn_of(session, item)])
     if item.source == MemoryItemSource.STATED:
         await session.execute(delete(MemoryItem).where(mine))
         return

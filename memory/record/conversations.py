@@ -8,11 +8,11 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import InvalidInput, NotFound
-from memory.storage.models import Conversation, MemoryItem
+from memory.storage.models import Conversation
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +127,6 @@ async def update_conversation(
     await session.flush()
     await session.refresh(conversation)
     return conversation
-
-
-async def delete_conversation(session: AsyncSession, owner: Owner, conversation_id: uuid.UUID) -> None:
-    """Soft-delete the conversation (hidden everywhere) and forget its memory rows now."""
-    conversation = await get_conversation(session, owner, conversation_id, for_update=True)
-    conversation.deleted_at = func.now()
-    await session.execute(delete(MemoryItem).where(MemoryItem.conversation_id == conversation.id))
 
 
 async def allocate_seq(session: AsyncSession, conversation_id: uuid.UUID, count: int = 1) -> int:
