@@ -351,3 +351,37 @@ async def test_a_deleted_conversation_does_not_come_back_through_a_reply_that_re
         # The replies stay in their chats as they were said.
         turns = (await client.get(f"/v1/conversations/{asked}/turns")).json()["items"]
         assert turns[-1]["content"] == indexed_retelling
+
+
+async def test_what_was_said_while_remember_was_off_is_not_remembered_once_it_is_on_again(
+    server: LiveServer, make_settings: Any
+) -> None:
+    """'Remember this chat' off, a message, then on again before the indexer reached that
+    message: the indexer and the not-yet-indexed search read the switch as it is now, so the
+    message said off the record was recalled at once and indexed later. What is said while the
+    switch is off stays out; what is said after it is on again is remembered."""
+    db = server.services.db
+    secret = "Off the record: my therapist is Dr Okonkwo on Tuesdays."
+    later = "On the record: my dentist is Dr Lindqvist on Fridays."
+    async with server.client() as client:
+        created = await client.post("/v1/conversations", json={"title": "Private", "remember": False})
+        private = created.json()["id"]
+        await say(client, private, secret)
+        patched = await client.patch(f"/v1/conversations/{private}", json={"remember": True})
+        assert patched.status_code == 200 and patched.json()["remember"] is True
+        await say(client, private, later)
+
+        def texts(items: list[dict[str, Any]]) -> list[str]:
+            return [item["text"] for item in items]
+
+        question = "Who is my therapist, and who is my dentist?"
+        # Before the indexer ran (the not-yet-indexed search), and after.
+        found = texts(retrieved(await say(client, await new_conversation(client), question))["items"])
+        assert later in found and secret not in found
+        await index_outbox(db, make_settings())
+        found = texts(retrieved(await say(client, await new_conversation(client), question))["items"])
+        assert later in found and secret not in found
+        listed = texts(
+            (await client.get("/v1/memory/items", params={"conversation_id": private})).json()["items"]
+        )
+        assert later in listed and secret not in listed

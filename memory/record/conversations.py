@@ -115,11 +115,21 @@ async def update_conversation(
     memory_mode: str | None = None,
     use_memory: bool | None = None,
 ) -> Conversation:
-    """Rename and/or change whether the chat is remembered (memory_mode) and uses memory."""
+    """Rename and/or change whether the chat is remembered (memory_mode) and uses memory.
+
+    Turned on again, the chat is remembered from then on: what was said while it was off stays
+    out, though the indexer may not have reached it yet (the indexer and the not-yet-indexed
+    search read the switch as it is when they run, and skip every turn at or below
+    ``memory_forgotten_seq``, as after a forget).
+    """
     conversation = await get_conversation(session, owner, conversation_id, for_update=True)
     if title is not None:
         conversation.title = title
     if memory_mode is not None:
+        if conversation.memory_mode == "none" and memory_mode != "none":
+            conversation.memory_forgotten_seq = func.greatest(
+                Conversation.memory_forgotten_seq, Conversation.next_seq - 1
+            )
         conversation.memory_mode = memory_mode
     if use_memory is not None:
         conversation.use_memory = use_memory
