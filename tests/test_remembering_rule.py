@@ -302,13 +302,15 @@ async def test_a_forgotten_fact_does_not_come_back_through_a_reply_that_repeated
     assert sorted(rows) == sorted([(str(retold_id), "", True), (str(regenerated_id), "", True)])
 
 
+@pytest.mark.parametrize("change", ["delete", "remember_off"])
 async def test_a_deleted_conversation_does_not_come_back_through_a_reply_that_repeated_it(
-    start_server: Any, fake_openai: Any, make_settings: Any
+    start_server: Any, fake_openai: Any, make_settings: Any, change: str
 ) -> None:
-    """Deleting a conversation forgot its own memory rows, but a reply elsewhere that was shown
-    one of them as a memory, and retold it in new words, stayed remembered: the deleted fact
-    came back in every later recall. Such replies are forgotten with the conversation, the
-    indexed one taken out, the one still queued never indexed."""
+    """Deleting a conversation (or turning its 'remember this chat' off) forgot (hid) its own
+    memory rows, but a reply elsewhere that was shown one of them as a memory, and retold it in
+    new words, stayed remembered: the fact came back in every later recall. Such replies are
+    forgotten with the conversation, the indexed one taken out, the one still queued never
+    indexed."""
     server = await small_model_server(start_server, fake_openai)
     db = server.services.db
     indexed_retelling = "You drive a Volvo estate from 2009; estates like it keep their value well."
@@ -336,7 +338,11 @@ async def test_a_deleted_conversation_does_not_come_back_through_a_reply_that_re
         # The test could fail: the statement and both retellings are found.
         assert {STATEMENT, indexed_retelling, queued_retelling} <= {item["text"] for item in before}
 
-        assert (await client.delete(f"/v1/conversations/{deleted}")).status_code == 204
+        if change == "delete":
+            assert (await client.delete(f"/v1/conversations/{deleted}")).status_code == 204
+        else:
+            off = await client.patch(f"/v1/conversations/{deleted}", json={"remember": False})
+            assert off.status_code == 200 and off.json()["remember"] is False
         # Before the queued reply is indexed (the not-yet-indexed search), and after.
         fake_openai.script(Reply(text="Noted."), Reply(text="Noted."))
         found = retrieved(await say(client, await new_conversation(client), QUESTION))["items"]

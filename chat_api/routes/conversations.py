@@ -17,7 +17,6 @@ from chat_api.schemas import (
     TurnList,
     TurnOut,
 )
-from memory.recall.forgetting import delete_conversation as delete_conversation_and_forget
 from memory.record import conversations as repo
 from memory.record.branches import branch_history, conversation_branch
 
@@ -81,7 +80,7 @@ async def update_conversation(
 @router.delete("/{conversation_id}", status_code=204)
 async def delete_conversation(conversation_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> Response:
     async with services.db.transaction() as session:
-        await delete_conversation_and_forget(session, owner, conversation_id)
+        await repo.delete_conversation(session, owner, conversation_id)
     return Response(status_code=204)
 
 

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, null, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.recall.remembering import FORGOTTEN
-from memory.record.conversations import Owner, get_conversation
 from memory.storage.models import MemoryItem, MemoryItemKind
+
+if TYPE_CHECKING:
+    from memory.record.conversations import Owner
 
 LOCK_USER_CONVERSATIONS = text(
     """
@@ -119,13 +121,15 @@ async def forget_replies_shown(
     turn_ids: Sequence[uuid.UUID],
     *,
     lock_also: Collection[uuid.UUID] = (),
+    outside: uuid.UUID | None = None,
 ) -> list[uuid.UUID]:
     """Stop remembering every assistant reply that was shown these turns' words; returns their turn ids.
 
     Their rows are tombstoned in every generation, and their turns marked `forgotten`, so the
     indexer skips them if they are still queued and recall never finds them before indexing.
     The conversations in ``lock_also`` are locked with theirs, all in id order (the caller's
-    own changes to them come after).
+    own changes to them come after). Replies in the conversation ``outside`` are followed (a
+    reply shown one of them) but left as they are.
     """
     params = {"tenant_id": owner.tenant_id, "user_id": owner.user_id}
     found: dict[uuid.UUID, uuid.UUID] = {}
@@ -146,6 +150,7 @@ async def forget_replies_shown(
         for row in rows:
             found[row.id] = row.conversation_id
             frontier.append(row.id)
+    found = {reply: conversation for reply, conversation in found.items() if conversation != outside}
     locked = sorted({str(c) for c in (*found.values(), *lock_also)})
     if locked:
         await session.execute(LOCK_CONVERSATIONS, {"ids": locked})
@@ -170,18 +175,17 @@ async def forget_replies_shown(
 
 
 CONVERSATION_TURNS = text("SELECT id FROM turns WHERE conversation_id = :conversation_id")
-SOFT_DELETE_CONVERSATION = text("UPDATE conversations SET deleted_at = now() WHERE id = :conversation_id")
-DELETE_CONVERSATION_MEMORY = text("DELETE FROM memory_items WHERE conversation_id = :conversation_id")
 
 
-async def delete_conversation(session: AsyncSession, owner: Owner, conversation_id: uuid.UUID) -> None:
-    """Soft-delete the conversation (hidden everywhere) and forget its memory now, with every reply
-    elsewhere that was shown its words as a memory (it may retell them: deleted, they came back)."""
-    conversation = await get_conversation(session, owner, conversation_id)  # 404 unless the owner's
-    said = await session.execute(CONVERSATION_TURNS, {"conversation_id": conversation.id})
-    turn_ids = list(said.scalars())
-    # Locks the conversation with the replies' ones, in id order, as the indexer takes them.
-    await forget_replies_shown(session, owner, turn_ids, lock_also=[conversation.id])
-    await get_conversation(session, owner, conversation_id)  # not deleted meanwhile (idempotent: 404)
-    await session.execute(SOFT_DELETE_CONVERSATION, {"conversation_id": conversation.id})
-    await session.execute(DELETE_CONVERSATION_MEMORY, {"conversation_id": conversation.id})
+async def forget_replies_shown_in(
+    session: AsyncSession, owner: Owner, conversation_id: uuid.UUID
+) -> list[uuid.UUID]:
+    """Stop remembering the replies elsewhere that were shown any turn of this conversation (it is
+    being deleted, or no longer remembered: a reply that retold its words brought them back).
+
+    Locks the conversation with theirs, in id order, as the indexer takes them.
+    """
+    said = await session.execute(CONVERSATION_TURNS, {"conversation_id": conversation_id})
+    return await forget_replies_shown(
+        session, owner, list(said.scalars()), lock_also=[conversation_id], outside=conversation_id
+    )

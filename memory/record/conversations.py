@@ -8,11 +8,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import InvalidInput, NotFound
-from memory.storage.models import Conversation
+from memory.recall.forgetting import forget_replies_shown_in
+from memory.storage.models import Conversation, MemoryItem
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,12 @@ async def update_conversation(
     search read the switch as it is when they run, and skip every turn at or below
     ``memory_forgotten_seq``, as after a forget).
     """
-    conversation = await get_conversation(session, owner, conversation_id, for_update=True)
+    conversation = await get_conversation(session, owner, conversation_id)
+    turned_off = memory_mode == "none" and conversation.memory_mode != "none"
+    if turned_off:
+        # Nor are the replies elsewhere that retold its words; this locks it (with theirs).
+        await forget_replies_shown_in(session, owner, conversation.id)
+    conversation = await get_conversation(session, owner, conversation_id, for_update=not turned_off)
     if title is not None:
         conversation.title = title
     if memory_mode is not None:
@@ -137,6 +143,16 @@ async def update_conversation(
     await session.flush()
     await session.refresh(conversation)
     return conversation
+
+
+async def delete_conversation(session: AsyncSession, owner: Owner, conversation_id: uuid.UUID) -> None:
+    """Soft-delete the conversation (hidden everywhere) and forget its memory now, with the replies
+    elsewhere that were shown its words as memories."""
+    conversation = await get_conversation(session, owner, conversation_id)
+    await forget_replies_shown_in(session, owner, conversation.id)  # locks it (with theirs)
+    conversation = await get_conversation(session, owner, conversation_id)  # deleted meanwhile: 404
+    conversation.deleted_at = func.now()
+    await session.execute(delete(MemoryItem).where(MemoryItem.conversation_id == conversation.id))
 
 
 async def allocate_seq(session: AsyncSession, conversation_id: uuid.UUID, count: int = 1) -> int:
