@@ -19,9 +19,10 @@ from memory.events import EventName
 from memory.recall.remembering import repeats_only
 from memory.storage.models import MemoryItem, OutboxRow, Turn
 from tests.conftest import LiveServer
-from tests.fake_openai import Reply
+from tests.fake_openai import Reply, ToolCall
 from tests.sse import collect
 from tests.support import new_conversation
+from tests.test_approvals import approve_url, park, required, transfer_tools
 from tests.test_memory_recall import index_outbox, retrieved, say
 
 STATEMENT = "My car is a 2009 Volvo estate in dark green."
@@ -391,3 +392,51 @@ async def test_what_was_said_while_remember_was_off_is_not_remembered_once_it_is
             (await client.get("/v1/memory/items", params={"conversation_id": private})).json()["items"]
         )
         assert later in listed and secret not in listed
+
+
+async def test_a_reply_waiting_for_an_approval_across_a_forget_all_does_not_retell_it_afterwards(
+    start_server: Any, fake_openai: Any, make_settings: Any
+) -> None:
+    """A reply shown a memory, then parked for an approval while the user forgot all of their
+    memory, went on after the approval in a new turn: above the conversation's forget mark and
+    with memory in use, that turn (which retold the memory) was remembered, and the forgotten
+    fact came back. A reply begun before the forget stays unremembered in every step."""
+    server: LiveServer = await start_server(
+        tools=transfer_tools([]),
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        query_rewrite="heuristic",
+    )
+    db = server.services.db
+    retelling = "Sent: fuel money for the dark green 2009 Volvo estate, as you asked."
+    async with server.client() as client:
+        stated = await new_conversation(client, "Cars")
+        fake_openai.script(Reply(text="Noted."))
+        await say(client, stated, STATEMENT)
+        await index_outbox(db, make_settings())
+        trip = await new_conversation(client, "Trip")
+        call = ToolCall("transfer_funds", {"amount": 40, "to": "bob"})
+        fake_openai.script(Reply(text="Fuel money for your Volvo.", tool_calls=[call]), Reply(text=retelling))
+        parked = await park(client, trip, "Send Bob 40 for fuel for my car, please.")
+        assert STATEMENT in json.dumps(fake_openai.requests[-1].messages)  # shown as a memory
+
+        assert (await client.delete("/v1/memory")).status_code == 204
+        async with client.stream("POST", approve_url(required(parked)), json={}) as r:
+            assert r.status_code == 200
+            events = await collect(r)
+        assert events[-1].event == EventName.TURN_COMPLETED
+        assert retelling in [
+            t["content"] for t in (await client.get(f"/v1/conversations/{trip}/turns")).json()["items"]
+        ]
+
+        def old_fact(found: list[dict[str, Any]]) -> list[str]:
+            return [item["text"] for item in found if "2009" in item["text"]]
+
+        # Before the reply's last turn is indexed (the not-yet-indexed search), and after.
+        searched = await client.post("/v1/memory/search", json={"query": QUESTION, "k": 10})
+        assert old_fact(searched.json()["items"]) == []
+        await index_outbox(db, make_settings())
+        searched = await client.post("/v1/memory/search", json={"query": QUESTION, "k": 10})
+        assert old_fact(searched.json()["items"]) == []
+        assert old_fact((await client.get("/v1/memory/items", params={"limit": 200})).json()["items"]) == []

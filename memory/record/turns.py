@@ -87,11 +87,16 @@ async def recent_turn_rows(session: AsyncSession, conversation_id: uuid.UUID, li
 
 
 # A reply found to have been shown a memory forgotten since (memory/recall/forgetting.py) stays
-# forgotten: none of its steps, nor its ending, make it remembered again.
+# forgotten: none of its steps, nor its ending, make it remembered again. So does a reply begun
+# before its conversation's forget mark (all memory forgotten, or the chat's "remember" turned
+# on again): a step after the mark (a tool's result, an approval hours later) may retell what
+# the reply was shown before it.
 NOTE_MEMORY_USE = """
     memory_use = CASE
         WHEN EXISTS (
-            SELECT 1 FROM turns AS first WHERE first.id = turns.reply_id AND first.memory_use = :forgotten
+            SELECT 1 FROM turns AS first JOIN conversations AS c ON c.id = first.conversation_id
+            WHERE first.id = turns.reply_id
+              AND (first.memory_use = :forgotten OR first.seq <= c.memory_forgotten_seq)
         ) THEN :forgotten
         ELSE :memory_use
     END"""
