@@ -14,7 +14,7 @@ import importlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -40,6 +40,9 @@ class ToolContext:
     turn_id: uuid.UUID
     db: Database
     recaller: Recaller  # the user's long-term memory, as the chat searches it
+    # The turns whose memories this call showed the model (the recall tool fills it); kept on the
+    # tool turn, so that forgetting one of them finds the reply (memory/recall/forgetting.py).
+    shown: list[str] = field(default_factory=list)
 
 
 # A tool: its arguments (a JSON object) and context in, a JSON result out.
@@ -230,6 +233,7 @@ async def _recall_memory(args: JsonObject, ctx: ToolContext) -> JsonObject:
         exclude_window=True,
         rewrite=False,
     )
+    ctx.shown.extend(str(m.turn_id) for m in found.memories)
     return {
         "query": query,
         "items": [

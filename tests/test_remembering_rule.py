@@ -440,3 +440,43 @@ async def test_a_reply_waiting_for_an_approval_across_a_forget_all_does_not_rete
         searched = await client.post("/v1/memory/search", json={"query": QUESTION, "k": 10})
         assert old_fact(searched.json()["items"]) == []
         assert old_fact((await client.get("/v1/memory/items", params={"limit": 200})).json()["items"]) == []
+
+
+@pytest.mark.parametrize("change", ["forget", "delete"])
+async def test_a_forgotten_fact_does_not_come_back_through_a_reply_shown_it_by_the_recall_tool(
+    server: LiveServer, make_settings: Any, change: str
+) -> None:
+    """Forgetting a fact (or deleting its conversation) forgot the replies shown it by their
+    prompt, but not a reply shown it by the recall_memory tool: that reply retold it, stayed
+    remembered, and the fact came back in memory search and the items list."""
+    db = server.services.db
+    boat = "My sailing boat is called Sea Biscuit and is moored in Kinsale."
+    async with server.client() as client:
+        boats = await new_conversation(client, "Boats")
+        await say(client, boats, boat)
+        await index_outbox(db, make_settings())
+        asked = await new_conversation(client, "Ask")
+        # Recall before the reply is of this conversation only: the tool alone shows the fact.
+        events = await say(
+            client, asked, "/remember what is my sailing boat called", memory_scope="conversation"
+        )
+        assert boat not in [item["text"] for item in retrieved(events)["items"]]
+        turns = (await client.get(f"/v1/conversations/{asked}/turns")).json()["items"]
+        assert [t["role"] for t in turns] == ["user", "assistant", "tool", "assistant"]
+        assert "Sea Biscuit" in turns[2]["content"] and "Sea Biscuit" in turns[3]["content"]
+        await index_outbox(db, make_settings())
+
+        def old_fact(found: list[dict[str, Any]]) -> list[str]:
+            return [item["text"] for item in found if "Sea Biscuit" in item["text"]]
+
+        listed = (await client.get("/v1/memory/items", params={"limit": 200})).json()["items"]
+        # The statement, its reply, and the reply that retold it from the tool's answer: could fail.
+        assert turns[3]["content"] in [item["text"] for item in listed] and boat in old_fact(listed)
+        if change == "forget":
+            [statement] = [item for item in listed if item["text"] == boat]
+            assert (await client.delete(f"/v1/memory/items/{statement['id']}")).status_code == 204
+        else:
+            assert (await client.delete(f"/v1/conversations/{boats}")).status_code == 204
+        searched = await client.post("/v1/memory/search", json={"query": "Sea Biscuit in Kinsale", "k": 20})
+        assert old_fact(searched.json()["items"]) == []
+        assert old_fact((await client.get("/v1/memory/items", params={"limit": 200})).json()["items"]) == []

@@ -75,6 +75,7 @@ from memory.events import (
     TurnStatus,
 )
 from memory.json_values import JsonObject, JsonValue
+from memory.recall.forgetting import SHOWN_MEMORIES
 from memory.recall.recaller import Recaller
 from memory.recall.remembering import DERIVATIVE, repeats_only
 from memory.record.approvals import earliest_expiry, park_turn
@@ -372,6 +373,7 @@ class ReplyRunner:
         for call in reply.tool_calls:
             key = _call_key(call)
             earlier = ran.get(key)
+            shown: list[str] = []  # the turns whose memories the call showed the model
             if earlier is not None and call["state"] != ToolCallState.REJECTED:
                 repeats += 1
                 result: JsonValue = {
@@ -380,7 +382,7 @@ class ReplyRunner:
                 }
                 state: str = ToolCallState.FAILED
             else:
-                result, state = await self._run_one(reply, call)
+                result, state = await self._run_one(reply, call, shown)
                 ran[key] = call["id"]
             call["state"] = state
             content = json.dumps(result, ensure_ascii=False, default=str)
@@ -395,6 +397,7 @@ class ReplyRunner:
                     reply_id=reply.id,
                     tool_call_id=call["id"],
                     name=call["name"],
+                    meta={SHOWN_MEMORIES: shown} if shown else None,
                 )
             reply.publish(
                 EventName.TOOL_RESULT,
@@ -408,7 +411,8 @@ class ReplyRunner:
             )
         return bool(reply.tool_calls) and repeats == len(reply.tool_calls)
 
-    async def _run_one(self, reply: Reply, call: ToolCall) -> tuple[JsonValue, str]:
+    async def _run_one(self, reply: Reply, call: ToolCall, shown: list[str]) -> tuple[JsonValue, str]:
+        """Run one call; ``shown`` gets the turns whose memories it showed the model."""
         approval = call.get("approval", Approval())
         if call["state"] == ToolCallState.REJECTED:
             timed_out = approval.get("by") == "timeout"
@@ -447,6 +451,7 @@ class ReplyRunner:
             turn_id=reply.turn_id,
             db=self.db,
             recaller=self.recaller,
+            shown=shown,
         )
         try:
             result = await tool.func(arguments, context)

@@ -61,11 +61,13 @@ async def forget_user_memory(session: AsyncSession, owner: Owner) -> int:
 # A reply that was shown a memory can repeat it in its own words ("Noted: a green 2009 Volvo,
 # a fine estate for family trips."); remembered, it would bring a forgotten or corrected fact
 # back. A reply was shown a turn when the turn is the message it answered (the user turn's
-# `reply_id`; the part's `asked` for a regenerated answer too) or a memory its prompt part listed
-# (`turns.prompt_part`, which every reply's first turn stores). Followed a few steps: a reply
+# `reply_id`; the part's `asked` for a regenerated answer too), a memory its prompt part listed
+# (`turns.prompt_part`, which every reply's first turn stores), or one a tool of the reply showed
+# (the recall tool: its tool turn's metadata, SHOWN_MEMORIES). Followed a few steps: a reply
 # shown such a reply saw the fact too.
+SHOWN_MEMORIES = "shown_memories"
 REPLIES_SHOWN = text(
-    """
+    f"""
     SELECT DISTINCT r.id, r.conversation_id
     FROM turns r
     WHERE r.role = 'assistant' AND r.tenant_id = :tenant_id AND r.user_id = :user_id
@@ -81,6 +83,10 @@ REPLIES_SHOWN = text(
           AND (p.prompt_part ->> 'asked' = ANY(CAST(:turn_id_texts AS text[]))
                OR EXISTS (SELECT 1 FROM jsonb_array_elements(p.prompt_part -> 'memories') AS m
                           WHERE m ->> 'turn_id' = ANY(CAST(:turn_id_texts AS text[]))))
+        UNION ALL
+        SELECT o.reply_id FROM turns o
+        WHERE o.tenant_id = :tenant_id AND o.user_id = :user_id AND o.role = 'tool'
+          AND jsonb_exists_any(o.metadata -> '{SHOWN_MEMORIES}', CAST(:turn_id_texts AS text[]))
       )
     """
 )

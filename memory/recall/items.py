@@ -24,8 +24,9 @@ Changes outlive the indexer reprocessing a turn (a redelivered message, a reinde
   item does not come back), and the retention purge leaves it while its turn exists.
   A stated fact has nothing to come back from: forgetting it deletes the row.
 - correcting or forgetting an item also stops remembering every assistant reply that was
-  shown it (the reply to its message, a reply whose prompt listed it), indexed or still
-  queued: such a reply may repeat the old fact in new words (memory/recall/forgetting.py).
+  shown it (the reply to its message, a reply whose prompt listed it or whose recall tool
+  returned it), indexed or still queued: such a reply may repeat the old fact in new words
+  (memory/recall/forgetting.py).
 """
 
 from __future__ import annotations
