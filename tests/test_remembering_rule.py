@@ -480,3 +480,37 @@ async def test_a_forgotten_fact_does_not_come_back_through_a_reply_shown_it_by_t
         searched = await client.post("/v1/memory/search", json={"query": "Sea Biscuit in Kinsale", "k": 20})
         assert old_fact(searched.json()["items"]) == []
         assert old_fact((await client.get("/v1/memory/items", params={"limit": 200})).json()["items"]) == []
+
+
+@pytest.mark.parametrize("change", ["forget", "correct"])
+async def test_a_forgotten_fact_shown_before_it_was_indexed_is_not_shown_again(
+    start_server: Any, fake_openai: Any, make_settings: Any, change: str
+) -> None:
+    """A memory shown to a reply before the indexer reached it, then indexed, then forgotten (or
+    corrected) by the user, was shown again in every later prompt of that conversation: the
+    stored part's memory counted as alive while its turn was there and not forgotten by the
+    conversation's mark, which forgetting one item does not move."""
+    server = await small_model_server(start_server, fake_openai)
+    db = server.services.db
+    async with server.client() as client:
+        stated = await new_conversation(client, "Cars")
+        fake_openai.script(Reply(text="Noted."))
+        await say(client, stated, STATEMENT)
+        asked = await new_conversation(client, "Question")
+        fake_openai.script(Reply(text="You told me about your car."))
+        shown = retrieved(await say(client, asked, QUESTION))
+        assert STATEMENT in [item["text"] for item in shown["items"]]  # shown before it was indexed
+        await index_outbox(db, make_settings())
+        items = (await client.get("/v1/memory/items", params={"limit": 50})).json()["items"]
+        [statement] = [item for item in items if item["text"] == STATEMENT]
+        if change == "forget":
+            assert (await client.delete(f"/v1/memory/items/{statement['id']}")).status_code == 204
+        else:
+            corrected = "My car is a 2015 Skoda Octavia in silver."
+            patched = await client.patch(f"/v1/memory/items/{statement['id']}", json={"text": corrected})
+            assert patched.status_code == 200
+        fake_openai.script(Reply(text="Noted."))
+        await say(client, asked, "Thanks. Anything else to tell me?", memory_scope="none")
+        assert STATEMENT not in json.dumps(fake_openai.requests[-1].messages)
+        context = (await client.get(f"/v1/conversations/{asked}/context")).json()
+        assert STATEMENT not in json.dumps(context)

@@ -719,8 +719,9 @@ def _already_shown(memory: PromptMemory, shown: Mapping[str, frozenset[str]]) ->
 
 # Which memories shown by stored parts still exist: an indexed one while its memory row is
 # there with the same text (not forgotten, corrected, expired or deleted); one shown before
-# it was indexed while its turn is there and not forgotten (nor a reply shown a memory forgotten
-# since: memory/recall/forgetting.py), or once its row is there.
+# it was indexed, once its row is there, while that row is neither gone nor corrected (the part
+# holds the old text), and until then while its turn is there and not forgotten (nor a reply
+# shown a memory forgotten since: memory/recall/forgetting.py).
 LIVE_SHOWN_MEMORIES = sql_text(
     """
     SELECT s.turn_id::text AS turn_id, s.chunk_index
@@ -730,8 +731,11 @@ LIVE_SHOWN_MEMORIES = sql_text(
         SELECT 1 FROM memory_items m
         WHERE m.turn_id = s.turn_id AND m.kind = 'chunk' AND m.chunk_index = s.chunk_index
           AND m.deleted_at IS NULL
-          AND (m.text = s.text OR NOT s.indexed)
-    ) OR (NOT s.indexed AND EXISTS (
+          AND (m.text = s.text OR (NOT s.indexed AND m.edited_at IS NULL))
+    ) OR (NOT s.indexed AND NOT EXISTS (
+        SELECT 1 FROM memory_items m
+        WHERE m.turn_id = s.turn_id AND m.kind = 'chunk' AND m.chunk_index = s.chunk_index
+    ) AND EXISTS (
         SELECT 1 FROM turns t JOIN conversations c ON c.id = t.conversation_id
         WHERE t.id = s.turn_id AND t.deleted_at IS NULL AND c.deleted_at IS NULL
           AND t.seq > c.memory_forgotten_seq AND t.memory_use IS DISTINCT FROM :forgotten
