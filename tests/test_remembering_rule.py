@@ -482,14 +482,14 @@ async def test_a_forgotten_fact_does_not_come_back_through_a_reply_shown_it_by_t
         assert old_fact((await client.get("/v1/memory/items", params={"limit": 200})).json()["items"]) == []
 
 
-@pytest.mark.parametrize("change", ["forget", "correct"])
+@pytest.mark.parametrize("change", ["forget", "correct", "remember_off"])
 async def test_a_forgotten_fact_shown_before_it_was_indexed_is_not_shown_again(
     start_server: Any, fake_openai: Any, make_settings: Any, change: str
 ) -> None:
     """A memory shown to a reply before the indexer reached it, then indexed, then forgotten (or
-    corrected) by the user, was shown again in every later prompt of that conversation: the
-    stored part's memory counted as alive while its turn was there and not forgotten by the
-    conversation's mark, which forgetting one item does not move."""
+    corrected, or its chat no longer remembered) by the user, was shown again in every later
+    prompt of that conversation: the stored part's memory counted as alive while its turn was
+    there and not forgotten by the conversation's mark, which none of these moves."""
     server = await small_model_server(start_server, fake_openai)
     db = server.services.db
     async with server.client() as client:
@@ -505,10 +505,13 @@ async def test_a_forgotten_fact_shown_before_it_was_indexed_is_not_shown_again(
         [statement] = [item for item in items if item["text"] == STATEMENT]
         if change == "forget":
             assert (await client.delete(f"/v1/memory/items/{statement['id']}")).status_code == 204
-        else:
+        elif change == "correct":
             corrected = "My car is a 2015 Skoda Octavia in silver."
             patched = await client.patch(f"/v1/memory/items/{statement['id']}", json={"text": corrected})
             assert patched.status_code == 200
+        else:
+            off = await client.patch(f"/v1/conversations/{stated}", json={"remember": False})
+            assert off.status_code == 200
         fake_openai.script(Reply(text="Noted."))
         await say(client, asked, "Thanks. Anything else to tell me?", memory_scope="none")
         assert STATEMENT not in json.dumps(fake_openai.requests[-1].messages)

@@ -717,7 +717,8 @@ def _already_shown(memory: PromptMemory, shown: Mapping[str, frozenset[str]]) ->
     return any(text in earlier for earlier in texts)
 
 
-# Which memories shown by stored parts still exist: an indexed one while its memory row is
+# Which memories shown by stored parts still exist (in a live conversation that is remembered,
+# or none): an indexed one while its memory row is
 # there with the same text (not forgotten, corrected, expired or deleted); one shown before
 # it was indexed, once its row is there, while that row is neither gone nor corrected (the part
 # holds the old text), and until then while its turn is there and not forgotten (nor a reply
@@ -728,16 +729,18 @@ LIVE_SHOWN_MEMORIES = sql_text(
     FROM unnest(CAST(:turn_ids AS uuid[]), CAST(:chunks AS int[]), CAST(:texts AS text[]),
                 CAST(:indexed AS boolean[])) AS s(turn_id, chunk_index, text, indexed)
     WHERE EXISTS (
-        SELECT 1 FROM memory_items m
+        SELECT 1 FROM memory_items m LEFT JOIN conversations c ON c.id = m.conversation_id
         WHERE m.turn_id = s.turn_id AND m.kind = 'chunk' AND m.chunk_index = s.chunk_index
           AND m.deleted_at IS NULL
           AND (m.text = s.text OR (NOT s.indexed AND m.edited_at IS NULL))
+          AND (m.conversation_id IS NULL OR (c.deleted_at IS NULL AND c.memory_mode <> 'none'))
     ) OR (NOT s.indexed AND NOT EXISTS (
         SELECT 1 FROM memory_items m
         WHERE m.turn_id = s.turn_id AND m.kind = 'chunk' AND m.chunk_index = s.chunk_index
     ) AND EXISTS (
         SELECT 1 FROM turns t JOIN conversations c ON c.id = t.conversation_id
         WHERE t.id = s.turn_id AND t.deleted_at IS NULL AND c.deleted_at IS NULL
+          AND c.memory_mode <> 'none'
           AND t.seq > c.memory_forgotten_seq AND t.memory_use IS DISTINCT FROM :forgotten
     ))
     """
