@@ -223,12 +223,17 @@ async def index_facts(db: Database, index: MemoryIndex, pg_url: str, texts: list
     await IndexPipeline(db, index, test_settings(pg_url)).index([turn_payload(t) for t in turns])
 
 
+# Said after the indexing: found only among the turns the indexer has not reached.
+UNINDEXED_FACT = "Ingrid's new flat in Reykjavik looks out over the old harbour."
+
+
 async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode_bit_for_bit(
     db: Database, pg_url: str, real_encoder: SentenceTransformerEmbedder
 ) -> None:
     index = MemoryIndex(db, real_encoder)
     await index.start()
     await index_facts(db, index, pg_url, [FACT, "I sold my old bike to a neighbour in June."])
+    await chat_turns(db, [UNINDEXED_FACT, "What a view that must be."], owner=OWNER)
     generation = current_generation(index)
     assert generation is not None
     prepared = PreparedQueries()
@@ -244,9 +249,46 @@ async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode_bit_for_b
     plain = await search()
     assert ahead.query_ahead and not plain.query_ahead
     assert ahead.query_vector == plain.query_vector  # the same floats, not just close
-    assert [(m.turn_id, m.score) for m in ahead.memories] == [(m.turn_id, m.score) for m in plain.memories]
+    found = [(m.turn_id, m.score, m.indexed) for m in ahead.memories]
+    assert found == [(m.turn_id, m.score, m.indexed) for m in plain.memories]
     assert ahead.memories[0].text.endswith(FACT)
+    assert UNINDEXED_FACT in [m.text for m in ahead.memories if not m.indexed]
     assert len(prepared) == 0
+
+
+async def test_a_search_with_its_query_encoded_ahead_reads_in_one_transaction(
+    db: Database, pg_url: str
+) -> None:
+    # The unindexed turns and the index were read in two transactions: the query's encode came
+    # between them. With the vector at hand both reads share one (three round trips fewer).
+    index = MemoryIndex(db, HashEmbedder(seed=0), check_seconds=3600)  # no re-read of the generation
+    current = await index.start()
+    await index_facts(db, index, pg_url, [FACT])
+    await chat_turns(db, [UNINDEXED_FACT], owner=OWNER)
+    prepared = PreparedQueries()
+    checkouts: list[str] = []
+
+    def note(*_: Any) -> None:
+        checkouts.append("connection")
+
+    async def search(**extra: Any) -> Any:
+        checkouts.clear()
+        event.listen(db.engine.sync_engine.pool, "checkout", note)
+        try:
+            return await recall_memories(
+                db, index, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text=QUESTION, k=3, **extra
+            )
+        finally:
+            event.remove(db.engine.sync_engine.pool, "checkout", note)
+
+    key = uuid.uuid4()
+    prepared.prepare(key, QUESTION, current, box_seconds=5)
+    ahead = await search(prepared=prepared.take(key))
+    assert ahead.query_ahead and len(checkouts) == 1, checkouts
+    plain = await search()
+    assert not plain.query_ahead and len(checkouts) == 2, checkouts  # its encode comes between the reads
+    assert [m.text for m in ahead.memories] == [m.text for m in plain.memories]
+    assert {m.text for m in ahead.memories} >= {UNINDEXED_FACT} and ahead.memories[0].text.endswith(FACT)
 
 
 async def test_a_query_encoded_for_another_generation_is_never_compared_with_this_ones_rows(

@@ -11,6 +11,13 @@ encoder: under load, replies queue there, and would otherwise drain the pool.
    (``memory.recall.fusion``), kept only from conversations still live; the unindexed
    turns scored the same way; then the one de-duplication (``memory.recall.found``).
 
+A query whose vector was encoded ahead (``memory.recall.prepared_queries``) needs no
+encoder before the index search, so steps 1 and 3's reads share one transaction (a
+transaction's BEGIN, tenant scope and end are three round trips less before the first
+token), and only the unindexed turns the vector cache lacks are encoded after it, with
+no connection held. The memories found are the same: the same statements, the same
+scoring, the same de-duplication.
+
 If the embedding service does not answer (``memory.recall.embedding_service``), step 3 ranks
 by keywords alone (BM25 order; unindexed turns, which need vectors, are left out) and the
 outcome says why, so a reply's recall can say so in ``memory.retrieved``.
@@ -100,6 +107,27 @@ async def recall_memories(
     latency: dict[str, float] = {}
     if k <= 0 or not query_text.strip():
         return Recalled([], latency)
+    if prepared is not None:
+        # The query is encoded by the encoder of the generation it is compared with (never mixed).
+        generation = await generation_of(embedder, db)
+        query_vector = await prepared.vector_for(query_text, generation)
+        if query_vector is not None:
+            return await _recall_encoded_ahead(
+                db,
+                generation,
+                query_vector,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                query_text=query_text,
+                k=k,
+                conversation_id=conversation_id,
+                exclude_turn_ids=exclude_turn_ids,
+                min_score=min_score,
+                prepare_text=prepare_text,
+                unindexed_limit=unindexed_limit,
+                fusion=fusion,
+                cache=cache,
+            )
     started = time.perf_counter()
     async with db.session() as session:
         unindexed = await find_unindexed(
@@ -113,11 +141,9 @@ async def recall_memories(
         )
     latency["unindexed"] = _ms_since(started)
     mark = time.perf_counter()
-    # The query is encoded by the encoder of the generation it is compared with (never mixed).
     generation = await generation_of(embedder, db)
     degraded: tuple[str, str] | None = None
-    query_vector = await prepared.vector_for(query_text, generation) if prepared is not None else None
-    query_ahead = query_vector is not None
+    query_vector = None
     try:
         query_vector, turn_vectors = await embed_for_recall(
             generation.embedder,
@@ -163,7 +189,92 @@ async def recall_memories(
                 fusion=fusion,
             )
     latency["rank"] = _ms_since(mark)
-    return Recalled(memories, latency, degraded, query_vector, generation, query_ahead)
+    return Recalled(memories, latency, degraded, query_vector, generation)
+
+
+async def _recall_encoded_ahead(
+    db: Database,
+    generation: Generation,
+    query_vector: list[float],
+    *,
+    tenant_id: str,
+    user_id: str,
+    query_text: str,
+    k: int,
+    conversation_id: uuid.UUID | None,
+    exclude_turn_ids: Collection[uuid.UUID],
+    min_score: float,
+    prepare_text: Callable[[str], str | None] | None,
+    unindexed_limit: int,
+    fusion: Fusion,
+    cache: VectorCache | None,
+) -> Recalled:
+    """``recall_memories`` with the query's vector at hand: both reads in one transaction, then
+    the unindexed turns encoded (no connection held) and scored as there."""
+    latency: dict[str, float] = {}
+    started = time.perf_counter()
+    async with db.transaction() as session:
+        unindexed = await find_unindexed(
+            session,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            conversation_id=conversation_id,
+            exclude_turn_ids=exclude_turn_ids,
+            prepare_text=prepare_text,
+            limit=unindexed_limit,
+        )
+        latency["unindexed"] = _ms_since(started)
+        mark = time.perf_counter()
+        indexed = await index_memories(
+            session,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            query_text=query_text,
+            query_vector=query_vector,
+            index_id=generation.id,
+            k=k,
+            conversation_id=conversation_id,
+            exclude_turn_ids=exclude_turn_ids,
+            fusion=fusion,
+        )
+    rank_ms = _ms_since(mark)
+    mark = time.perf_counter()
+    try:
+        _, turn_vectors = await embed_for_recall(
+            generation.embedder,
+            query_text,
+            unindexed,
+            cache,
+            generation_id=generation.id,
+            query_vector=query_vector,
+        )
+    except EmbeddingServiceError as exc:
+        # As in recall_memories: without the unindexed turns' vectors, keyword search alone.
+        latency["embed"] = _ms_since(mark)
+        mark = time.perf_counter()
+        async with db.transaction() as session:
+            memories = await rank_by_keywords(
+                session,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                query_text=query_text,
+                dim=generation.embedder.dim,
+                index_id=generation.id,
+                k=k,
+                conversation_id=conversation_id,
+                exclude_turn_ids=exclude_turn_ids,
+                min_score=min_score,
+                depth=max(fusion.candidates, k + OVERFETCH),
+            )
+        latency["rank"] = _ms_since(mark)
+        degraded = (RecallError.EMBEDDING_UNAVAILABLE, str(exc))
+        return Recalled(memories, latency, degraded, None, generation, query_ahead=True)
+    latency["embed"] = _ms_since(mark)
+    mark = time.perf_counter()
+    fresh = score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
+    memories = best_distinct([*indexed, *fresh], k, min_score)
+    latency["rank"] = round(rank_ms + _ms_since(mark), 2)
+    return Recalled(memories, latency, None, query_vector, generation, query_ahead=True)
 
 
 def _ms_since(started: float) -> float:
@@ -216,6 +327,36 @@ async def rank_memories(
     fusion: Fusion = DEFAULT_FUSION,
 ) -> list[FoundMemory]:
     """Search the index and fuse in the unindexed turns: the user's ``k`` best memories."""
+    live = await index_memories(
+        session,
+        tenant_id=tenant_id,
+        user_id=user_id,
+        query_text=query_text,
+        query_vector=query_vector,
+        index_id=index_id,
+        k=k,
+        conversation_id=conversation_id,
+        exclude_turn_ids=exclude_turn_ids,
+        fusion=fusion,
+    )
+    fresh = score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
+    return best_distinct([*live, *fresh], k, min_score)
+
+
+async def index_memories(
+    session: AsyncSession,
+    *,
+    tenant_id: str,
+    user_id: str,
+    query_text: str,
+    query_vector: Sequence[float],
+    index_id: int,
+    k: int,
+    conversation_id: uuid.UUID | None = None,
+    exclude_turn_ids: Collection[uuid.UUID] = (),
+    fusion: Fusion = DEFAULT_FUSION,
+) -> list[FoundMemory]:
+    """The index's candidates, fused, from conversations still live (not de-duplicated yet)."""
     candidates = await search_candidates(
         session,
         tenant_id=tenant_id,
@@ -227,11 +368,9 @@ async def rank_memories(
         conversation_id=conversation_id,
         exclude_turn_ids=exclude_turn_ids,
     )
-    live = await _in_live_conversations(
+    return await _in_live_conversations(
         session, fuse(candidates, query_text, fusion), tenant_id=tenant_id, user_id=user_id
     )
-    fresh = score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
-    return best_distinct([*live, *fresh], k, min_score)
 
 
 async def rank_by_keywords(
