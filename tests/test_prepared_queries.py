@@ -23,7 +23,8 @@ from sqlalchemy import event
 
 from indexer.pipeline import IndexPipeline
 from memory.config import default_embedding_model
-from memory.events import EventName
+from memory.events import EventName, RecallError
+from memory.recall.embedding_service import EmbeddingUnavailable
 from memory.recall.embeddings import HashEmbedder, SentenceTransformerEmbedder
 from memory.recall.index import Generation, MemoryIndex, current_generation
 from memory.recall.prepared_queries import PreparedQueries
@@ -329,6 +330,39 @@ async def test_a_query_encoded_for_another_generation_is_never_compared_with_thi
         prepared=prepared.take(key),
     )
     assert not recalled.query_ahead and recalled.query_vector == old.embed_one(QUESTION)
+
+
+class AwayForTurns(HashEmbedder):
+    """An encoder whose service answers the query but goes away before the unindexed turns."""
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if any(UNINDEXED_FACT in text for text in texts):  # the turn's text, never the query
+            raise EmbeddingUnavailable("the embedding service went away")
+        return await super().embed(texts)
+
+
+async def test_a_search_with_its_query_encoded_ahead_degrades_to_keywords_as_one_without(
+    db: Database, pg_url: str
+) -> None:
+    index = MemoryIndex(db, AwayForTurns(seed=0), check_seconds=3600)
+    current = await index.start()
+    await index_facts(db, index, pg_url, [FACT, "I sold my old bike to a neighbour in June."])
+    await chat_turns(db, [UNINDEXED_FACT], owner=OWNER)
+    prepared = PreparedQueries()
+    key = uuid.uuid4()
+    prepared.prepare(key, QUESTION, current, box_seconds=5)
+
+    async def search(**extra: Any) -> Any:
+        return await recall_memories(
+            db, index, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text=QUESTION, k=3, **extra
+        )
+
+    ahead = await search(prepared=prepared.take(key))
+    plain = await search()
+    assert ahead.query_ahead and ahead.degraded is not None and ahead.degraded == plain.degraded
+    assert ahead.degraded[0] == RecallError.EMBEDDING_UNAVAILABLE
+    assert [(m.turn_id, m.score) for m in ahead.memories] == [(m.turn_id, m.score) for m in plain.memories]
+    assert ahead.memories[0].text.endswith(FACT) and all(m.indexed for m in ahead.memories)
 
 
 async def test_the_holder_keeps_a_bounded_number_and_each_entry_is_taken_once() -> None:
