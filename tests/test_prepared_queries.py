@@ -27,7 +27,7 @@ from memory.events import EventName, RecallError
 from memory.recall.embedding_service import EmbeddingUnavailable
 from memory.recall.embeddings import HashEmbedder, SentenceTransformerEmbedder
 from memory.recall.index import Generation, MemoryIndex, current_generation
-from memory.recall.prepared_queries import PreparedQueries
+from memory.recall.prepared_queries import PreparedQueries, PreparedQuery
 from memory.recall.search import recall_memories
 from memory.record.conversations import Owner
 from memory.record.outbox import turn_payload
@@ -224,6 +224,14 @@ async def index_facts(db: Database, index: MemoryIndex, pg_url: str, texts: list
     await IndexPipeline(db, index, test_settings(pg_url)).index([turn_payload(t) for t in turns])
 
 
+async def ready(prepared: PreparedQueries, key: uuid.UUID) -> PreparedQuery:
+    """``key``'s entry once its encode has ended, as when a reply's recall comes after it."""
+    entry = prepared.take(key)
+    assert entry is not None
+    await asyncio.wait({entry.encode})
+    return entry
+
+
 # Said after the indexing: found only among the turns the indexer has not reached.
 UNINDEXED_FACT = "Ingrid's new flat in Reykjavik looks out over the old harbour."
 
@@ -246,7 +254,7 @@ async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode_bit_for_b
             db, index, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text=QUESTION, k=3, **extra
         )
 
-    ahead = await search(prepared=prepared.take(key))
+    ahead = await search(prepared=await ready(prepared, key))
     plain = await search()
     assert ahead.query_ahead and not plain.query_ahead
     assert ahead.query_vector == plain.query_vector  # the same floats, not just close
@@ -284,7 +292,7 @@ async def test_a_search_with_its_query_encoded_ahead_reads_in_one_transaction(
 
     key = uuid.uuid4()
     prepared.prepare(key, QUESTION, current, box_seconds=5)
-    ahead = await search(prepared=prepared.take(key))
+    ahead = await search(prepared=await ready(prepared, key))
     assert ahead.query_ahead and len(checkouts) == 1, checkouts
     plain = await search()
     assert not plain.query_ahead and len(checkouts) == 2, checkouts  # its encode comes between the reads
@@ -311,7 +319,7 @@ async def test_a_query_encoded_for_another_generation_is_never_compared_with_thi
             user_id=OWNER.user_id,
             query_text=QUESTION,
             k=3,
-            prepared=prepared.take(key),
+            prepared=await ready(prepared, key),
         )
         # ... it is dropped and the query encoded by the searched generation's encoder.
         assert recalled.query_ahead == (generation is current)
@@ -327,9 +335,67 @@ async def test_a_query_encoded_for_another_generation_is_never_compared_with_thi
         user_id=OWNER.user_id,
         query_text=QUESTION,
         k=3,
-        prepared=prepared.take(key),
+        prepared=await ready(prepared, key),
     )
     assert not recalled.query_ahead and recalled.query_vector == old.embed_one(QUESTION)
+
+
+class Held(HashEmbedder):
+    """An encoder whose query encode waits until ``free`` is set (an encoder busy with others)."""
+
+    def __init__(self, *, seed: int = 0) -> None:
+        super().__init__(seed=seed)
+        self.free = asyncio.Event()
+        self.log: list[str] = []
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if QUESTION in texts:
+            await self.free.wait()
+            self.log.append("query encoded")
+        return await super().embed(texts)
+
+
+async def test_a_search_whose_query_is_still_encoding_reads_the_unindexed_turns_meanwhile(
+    db: Database, pg_url: str
+) -> None:
+    embedder = Held(seed=0)
+    embedder.free.set()  # the indexing encodes freely
+    index = MemoryIndex(db, embedder, check_seconds=3600)
+    current = await index.start()
+    await index_facts(db, index, pg_url, [FACT])
+    await chat_turns(db, [UNINDEXED_FACT], owner=OWNER)
+    embedder.free.clear()
+    prepared = PreparedQueries()
+    key = uuid.uuid4()
+    prepared.prepare(key, QUESTION, current, box_seconds=5)
+    engine = db.engine.sync_engine
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "indexed_seq" in statement:
+            embedder.log.append("unindexed read")
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        search = asyncio.ensure_future(
+            recall_memories(
+                db,
+                index,
+                tenant_id=OWNER.tenant_id,
+                user_id=OWNER.user_id,
+                query_text=QUESTION,
+                k=3,
+                prepared=prepared.take(key),
+            )
+        )
+        # The read does not wait for the encode: the search waits for the vector after it.
+        await wait_until(lambda: "unindexed read" in embedder.log, what="the unindexed read")
+        embedder.free.set()
+        recalled = await search
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert embedder.log == ["unindexed read", "query encoded"], embedder.log
+    assert recalled.query_ahead and recalled.memories[0].text.endswith(FACT)
+    assert UNINDEXED_FACT in [m.text for m in recalled.memories]
 
 
 class AwayForTurns(HashEmbedder):
@@ -357,7 +423,7 @@ async def test_a_search_with_its_query_encoded_ahead_degrades_to_keywords_as_one
             db, index, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text=QUESTION, k=3, **extra
         )
 
-    ahead = await search(prepared=prepared.take(key))
+    ahead = await search(prepared=await ready(prepared, key))
     plain = await search()
     assert ahead.query_ahead and ahead.degraded is not None and ahead.degraded == plain.degraded
     assert ahead.degraded[0] == RecallError.EMBEDDING_UNAVAILABLE

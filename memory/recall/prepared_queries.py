@@ -62,6 +62,10 @@ class PreparedQuery:
             and self.generation.embedder is generation.embedder
         )
 
+    def ready(self) -> bool:
+        """The encode has ended (its vector, or its failure, is known): taking it waits for nothing."""
+        return self.encode.done()
+
     async def vector_for(self, text: str, generation: Generation) -> list[float] | None:
         """The vector, if it is for ``text`` in ``generation`` and came in time; else None (encode it)."""
         try:

@@ -11,12 +11,13 @@ encoder: under load, replies queue there, and would otherwise drain the pool.
    (``memory.recall.fusion``), kept only from conversations still live; the unindexed
    turns scored the same way; then the one de-duplication (``memory.recall.found``).
 
-A query whose vector was encoded ahead (``memory.recall.prepared_queries``) needs no
-encoder before the index search, so steps 1 and 3's reads share one transaction (a
-transaction's BEGIN, tenant scope and end are three round trips less before the first
-token), and only the unindexed turns the vector cache lacks are encoded after it, with
-no connection held. The memories found are the same: the same statements, the same
-scoring, the same de-duplication.
+A query whose vector was encoded ahead (``memory.recall.prepared_queries``) and is ready
+when the search starts needs no encoder before the index search, so steps 1 and 3's reads
+share one transaction (a transaction's BEGIN, tenant scope and end: three round trips
+fewer before the first token), and only the unindexed turns the vector cache lacks are
+encoded after it, with no connection held. The memories found are the same: the same
+statements, the same scoring, the same de-duplication. A vector still being encoded (its
+encoder busy) is waited for as before, after step 1, so that the read overlaps the wait.
 
 If the embedding service does not answer (``memory.recall.embedding_service``), step 3 ranks
 by keywords alone (BM25 order; unindexed turns, which need vectors, are left out) and the
@@ -107,7 +108,7 @@ async def recall_memories(
     latency: dict[str, float] = {}
     if k <= 0 or not query_text.strip():
         return Recalled([], latency)
-    if prepared is not None:
+    if prepared is not None and prepared.ready():
         # The query is encoded by the encoder of the generation it is compared with (never mixed).
         generation = await generation_of(embedder, db)
         query_vector = await prepared.vector_for(query_text, generation)
@@ -128,6 +129,8 @@ async def recall_memories(
                 fusion=fusion,
                 cache=cache,
             )
+        prepared = None  # another query's or generation's vector, or failed: encoded below
+    # Still encoding (its encoder busy): the unindexed turns are read meanwhile.
     started = time.perf_counter()
     async with db.session() as session:
         unindexed = await find_unindexed(
@@ -143,7 +146,8 @@ async def recall_memories(
     mark = time.perf_counter()
     generation = await generation_of(embedder, db)
     degraded: tuple[str, str] | None = None
-    query_vector = None
+    query_vector = await prepared.vector_for(query_text, generation) if prepared is not None else None
+    query_ahead = query_vector is not None
     try:
         query_vector, turn_vectors = await embed_for_recall(
             generation.embedder,
@@ -189,7 +193,7 @@ async def recall_memories(
                 fusion=fusion,
             )
     latency["rank"] = _ms_since(mark)
-    return Recalled(memories, latency, degraded, query_vector, generation)
+    return Recalled(memories, latency, degraded, query_vector, generation, query_ahead)
 
 
 async def _recall_encoded_ahead(
