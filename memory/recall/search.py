@@ -108,31 +108,12 @@ async def recall_memories(
     latency: dict[str, float] = {}
     if k <= 0 or not query_text.strip():
         return Recalled([], latency)
-    if prepared is not None and prepared.ready():
-        # The query is encoded by the encoder of the generation it is compared with (never mixed).
-        generation = await generation_of(embedder, db)
-        query_vector = await prepared.vector_for(query_text, generation)
-        if query_vector is not None:
-            return await _recall_encoded_ahead(
-                db,
-                generation,
-                query_vector,
-                tenant_id=tenant_id,
-                user_id=user_id,
-                query_text=query_text,
-                k=k,
-                conversation_id=conversation_id,
-                exclude_turn_ids=exclude_turn_ids,
-                min_score=min_score,
-                prepare_text=prepare_text,
-                unindexed_limit=unindexed_limit,
-                fusion=fusion,
-                cache=cache,
-            )
-        prepared = None  # another query's or generation's vector, or failed: encoded below
-    # Still encoding (its encoder busy): the unindexed turns are read meanwhile.
     started = time.perf_counter()
-    async with db.session() as session:
+    # The query is encoded by the encoder of the generation it is compared with (never mixed).
+    generation = await generation_of(embedder, db)
+    ahead = await prepared.vector_for(query_text, generation) if prepared and prepared.ready() else None
+    indexed: list[FoundMemory] | None = None
+    async with db.transaction() if ahead is not None else db.session() as session:
         unindexed = await find_unindexed(
             session,
             tenant_id=tenant_id,
@@ -142,11 +123,25 @@ async def recall_memories(
             prepare_text=prepare_text,
             limit=unindexed_limit,
         )
+        if ahead is not None:  # no encoder before the index search: it shares the transaction
+            indexed = await index_memories(
+                session,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                query_text=query_text,
+                query_vector=ahead,
+                index_id=generation.id,
+                k=k,
+                conversation_id=conversation_id,
+                exclude_turn_ids=exclude_turn_ids,
+                fusion=fusion,
+            )
     latency["unindexed"] = _ms_since(started)
     mark = time.perf_counter()
-    generation = await generation_of(embedder, db)
     degraded: tuple[str, str] | None = None
-    query_vector = await prepared.vector_for(query_text, generation) if prepared is not None else None
+    query_vector = ahead
+    if query_vector is None and prepared is not None:  # still encoding: waited for here
+        query_vector = await prepared.vector_for(query_text, generation)
     query_ahead = query_vector is not None
     try:
         query_vector, turn_vectors = await embed_for_recall(
@@ -161,101 +156,7 @@ async def recall_memories(
         degraded = (RecallError.EMBEDDING_UNAVAILABLE, str(exc))
     latency["embed"] = _ms_since(mark)
     mark = time.perf_counter()
-    async with db.transaction() as session:
-        if degraded is not None or query_vector is None:
-            memories = await rank_by_keywords(
-                session,
-                tenant_id=tenant_id,
-                user_id=user_id,
-                query_text=query_text,
-                dim=generation.embedder.dim,
-                index_id=generation.id,
-                k=k,
-                conversation_id=conversation_id,
-                exclude_turn_ids=exclude_turn_ids,
-                min_score=min_score,
-                depth=max(fusion.candidates, k + OVERFETCH),
-            )
-        else:
-            memories = await rank_memories(
-                session,
-                tenant_id=tenant_id,
-                user_id=user_id,
-                query_text=query_text,
-                query_vector=query_vector,
-                index_id=generation.id,
-                unindexed=unindexed,
-                turn_vectors=turn_vectors,
-                k=k,
-                conversation_id=conversation_id,
-                exclude_turn_ids=exclude_turn_ids,
-                min_score=min_score,
-                fusion=fusion,
-            )
-    latency["rank"] = _ms_since(mark)
-    return Recalled(memories, latency, degraded, query_vector, generation, query_ahead)
-
-
-async def _recall_encoded_ahead(
-    db: Database,
-    generation: Generation,
-    query_vector: list[float],
-    *,
-    tenant_id: str,
-    user_id: str,
-    query_text: str,
-    k: int,
-    conversation_id: uuid.UUID | None,
-    exclude_turn_ids: Collection[uuid.UUID],
-    min_score: float,
-    prepare_text: Callable[[str], str | None] | None,
-    unindexed_limit: int,
-    fusion: Fusion,
-    cache: VectorCache | None,
-) -> Recalled:
-    """``recall_memories`` with the query's vector at hand: both reads in one transaction, then
-    the unindexed turns encoded (no connection held) and scored as there."""
-    latency: dict[str, float] = {}
-    started = time.perf_counter()
-    async with db.transaction() as session:
-        unindexed = await find_unindexed(
-            session,
-            tenant_id=tenant_id,
-            user_id=user_id,
-            conversation_id=conversation_id,
-            exclude_turn_ids=exclude_turn_ids,
-            prepare_text=prepare_text,
-            limit=unindexed_limit,
-        )
-        latency["unindexed"] = _ms_since(started)
-        mark = time.perf_counter()
-        indexed = await index_memories(
-            session,
-            tenant_id=tenant_id,
-            user_id=user_id,
-            query_text=query_text,
-            query_vector=query_vector,
-            index_id=generation.id,
-            k=k,
-            conversation_id=conversation_id,
-            exclude_turn_ids=exclude_turn_ids,
-            fusion=fusion,
-        )
-    rank_ms = _ms_since(mark)
-    mark = time.perf_counter()
-    try:
-        _, turn_vectors = await embed_for_recall(
-            generation.embedder,
-            query_text,
-            unindexed,
-            cache,
-            generation_id=generation.id,
-            query_vector=query_vector,
-        )
-    except EmbeddingServiceError as exc:
-        # As in recall_memories: without the unindexed turns' vectors, keyword search alone.
-        latency["embed"] = _ms_since(mark)
-        mark = time.perf_counter()
+    if degraded is not None or query_vector is None:
         async with db.transaction() as session:
             memories = await rank_by_keywords(
                 session,
@@ -270,15 +171,25 @@ async def _recall_encoded_ahead(
                 min_score=min_score,
                 depth=max(fusion.candidates, k + OVERFETCH),
             )
-        latency["rank"] = _ms_since(mark)
-        degraded = (RecallError.EMBEDDING_UNAVAILABLE, str(exc))
-        return Recalled(memories, latency, degraded, None, generation, query_ahead=True)
-    latency["embed"] = _ms_since(mark)
-    mark = time.perf_counter()
-    fresh = score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
-    memories = best_distinct([*indexed, *fresh], k, min_score)
-    latency["rank"] = round(rank_ms + _ms_since(mark), 2)
-    return Recalled(memories, latency, None, query_vector, generation, query_ahead=True)
+    else:
+        if indexed is None:
+            async with db.transaction() as session:
+                indexed = await index_memories(
+                    session,
+                    tenant_id=tenant_id,
+                    user_id=user_id,
+                    query_text=query_text,
+                    query_vector=query_vector,
+                    index_id=generation.id,
+                    k=k,
+                    conversation_id=conversation_id,
+                    exclude_turn_ids=exclude_turn_ids,
+                    fusion=fusion,
+                )
+        fresh = score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
+        memories = best_distinct([*indexed, *fresh], k, min_score)
+    latency["rank"] = _ms_since(mark)
+    return Recalled(memories, latency, degraded, query_vector, generation, query_ahead)
 
 
 def _ms_since(started: float) -> float:
@@ -312,39 +223,6 @@ async def embed_for_recall(
     ]
     keys = [turn_key(generation_id, text) for text in embedded]
     return await embed_with_query(embedder, query_text, embedded, keys, cache, query_vector=query_vector)
-
-
-async def rank_memories(
-    session: AsyncSession,
-    *,
-    tenant_id: str,
-    user_id: str,
-    query_text: str,
-    query_vector: Sequence[float],
-    index_id: int,
-    unindexed: Sequence[UnindexedTurn],
-    turn_vectors: Sequence[Sequence[float]],
-    k: int,
-    conversation_id: uuid.UUID | None = None,
-    exclude_turn_ids: Collection[uuid.UUID] = (),
-    min_score: float = 0.0,
-    fusion: Fusion = DEFAULT_FUSION,
-) -> list[FoundMemory]:
-    """Search the index and fuse in the unindexed turns: the user's ``k`` best memories."""
-    live = await index_memories(
-        session,
-        tenant_id=tenant_id,
-        user_id=user_id,
-        query_text=query_text,
-        query_vector=query_vector,
-        index_id=index_id,
-        k=k,
-        conversation_id=conversation_id,
-        exclude_turn_ids=exclude_turn_ids,
-        fusion=fusion,
-    )
-    fresh = score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
-    return best_distinct([*live, *fresh], k, min_score)
 
 
 async def index_memories(
