@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import httpx
+from openai import AsyncOpenAI
 from sqlalchemy import func, select, text
 
 from chat_api.tools import Tool, ToolRegistry, default_registry
@@ -16,6 +17,7 @@ from memory.prompt.templates import load_prompts
 from memory.storage.db import Database
 from memory.storage.models import OutboxRow, ToolInvocation, Turn
 from tests.conftest import LiveServer
+from tests.openai_support import MODEL, async_sdk, make_key, new_user
 from tests.procs import server_process
 from tests.sse import SSEEvent, collect, iter_sse
 from tests.support import new_conversation, wait_until
@@ -463,6 +465,44 @@ async def test_a_client_resuming_from_the_last_event_it_saw_after_a_crash_sees_t
         done_id = done.json()["turns"][-1]["reply_id"]
         again = await _events(client, done_id, {"Last-Event-ID": str(2**31 - 1)})
         assert [e.event for e in again] == [EventName.TURN_COMPLETED]
+
+
+async def test_a_responses_client_resuming_from_the_last_event_it_saw_after_a_crash_sees_the_response_fail(
+    pg_url: str, start_server: Any
+) -> None:
+    """The Responses door's resume (`starting_after` = the last sequence number the client saw).
+
+    The crash lost the events after the last checkpoint, so the ending the reaper stored is
+    numbered below the client's position: it was an empty stream, no `response.failed`, and
+    the SDK's iteration ended as if the response had nothing more to say.
+    """
+    survivor: LiveServer = await start_server(heartbeat_timeout_seconds=5.0, reaper_interval_seconds=0.2)
+    user = new_user()
+    async with server_process(
+        pg_url, demo_tokens_per_second=20, checkpoint_interval_ms=2000, checkpoint_chars=100_000
+    ) as victim:
+        key = await make_key(victim, user)
+        stream = await async_sdk(victim, key).responses.create(
+            model=MODEL, input="/long", background=True, stream=True
+        )
+        seen: list[Any] = []
+        async for event in stream:
+            seen.append(event)
+            if sum(e.type == "response.output_text.delta" for e in seen) == 15:
+                victim.kill()
+                break
+        await stream.close()
+    response_id = seen[0].response.id
+    client = AsyncOpenAI(base_url=f"{survivor.base_url}/openai/v1", api_key=key, max_retries=0, timeout=30)
+    last_seen = seen[-1].sequence_number
+    resumed = await client.responses.retrieve(response_id, stream=True, starting_after=last_seen)
+    ending = [event async for event in resumed]
+    assert [e.type for e in ending] == ["response.failed"]
+    assert ending[0].response.error.code == "process_died"
+    stored = await client.responses.retrieve(response_id)
+    assert stored.status == "failed"
+    seen_text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+    assert seen_text.startswith(stored.output_text)  # the last checkpoint's text: empty, or a prefix
 
 
 REFUSE_ENDINGS = (

@@ -354,20 +354,39 @@ async def _sse(
     stop: bool,
     after: int = -1,
 ) -> AsyncIterator[bytes]:
-    """The reply as Responses events after `after`; with `stop`, the client leaving stops the reply."""
+    """The reply as Responses events after `after`; with `stop`, the client leaving stops the reply.
+
+    A client resuming at or past the stored ending still gets the terminal event (numbered as
+    stored), never an empty stream: a process that crashed lost the events after its last
+    checkpoint, which the client may have seen, and the reaper stored the ending with a lower
+    number than the client's last.
+    """
+    sent = False
+    last: list[ResponseEvent] = []
+
+    def frames(events: list[ResponseEvent]) -> bytes:
+        nonlocal sent
+        out = _frames(events, after)
+        sent = sent or bool(out)
+        if events:
+            last[:] = events[-1:]
+        if translator.ended and not sent:
+            return _frames(last, -1)
+        return out
+
     try:
         events = translator.opening() + [e for event in head for e in translator.feed(event)]
         if translator.ended:
-            yield _frames(events, after)
+            yield frames(events)
             return
-        yield _frames(events, after)
+        yield frames(events)
         async for batch in batches:
-            out = _frames([e for event in batch for e in translator.feed(event)], after)
+            out = frames([e for event in batch for e in translator.feed(event)])
             if out:
                 yield out
             if translator.ended:
                 return
-        yield _frames(translator.end_of_log(), after)
+        yield frames(translator.end_of_log())
     finally:
         if stop and not translator.ended:
             # Synchronous, before any await: a cancelled stream may not get to await again.
