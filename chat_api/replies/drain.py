@@ -26,6 +26,7 @@ uvicorn would close every WebSocket at the signal; `chatmem serve` leaves them o
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import signal
@@ -142,7 +143,9 @@ class Drain:
 
         def handle(sig: int, frame: FrameType | None) -> None:
             self._signalled = True
-            loop.call_soon_threadsafe(self.begin)
+            # In a fresh context: the signal interrupts whatever ran, often a request, whose
+            # context (request id, tenant, user) the drain's logs and task must not carry.
+            loop.call_soon_threadsafe(self.begin, context=contextvars.Context())
             before: Any = previous[signal.Signals(sig)]
             if callable(before):
                 before(sig, frame)
