@@ -236,13 +236,13 @@ async def ready(prepared: PreparedQueries, key: uuid.UUID) -> PreparedQuery:
 UNINDEXED_FACT = "Ingrid's new flat in Reykjavik looks out over the old harbour."
 
 
-async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode_bit_for_bit(
-    db: Database, pg_url: str, real_encoder: SentenceTransformerEmbedder
-) -> None:
-    index = MemoryIndex(db, real_encoder)
-    await index.start()
+async def searched_ahead_and_not(
+    db: Database, index: MemoryIndex, pg_url: str, unindexed: list[str]
+) -> tuple[Any, Any, PreparedQueries]:
+    """The same search with its query encoded ahead, then without, over two indexed facts and
+    the ``unindexed`` chat turns; and the holder the encoded-ahead query was taken from."""
     await index_facts(db, index, pg_url, [FACT, "I sold my old bike to a neighbour in June."])
-    await chat_turns(db, [UNINDEXED_FACT, "What a view that must be."], owner=OWNER)
+    await chat_turns(db, unindexed, owner=OWNER)
     generation = current_generation(index)
     assert generation is not None
     prepared = PreparedQueries()
@@ -255,7 +255,17 @@ async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode_bit_for_b
         )
 
     ahead = await search(prepared=await ready(prepared, key))
-    plain = await search()
+    return ahead, await search(), prepared
+
+
+async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode_bit_for_bit(
+    db: Database, pg_url: str, real_encoder: SentenceTransformerEmbedder
+) -> None:
+    index = MemoryIndex(db, real_encoder)
+    await index.start()
+    ahead, plain, prepared = await searched_ahead_and_not(
+        db, index, pg_url, [UNINDEXED_FACT, "What a view that must be."]
+    )
     assert ahead.query_ahead and not plain.query_ahead
     assert ahead.query_vector == plain.query_vector  # the same floats, not just close
     found = [(m.turn_id, m.score, m.indexed) for m in ahead.memories]
@@ -411,20 +421,8 @@ async def test_a_search_with_its_query_encoded_ahead_degrades_to_keywords_as_one
     db: Database, pg_url: str
 ) -> None:
     index = MemoryIndex(db, AwayForTurns(seed=0), check_seconds=3600)
-    current = await index.start()
-    await index_facts(db, index, pg_url, [FACT, "I sold my old bike to a neighbour in June."])
-    await chat_turns(db, [UNINDEXED_FACT], owner=OWNER)
-    prepared = PreparedQueries()
-    key = uuid.uuid4()
-    prepared.prepare(key, QUESTION, current, box_seconds=5)
-
-    async def search(**extra: Any) -> Any:
-        return await recall_memories(
-            db, index, tenant_id=OWNER.tenant_id, user_id=OWNER.user_id, query_text=QUESTION, k=3, **extra
-        )
-
-    ahead = await search(prepared=await ready(prepared, key))
-    plain = await search()
+    await index.start()
+    ahead, plain, _ = await searched_ahead_and_not(db, index, pg_url, [UNINDEXED_FACT])
     assert ahead.query_ahead and ahead.degraded is not None and ahead.degraded == plain.degraded
     assert ahead.degraded[0] == RecallError.EMBEDDING_UNAVAILABLE
     assert [(m.turn_id, m.score) for m in ahead.memories] == [(m.turn_id, m.score) for m in plain.memories]

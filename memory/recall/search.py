@@ -111,7 +111,25 @@ async def recall_memories(
     started = time.perf_counter()
     # The query is encoded by the encoder of the generation it is compared with (never mixed).
     generation = await generation_of(embedder, db)
-    ahead = await prepared.vector_for(query_text, generation) if prepared and prepared.ready() else None
+
+    async def search_index(session: AsyncSession, query_vector: list[float]) -> list[FoundMemory]:
+        return await index_memories(
+            session,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            query_text=query_text,
+            query_vector=query_vector,
+            index_id=generation.id,
+            k=k,
+            conversation_id=conversation_id,
+            exclude_turn_ids=exclude_turn_ids,
+            fusion=fusion,
+        )
+
+    # A vector encoded ahead and ready now: no encoder before the index search, which then
+    # shares the unindexed read's transaction. One still encoding is waited for after the read.
+    ready = prepared is not None and prepared.ready()
+    ahead = await prepared.vector_for(query_text, generation) if prepared is not None and ready else None
     indexed: list[FoundMemory] | None = None
     async with db.transaction() if ahead is not None else db.session() as session:
         unindexed = await find_unindexed(
@@ -123,24 +141,13 @@ async def recall_memories(
             prepare_text=prepare_text,
             limit=unindexed_limit,
         )
-        if ahead is not None:  # no encoder before the index search: it shares the transaction
-            indexed = await index_memories(
-                session,
-                tenant_id=tenant_id,
-                user_id=user_id,
-                query_text=query_text,
-                query_vector=ahead,
-                index_id=generation.id,
-                k=k,
-                conversation_id=conversation_id,
-                exclude_turn_ids=exclude_turn_ids,
-                fusion=fusion,
-            )
+        if ahead is not None:
+            indexed = await search_index(session, ahead)
     latency["unindexed"] = _ms_since(started)
     mark = time.perf_counter()
     degraded: tuple[str, str] | None = None
     query_vector = ahead
-    if query_vector is None and prepared is not None:  # still encoding: waited for here
+    if prepared is not None and not ready:
         query_vector = await prepared.vector_for(query_text, generation)
     query_ahead = query_vector is not None
     try:
@@ -174,18 +181,7 @@ async def recall_memories(
     else:
         if indexed is None:
             async with db.transaction() as session:
-                indexed = await index_memories(
-                    session,
-                    tenant_id=tenant_id,
-                    user_id=user_id,
-                    query_text=query_text,
-                    query_vector=query_vector,
-                    index_id=generation.id,
-                    k=k,
-                    conversation_id=conversation_id,
-                    exclude_turn_ids=exclude_turn_ids,
-                    fusion=fusion,
-                )
+                indexed = await search_index(session, query_vector)
         fresh = score_unindexed(unindexed, turn_vectors, query_text, query_vector, fusion)
         memories = best_distinct([*indexed, *fresh], k, min_score)
     latency["rank"] = _ms_since(mark)
