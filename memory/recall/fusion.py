@@ -316,7 +316,8 @@ def fusion_features(candidates: Sequence[CandidateSignals], query_text: str) -> 
         stamp = c.created_at.timestamp() if c.created_at is not None else oldest
         recency = (stamp - oldest) / max(newest - oldest, 1.0)
         day_cosine, day_bm25 = day_best[_day(c)]
-        has_name = _NAME_INSIDE.search(c.text) is not None
+        # Only a where/who question reads it: the search over a long reply is most of this loop.
+        has_name = (asks_where or asks_who) and _NAME_INSIDE.search(c.text) is not None
         rows.append(
             (
                 c.cosine,
