@@ -182,3 +182,38 @@ def test_0022_drops_the_unread_hnsw_index_and_a_search_still_ranks_by_vector(pg_
     assert (before, after) == (["ix_memory_embedding"], [])
     assert [rank for _, rank in found_before] == [rank for _, rank in found_after] == [1]
     asyncio.run(admin(pg_url, "DROP DATABASE upgrade_0022"))
+
+
+# The leading column of every index on memory_items.
+MEMORY_INDEX_LEADS = text(
+    """
+    SELECT c.relname, a.attname
+    FROM pg_index i
+    JOIN pg_class c ON c.oid = i.indexrelid
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+    WHERE i.indrelid = 'memory_items'::regclass
+    """
+)
+
+
+def test_0023_a_turns_memory_rows_are_found_by_the_turn_on_postgres_without_skip_scan(pg_url: str) -> None:
+    # The window's check of the memories it showed (before every reply) and retention look rows
+    # up by turn alone. The only index holding turn_id led with index_id: PostgreSQL 18 skip-scans
+    # it, 17 (the Compose file's) read all of it for every lookup. An installation at 0022 gains
+    # an index that leads with turn_id.
+    async def index_leads(url: str) -> dict[str, str]:
+        db = Database(url, pool_size=1)
+        try:
+            async with db.session() as session:
+                return {row.relname: row.attname for row in await session.execute(MEMORY_INDEX_LEADS)}
+        finally:
+            await db.dispose()
+
+    url = fresh_database(pg_url, "upgrade_0023")
+    upgrade(url, "0022")  # the revision 0023 follows
+    before = asyncio.run(index_leads(url))
+    upgrade(url, "head")
+    after = asyncio.run(index_leads(url))
+    assert "turn_id" not in before.values()
+    assert after.get("ix_memory_turn") == "turn_id"
+    asyncio.run(admin(pg_url, "DROP DATABASE upgrade_0023"))

@@ -337,6 +337,8 @@ class MemoryItem(Base):
         ),
         Index("ix_memory_owner", "tenant_id", "user_id", "index_id"),
         Index("ix_memory_conversation", "conversation_id"),
+        # A turn's rows by the turn alone (without skip scan, before PostgreSQL 18: migration 0023).
+        Index("ix_memory_turn", "turn_id"),
         # sqlalchemy.text, not the `text` column above.
         Index("ix_memory_deleted", "deleted_at", postgresql_where=sql_text("deleted_at IS NOT NULL")),
         # No GIN on search_terms and no HNSW on embedding: a search matches terms and takes
