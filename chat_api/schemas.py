@@ -210,6 +210,7 @@ class TurnOut(BaseModel):
 
 class TurnList(BaseModel):
     items: list[TurnOut]
+    next_cursor: str | None
 
 
 class ReplyOut(BaseModel):

@@ -18,7 +18,13 @@ from chat_api.schemas import (
     TurnOut,
 )
 from memory.record import conversations as repo
-from memory.record.branches import branch_history, conversation_branch
+from memory.record.branches import (
+    NO_LIMIT,
+    branch_history_page,
+    conversation_branch,
+    decode_history_cursor,
+    encode_history_cursor,
+)
 
 router = door_router(prefix="/v1/conversations", tags=["conversations"])
 
@@ -90,16 +96,25 @@ async def get_turns(
     owner: OwnerDep,
     services: ServicesDep,
     branch: uuid.UUID | None = Query(None, description="A branch of the conversation (default: active)."),
+    limit: int = Query(100, ge=1, le=500, description="Most turns in the page."),
+    cursor: str | None = Query(None, max_length=512, description="`next_cursor` of the newer page."),
 ) -> TurnList:
-    """The full display history of a branch: every turn with its status and tool calls, whole.
+    """The display history of a branch, a page at a time: the newest `limit` turns (before the
+    cursor), oldest first, every turn with its status and tool calls, whole; `next_cursor` reads
+    the turns before them (null: the page starts the history).
 
     A fork's history starts with the turns it shares with the original (their own
     `conversation_id`); other branches stay readable with `?branch=`.
     """
+    below = decode_history_cursor(cursor) if cursor else NO_LIMIT
     async with services.db.session() as session:
         conversation = await repo.get_conversation(session, owner, conversation_id)
-        turns = await branch_history(session, await conversation_branch(session, conversation, branch))
-    return TurnList(items=[TurnOut.of(t) for t in turns])
+        history = await conversation_branch(session, conversation, branch)
+        turns, first_seq = await branch_history_page(session, history, limit=limit, below_seq=below)
+    return TurnList(
+        items=[TurnOut.of(t) for t in turns],
+        next_cursor=None if first_seq is None else encode_history_cursor(first_seq),
+    )
 
 
 @router.get("/{conversation_id}/context")

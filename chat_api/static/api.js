@@ -81,8 +81,17 @@ export class Api {
     return this.request("PATCH", `/v1/conversations/${id}`, { title });
   }
 
-  listTurns(conversationId) {
-    return this.request("GET", `/v1/conversations/${conversationId}/turns`);
+  /** The active branch's whole history, oldest first: its pages (newest first) put together. */
+  async listTurns(conversationId) {
+    const pages = [];
+    let cursor = null;
+    do {
+      const query = `limit=500${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`;
+      const page = await this.request("GET", `/v1/conversations/${conversationId}/turns?${query}`);
+      pages.unshift(page.items);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return { items: pages.flat() };
   }
 
   getTurn(turnId) {

@@ -22,6 +22,8 @@ through ``memory.record.conversations.get_conversation`` and ``memory.record.tur
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -53,6 +55,22 @@ BRANCH_HISTORY = text(
     SELECT t.* FROM {_LINEAGE}
     JOIN turns t ON t.branch_id = l.branch_id AND t.seq <= l.max_seq AND t.deleted_at IS NULL
     ORDER BY t.seq
+    """
+)
+
+# One page of a history, newest first: the newest `limit` turns below a seq of each lineage
+# entry (an index range scan each), then overall. A long history is never read whole.
+BRANCH_HISTORY_PAGE = text(
+    f"""
+    SELECT t.* FROM {_LINEAGE}
+    CROSS JOIN LATERAL (
+        SELECT * FROM turns t
+        WHERE t.branch_id = l.branch_id AND t.seq <= LEAST(l.max_seq, :below_seq - 1) AND t.deleted_at IS NULL
+        ORDER BY t.seq DESC
+        LIMIT :limit
+    ) t
+    ORDER BY t.seq DESC
+    LIMIT :limit
     """
 )
 
@@ -171,6 +189,38 @@ async def branch_history(session: AsyncSession, branch: Branch) -> list[Turn]:
     """Every turn of the branch's history, oldest first (shared turns keep their own conversation id)."""
     rows = await session.execute(select(Turn).from_statement(BRANCH_HISTORY), _lineage_params(branch))
     return list(rows.scalars())
+
+
+def encode_history_cursor(seq: int) -> str:
+    """An opaque cursor for the page of a history before the turn with this seq."""
+    return base64.urlsafe_b64encode(json.dumps(["before", seq]).encode()).decode().rstrip("=")
+
+
+def decode_history_cursor(cursor: str) -> int:
+    """The seq a history cursor reads before, or InvalidInput."""
+    try:
+        tag, seq = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if tag != "before" or type(seq) is not int or not 0 < seq <= NO_LIMIT:
+            raise ValueError("not a history cursor")
+        return seq
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidInput("malformed cursor", field="cursor") from exc
+
+
+async def branch_history_page(
+    session: AsyncSession, branch: Branch, *, limit: int, below_seq: int = NO_LIMIT
+) -> tuple[list[Turn], int | None]:
+    """The newest `limit` turns of the branch's history below `below_seq`, oldest first, and the
+    seq to read the page before them from (None: the page reaches the history's start)."""
+    rows = await session.execute(
+        select(Turn).from_statement(BRANCH_HISTORY_PAGE),
+        {**_lineage_params(branch), "limit": limit + 1, "below_seq": below_seq},
+    )
+    newest_first = list(rows.scalars())
+    more = len(newest_first) > limit
+    page = newest_first[:limit]
+    page.reverse()
+    return page, (page[0].seq if more else None)
 
 
 async def newest_turn(
