@@ -74,6 +74,22 @@ BRANCH_HISTORY_PAGE = text(
     """
 )
 
+# The oldest user turn of a history the client names by its own id (kept in the turn's metadata
+# under :key), or by the turn's id when the client gave it none.
+USER_TURN_NAMED = text(
+    f"""
+    SELECT t.* FROM {_LINEAGE}
+    JOIN turns t ON t.branch_id = l.branch_id AND t.seq <= l.max_seq AND t.deleted_at IS NULL
+    WHERE t.role = 'user'
+      AND CASE WHEN jsonb_typeof(t.metadata -> CAST(:key AS text)) = 'string'
+                    AND t.metadata ->> CAST(:key AS text) <> ''
+               THEN t.metadata ->> CAST(:key AS text) = CAST(:message_id AS text)
+               ELSE CAST(t.id AS text) = CAST(:message_id AS text) END
+    ORDER BY t.seq
+    LIMIT 1
+    """
+)
+
 # The newest turn of a lineage below a seq (optionally of one role): newest per entry, then overall.
 NEWEST_TURN = text(
     f"""
@@ -221,6 +237,16 @@ async def branch_history_page(
     page = newest_first[:limit]
     page.reverse()
     return page, (page[0].seq if more else None)
+
+
+async def user_turn_named(session: AsyncSession, branch: Branch, key: str, message_id: str) -> Turn | None:
+    """The oldest user turn of the branch's history whose client id (metadata `key`) is
+    `message_id`, or whose own id is when the client gave it none."""
+    rows = await session.execute(
+        select(Turn).from_statement(USER_TURN_NAMED),
+        {**_lineage_params(branch), "key": key, "message_id": message_id},
+    )
+    return rows.scalars().first()
 
 
 async def newest_turn(

@@ -54,20 +54,21 @@ from chat_api.protocols.ag_ui.thread import (
     RUN_ID,
     snapshot,
     thread_messages,
-    user_message_id,
 )
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
 from memory.events import StopReason, TurnStatus
 from memory.record.ai_sdk_chats import CHAT_ID, find_chat, remember_message_id
 from memory.record.branches import (
-    branch_history,
+    NO_LIMIT,
+    branch_history_page,
     conversation_branch,
     fork_branch,
     load_branch,
+    user_turn_named,
 )
 from memory.record.reply_state import reply_state
-from memory.storage.models import Conversation, Turn
+from memory.storage.models import Branch, Conversation, Turn
 
 # isort: split
 # The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.
@@ -80,6 +81,9 @@ from chat_api.replies import (
 )
 
 router = door_router(prefix="/v1/ag-ui", tags=["ag-ui"])
+
+# Turns read at a time while looking for the message a new one follows.
+FORK_POINT_PAGE = 50
 
 ThreadId = Annotated[str, Path(min_length=1, max_length=128, pattern=CHAT_ID.pattern)]
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
@@ -150,15 +154,14 @@ async def _begin_message(
     assert request.user_message is not None
     message_id, text = request.user_message
     active = await conversation_branch(session, conversation)
-    turns = await branch_history(session, active)
-    again = next((t for t in turns if t.role == "user" and user_message_id(t) == message_id), None)
+    again = await user_turn_named(session, active, CLIENT_MESSAGE_ID, message_id)
     if again is not None:
         # The client sent a message chatmem already has as its last one: answer it again (a reload).
         parent = await load_branch(session, again.branch_id)
         await fork_branch(session, conversation, parent=parent, fork_seq=again.seq)
         started = await answer_again(services, session, conversation, reply_id, again)
     else:
-        fork_seq = _fork_point(turns, request.previous_id)
+        fork_seq = await _fork_point(session, active, request.previous_id)
         if fork_seq is not None:
             await fork_branch(session, conversation, parent=active, fork_seq=fork_seq)
         started = await store_message(
@@ -169,28 +172,36 @@ async def _begin_message(
     return started
 
 
-def _fork_point(turns: Sequence[Turn], previous_id: str | None) -> int | None:
+async def _fork_point(session: AsyncSession, active: Branch, previous_id: str | None) -> int | None:
     """Where the client's history ends, if before chatmem's: the seq a new branch keeps up to.
 
     None: the client's history ends where chatmem's does, or names nothing chatmem knows (a
     client that sends only the new message, say): the stored history wins, and the new
-    message continues the active branch.
+    message continues the active branch. The history is read newest page first: the message
+    a client continues from is nearly always among the newest, and a long thread is not read
+    whole (nor turned into AG-UI messages) for every message.
     """
-    if not turns or previous_id is None:
+    if previous_id is None:
         return None
-    ends = {}  # AG-UI message id -> the seq its message ends at (a reply ends with its last turn)
-    reply_end: dict[uuid.UUID, int] = {}
-    for turn in turns:
-        if turn.reply_id is not None and turn.role != "user":
-            reply_end[turn.reply_id] = turn.seq
-    for turn in turns:
-        end = reply_end.get(turn.reply_id, turn.seq) if turn.role != "user" and turn.reply_id else turn.seq
-        for message in thread_messages([turn]):
-            ends[message.id] = end
-    found = ends.get(previous_id)
-    if found is None or found >= turns[-1].seq:
-        return None
-    return found
+    newest: int | None = None
+    reply_end: dict[uuid.UUID, int] = {}  # a reply's message ends with its last turn
+    below = NO_LIMIT
+    while True:
+        page, first_seq = await branch_history_page(session, active, limit=FORK_POINT_PAGE, below_seq=below)
+        if not page:
+            return None
+        newest = page[-1].seq if newest is None else newest
+        for turn in reversed(page):
+            if turn.reply_id is not None and turn.role != "user":
+                reply_end.setdefault(turn.reply_id, turn.seq)
+        for turn in reversed(page):  # the newest message of an id wins
+            if previous_id in (message.id for message in thread_messages([turn])):
+                replied = turn.role != "user" and turn.reply_id is not None
+                end = reply_end.get(turn.reply_id, turn.seq) if replied and turn.reply_id else turn.seq
+                return None if end >= newest else end
+        if first_seq is None:
+            return None
+        below = first_seq
 
 
 @router.post("/{thread_id}/connect", response_model=None, responses=STREAM_RESPONSE)
