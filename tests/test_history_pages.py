@@ -132,3 +132,58 @@ async def test_an_ag_ui_message_on_a_long_thread_does_not_read_the_whole_thread(
         history = await whole_history(client, thread, limit=500)
         assert history[:11] == [f"message {i}" for i in range(10)] + ["an edit after message 9"]
         assert len(history) == 12  # and its reply
+
+
+async def test_a_client_tool_result_on_a_long_thread_does_not_read_the_whole_thread(
+    server: LiveServer,
+) -> None:
+    tools = [{"name": "get_weather", "description": "The weather", "parameters": {"type": "object"}}]
+    async with server.client() as client:
+        thread = await imported(client, TURNS)
+        newest = (await page(client, thread, limit=1))["items"][0]
+        ask = {"id": str(uuid.uuid4()), "role": "user", "content": '/tool get_weather {"city": "Oslo"}'}
+        sent = [{"id": newest["id"], "role": "assistant", "content": "…"}, ask]
+        body = {"threadId": thread, "runId": str(uuid.uuid4()), "messages": sent, "tools": tools}
+        async with client.stream("POST", "/v1/ag-ui", json=body) as response:
+            events = [item.data async for item in iter_sse(response)]
+        start = next(e for e in events if e["type"] == "TOOL_CALL_START")
+        call = {
+            "id": start["toolCallId"],
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": "{}"},
+        }
+        answer = {"id": str(uuid.uuid4()), "role": "tool", "toolCallId": call["id"], "content": "sunny, 21 C"}
+        with turns_loaded() as loaded:
+            await ag_ui_run(
+                client,
+                thread,
+                [*sent, {"id": start["parentMessageId"], "role": "assistant", "toolCalls": [call]}, answer],
+            )
+        assert loaded[0] < 200, loaded[0]
+        stored = (await page(client, thread, limit=5))["items"]
+        assert [t["content"] for t in stored if t["role"] == "tool"] == ["sunny, 21 C"]
+        assert stored[-1]["role"] == "assistant" and stored[-1]["status"] == "completed"
+
+
+async def test_an_ai_sdk_edit_of_a_recent_message_on_a_long_chat_does_not_read_the_whole_chat(
+    server: LiveServer,
+) -> None:
+    async with server.client() as client:
+        chat = await imported(client, TURNS)
+        last_user = (await page(client, chat, limit=2))["items"][0]
+        assert last_user["role"] == "user"
+        edited = {
+            "id": last_user["id"],
+            "role": "user",
+            "parts": [{"type": "text", "text": "edited last question"}],
+        }
+        body = {"id": chat, "trigger": "submit-message", "messageId": last_user["id"], "messages": [edited]}
+        with turns_loaded() as loaded:
+            async with client.stream("POST", "/v1/ai-sdk/chat", json=body) as response:
+                assert response.status_code == 200, await response.aread()
+                parts = [item.data async for item in iter_sse(response)]
+        assert loaded[0] < 200, loaded[0]
+        assert parts[-1] == "[DONE]" or parts[-1].get("type") == "finish", parts[-3:]
+        history = await whole_history(client, chat, limit=500)
+        assert history[-2] == "edited last question"
+        assert history[: TURNS - 2] == [f"message {i}" for i in range(TURNS - 2)]

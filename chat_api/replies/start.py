@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +27,11 @@ from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
 from memory.errors import ConversationBusy, InvalidInput
 from memory.events import EventName, StopReason, TurnStartedData, TurnStatus
 from memory.record.branches import (
-    branch_history,
     conversation_branch,
     edit_point,
     fork_branch,
+    history_newest_first,
+    newest_turn,
     regenerate_point,
     user_turn_before,
 )
@@ -37,7 +39,7 @@ from memory.record.conversations import Owner, get_conversation
 from memory.record.outbox import record_finished_turn
 from memory.record.reply_endings import end_parked_reply, wait_for_parked_turn
 from memory.record.reply_state import reply_state
-from memory.record.tool_calls import takes_a_result, tool_calls_of
+from memory.record.tool_calls import ToolCall, takes_a_result, tool_calls_of
 from memory.record.turns import add_turn, begin_answer, begin_reply, find_by_idempotency_key, get_turn
 from memory.storage.models import Conversation, Turn
 
@@ -172,14 +174,19 @@ async def answer_tool_results(
     never see the result), is InvalidInput (nothing is stored); one already stored is not
     stored twice.
     """
-    turns = await branch_history(session, await conversation_branch(session, conversation))
-    calls = {
-        str(call.get("id")): (turn, call)
-        for turn in turns
-        if turn.role == "assistant"
-        for call in tool_calls_of(turn.tool_calls)
-    }
-    answered = {turn.tool_call_id for turn in turns if turn.role == "tool"}
+    branch = await conversation_branch(session, conversation)
+    wanted = {call_id for call_id, _ in results}
+    calls: dict[str, tuple[Turn, ToolCall]] = {}
+    answered: set[str | None] = set()  # a result comes after its call: the newest turns hold it
+    async with aclosing(history_newest_first(session, branch)) as history:
+        async for turn in history:
+            if turn.role == "tool":
+                answered.add(turn.tool_call_id)
+            elif turn.role == "assistant":
+                for call in tool_calls_of(turn.tool_calls):
+                    calls.setdefault(str(call.get("id")), (turn, call))  # the newest call of an id wins
+                if wanted <= calls.keys():
+                    break
     for call_id, content in results:
         found = calls.get(call_id)
         if found is None:
@@ -210,7 +217,7 @@ async def answer_tool_results(
             last_event_id=0,
             meta=(meta or {}).get(call_id),
         )
-    user_turn = next((turn for turn in reversed(turns) if turn.role == "user"), None)
+    user_turn = await newest_turn(session, branch, role="user")
     if user_turn is None:
         raise InvalidInput("the conversation has no user message to answer", field="messages")
     return await answer_again(services, session, conversation, reply_id, user_turn, idempotency_key)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Collection
+from collections.abc import AsyncGenerator, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -237,6 +237,21 @@ async def branch_history_page(
     page = newest_first[:limit]
     page.reverse()
     return page, (page[0].seq if more else None)
+
+
+async def history_newest_first(
+    session: AsyncSession, branch: Branch, *, page: int = 50
+) -> AsyncGenerator[Turn, None]:
+    """The branch's history newest turn first, read a page at a time: a caller that stops early
+    (what it looks for is nearly always among the newest) never reads a long history whole."""
+    below = NO_LIMIT
+    while True:
+        turns, first_seq = await branch_history_page(session, branch, limit=page, below_seq=below)
+        for turn in reversed(turns):
+            yield turn
+        if first_seq is None:
+            return
+        below = first_seq
 
 
 async def user_turn_named(session: AsyncSession, branch: Branch, key: str, message_id: str) -> Turn | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -60,10 +61,9 @@ from memory.errors import InvalidInput, NotFound
 from memory.events import StopReason, TurnStatus
 from memory.record.ai_sdk_chats import CHAT_ID, find_chat, remember_message_id
 from memory.record.branches import (
-    NO_LIMIT,
-    branch_history_page,
     conversation_branch,
     fork_branch,
+    history_newest_first,
     load_branch,
     user_turn_named,
 )
@@ -82,8 +82,6 @@ from chat_api.replies import (
 
 router = door_router(prefix="/v1/ag-ui", tags=["ag-ui"])
 
-# Turns read at a time while looking for the message a new one follows.
-FORK_POINT_PAGE = 50
 
 ThreadId = Annotated[str, Path(min_length=1, max_length=128, pattern=CHAT_ID.pattern)]
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
@@ -177,31 +175,24 @@ async def _fork_point(session: AsyncSession, active: Branch, previous_id: str | 
 
     None: the client's history ends where chatmem's does, or names nothing chatmem knows (a
     client that sends only the new message, say): the stored history wins, and the new
-    message continues the active branch. The history is read newest page first: the message
-    a client continues from is nearly always among the newest, and a long thread is not read
-    whole (nor turned into AG-UI messages) for every message.
+    message continues the active branch. Read newest first, so a long thread is not read
+    whole (nor made AG-UI messages of) for every message.
     """
     if previous_id is None:
         return None
     newest: int | None = None
     reply_end: dict[uuid.UUID, int] = {}  # a reply's message ends with its last turn
-    below = NO_LIMIT
-    while True:
-        page, first_seq = await branch_history_page(session, active, limit=FORK_POINT_PAGE, below_seq=below)
-        if not page:
-            return None
-        newest = page[-1].seq if newest is None else newest
-        for turn in reversed(page):
-            if turn.reply_id is not None and turn.role != "user":
+    async with aclosing(history_newest_first(session, active)) as history:
+        async for turn in history:
+            newest = turn.seq if newest is None else newest
+            if turn.role != "user" and turn.reply_id is not None:
                 reply_end.setdefault(turn.reply_id, turn.seq)
-        for turn in reversed(page):  # the newest message of an id wins
-            if previous_id in (message.id for message in thread_messages([turn])):
-                replied = turn.role != "user" and turn.reply_id is not None
-                end = reply_end.get(turn.reply_id, turn.seq) if replied and turn.reply_id else turn.seq
+                end = reply_end[turn.reply_id]
+            else:
+                end = turn.seq
+            if previous_id in (message.id for message in thread_messages([turn])):  # the newest wins
                 return None if end >= newest else end
-        if first_seq is None:
-            return None
-        below = first_seq
+    return None
 
 
 @router.post("/{thread_id}/connect", response_model=None, responses=STREAM_RESPONSE)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
 from fastapi import Path, Response
@@ -53,6 +54,7 @@ from memory.record.branches import (
     branch_history,
     conversation_branch,
     fork_branch,
+    history_newest_first,
     load_branch,
     newest_turn,
     on_lineage,
@@ -451,7 +453,8 @@ async def _existing_chat(services: Services, owner: Owner, chat_id: str) -> Conv
 async def _user_turn_named(session: AsyncSession, conversation: Conversation, message_id: str) -> Turn:
     """The active branch's user turn the client calls `message_id` (its own id, or the turn's)."""
     branch = await conversation_branch(session, conversation)
-    for turn in reversed(await branch_history(session, branch)):
-        if turn.role == "user" and message_id in (message_id_of(turn), str(turn.id)):
-            return turn
+    async with aclosing(history_newest_first(session, branch)) as history:
+        async for turn in history:
+            if turn.role == "user" and message_id in (message_id_of(turn), str(turn.id)):
+                return turn
     raise NotFound("message not found in this chat", message_id=message_id)
