@@ -9,6 +9,13 @@ no transaction stays open across embedding (indexer/outbox_claims.py).
 
 The indexer is made to stop inside its embedding on cue (`GatedEmbedder`), so the user
 action lands exactly where the deadlock was.
+
+Found too: correcting one memory locked its row and then the conversations, against every
+other writer's conversations-then-memory order. A deletion or "forget all" at the same moment
+deadlocked with it (one of them answered 500), and so did a redelivered batch of the same
+turn, which otherwise wrote the turn's sentence keys (the old words) back after the correction
+deleted them. A second session holding one of the turn's keys (`holding`) stops the change at
+that statement, so the other writer lands exactly between its two locks.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import text
 
 from indexer.kafka_transport import KafkaQueueConsumer
+from indexer.pipeline import IndexPipeline
 from indexer.relay import OutboxRelay
 from indexer.worker import IndexerWorker
 from memory.config import Settings
@@ -33,6 +42,8 @@ from memory.storage.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings
+from tests.test_memory_items import item_with, items
+from tests.test_memory_recall import index_outbox, new_conversation, say
 from tests.test_transport_contract import kafka_test_settings
 
 # Every user action must answer within this, whatever the indexer is doing.
@@ -211,3 +222,146 @@ async def test_deletions_and_the_purge_race_a_busy_indexer_without_a_stuck_reque
         " WHERE c.deleted_at IS NULL AND o.consumed_at IS NULL AND o.published_at IS NULL",
     )
     assert pending_for_live == 0
+
+
+# --- a user's change to one memory, against everything else that writes memory rows ----------
+
+# A message long enough (a person's, over 300 characters) to get sentence keys beside its chunk.
+LONG_FACT = (
+    "I am redoing the kitchen this autumn and could use some ideas for the tiles. "
+    "My sister Ingrid moved to Reykjavik last spring and keeps honeybees there now. "
+    "We are thinking about a dark green tile behind the stove, with oak shelves above it. "
+    "The budget is tight, so anything that a careful beginner can lay would be best for us."
+)
+CORRECTED = "My sister Ingrid moved to Akureyri last spring."
+
+
+@asynccontextmanager
+async def holding(db: Database, sql: str, **params: Any) -> AsyncIterator[asyncio.Event]:
+    """A second session holding the rows ``sql`` locks until the event is set: where a test
+    stops another transaction, at a statement that must wait for those rows."""
+    taken, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with db.transaction() as session:
+            assert (await session.execute(text(sql), params)).all(), "nothing to hold"
+            taken.set()
+            await release.wait()
+
+    task = asyncio.ensure_future(hold())
+    try:
+        await asyncio.wait_for(taken.wait(), REQUEST_BOUND_SECONDS)
+        yield release
+    finally:
+        release.set()
+        await task
+
+
+async def _waiting_on_locks(db: Database, count: int) -> bool:
+    """``count`` sessions of the database wait for a lock now."""
+    waiting = await scalar(
+        db,
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    return bool(waiting >= count)
+
+
+async def _remembered(server: LiveServer, db: Database, how: str) -> tuple[str, dict[str, Any]]:
+    """A conversation whose long message is indexed with its sentence keys: (conversation, its item)."""
+    async with server.client() as client:
+        conversation = await new_conversation(client)
+        if how == "said":
+            await say(client, conversation, LONG_FACT)  # the demo model's reply was shown it
+        else:
+            response = await client.post(
+                f"/v1/conversations/{conversation}/import",
+                json={"turns": [{"role": "user", "content": LONG_FACT}]},
+            )
+            assert response.status_code == 201, response.text
+        await index_outbox(db, server.services.settings)
+        item = await item_with(client, LONG_FACT)
+    assert await _keys_of(db, item["turn_id"]) > 0
+    return conversation, item
+
+
+async def _keys_of(db: Database, turn_id: str) -> int:
+    keys = "SELECT count(*) FROM memory_items WHERE turn_id = :t AND kind <> 'chunk'"
+    return int(await scalar(db, keys, t=turn_id))
+
+
+def _one_key_of(turn_id: str) -> dict[str, Any]:
+    """`holding` arguments: one sentence key of the turn, which a correction or a forget deletes."""
+    return {
+        "sql": "SELECT id FROM memory_items WHERE turn_id = CAST(:t AS uuid) AND kind = 'sentence'"
+        " ORDER BY id LIMIT 1 FOR UPDATE",
+        "t": turn_id,
+    }
+
+
+async def _change(client: httpx.AsyncClient, action: str, item_id: int) -> httpx.Response:
+    if action == "correct":
+        return await client.patch(f"/v1/memory/items/{item_id}", json={"text": CORRECTED})
+    return await client.delete(f"/v1/memory/items/{item_id}")
+
+
+DELETIONS = {"delete the conversation": "/v1/conversations/{}", "forget all memory": "/v1/memory"}
+
+
+@pytest.mark.parametrize("deletion", list(DELETIONS))
+async def test_correcting_a_memory_while_its_conversation_is_forgotten_does_not_deadlock(
+    deletion: str, server: LiveServer, db: Database
+) -> None:
+    """Found: the correction locked its memory row and then the conversations, the deletion the
+    conversations and then the memory rows; Postgres aborted one of the two (40P01)."""
+    conversation, item = await _remembered(server, db, "said")
+    async with server.client() as client:
+        async with holding(db, **_one_key_of(item["turn_id"])) as release:
+            correcting = asyncio.ensure_future(_change(client, "correct", item["id"]))
+            # The correction stops at the turn's keys, holding what it took before them.
+            await wait_until(lambda: _waiting_on_locks(db, 1), REQUEST_BOUND_SECONDS, "the correction waits")
+            deleting = asyncio.ensure_future(client.delete(DELETIONS[deletion].format(conversation)))
+            await wait_until(lambda: _waiting_on_locks(db, 2), REQUEST_BOUND_SECONDS, "the deletion waits")
+            release.set()
+            async with asyncio.timeout(REQUEST_BOUND_SECONDS):
+                corrected, deleted = await asyncio.gather(correcting, deleting)
+        assert corrected.status_code == 200, corrected.text
+        assert corrected.json()["text"] == CORRECTED
+        assert deleted.status_code == 204, deleted.text
+        assert await items(client) == []
+    left = "SELECT count(*) FROM memory_items WHERE conversation_id = :c"
+    assert await scalar(db, left, c=conversation) == 0
+
+
+@pytest.mark.parametrize("how", ["said", "imported"])
+@pytest.mark.parametrize("action", ["correct", "forget"])
+async def test_a_redelivered_turn_does_not_bring_back_the_keys_of_a_memory_the_user_changed(
+    action: str, how: str, server: LiveServer, db: Database
+) -> None:
+    """Found: the indexer read "not changed by the user" before a correction (or forget) of the
+    same turn committed, and then wrote the turn's sentence keys again: its old words were found
+    once more (imported turn), or the two waited on each other and Postgres aborted one (said
+    in chat: the correction locks the conversation of the reply that was shown it)."""
+    _, item = await _remembered(server, db, how)
+    async with db.transaction() as session:
+        payload = (
+            await session.execute(
+                text("SELECT payload FROM outbox WHERE turn_id = CAST(:t AS uuid)"), {"t": item["turn_id"]}
+            )
+        ).scalar_one()
+    # The API's own index (a bare encoder would start one, taking the index lock exclusively).
+    redelivered = IndexPipeline(db, server.services.embedder, server.services.settings)
+    async with server.client() as client:
+        async with holding(db, **_one_key_of(item["turn_id"])) as release:
+            changing = asyncio.ensure_future(_change(client, action, item["id"]))
+            await wait_until(lambda: _waiting_on_locks(db, 1), REQUEST_BOUND_SECONDS, "the change waiting")
+            indexing = asyncio.ensure_future(redelivered.index([payload]))
+            await wait_until(lambda: _waiting_on_locks(db, 2), REQUEST_BOUND_SECONDS, "the indexer waiting")
+            release.set()
+            async with asyncio.timeout(REQUEST_BOUND_SECONDS):
+                changed, _ = await asyncio.gather(changing, indexing)
+        assert changed.status_code == (200 if action == "correct" else 204), changed.text
+        texts = [i["text"] for i in await items(client)]
+    assert await _keys_of(db, item["turn_id"]) == 0
+    assert LONG_FACT not in texts
+    assert (CORRECTED in texts) == (action == "correct")

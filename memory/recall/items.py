@@ -272,6 +272,7 @@ async def remember_fact(
 
 async def correct_item(session: AsyncSession, owner: Owner, item_id: int, embedded: Embedded) -> StoredMemory:
     """Replace a visible item's text and vector; the indexer never overwrites the correction."""
+    await _lock_and_forget_replies_shown(session, owner, await get_item(session, owner, item_id))
     visible = (
         select(MemoryItem.id)
         .select_from(MemoryItem)
@@ -293,8 +294,20 @@ async def correct_item(session: AsyncSession, owner: Owner, item_id: int, embedd
         raise NotFound("memory item not found", item_id=item_id)
     item = await get_item(session, owner, item_id)
     await _delete_keys(session, owner, item)
-    await forget_replies_shown(session, owner, [await _turn_of(session, item)])
     return item
+
+
+async def _lock_and_forget_replies_shown(session: AsyncSession, owner: Owner, item: StoredMemory) -> None:
+    """Lock the item's conversation with those of the replies shown it (in id order); forget those replies.
+
+    Before any memory row is written: the indexer, a deletion, forgetting all memory and a
+    branch switch all lock conversations first and memory rows after. A correction that took
+    its row first and the conversations after deadlocked with them; and without its own
+    conversation locked, an indexer batch that had read the turn as unchanged wrote its
+    sentence keys (the old words) again after the correction deleted them.
+    """
+    own = [item.conversation_id] if item.conversation_id is not None else []
+    await forget_replies_shown(session, owner, [await _turn_of(session, item)], lock_also=own)
 
 
 async def _turn_of(session: AsyncSession, item: StoredMemory) -> uuid.UUID:
@@ -327,7 +340,7 @@ async def forget_item(session: AsyncSession, owner: Owner, item_id: int) -> None
         MemoryItem.user_id == owner.user_id,
         MemoryItem.deleted_at.is_(None),
     )
-    await forget_replies_shown(session, owner, [await _turn_of(session, item)])
+    await _lock_and_forget_replies_shown(session, owner, item)
     if item.source == MemoryItemSource.STATED:
         await session.execute(delete(MemoryItem).where(mine))
         return
