@@ -15,7 +15,8 @@ other writer's conversations-then-memory order. A deletion or "forget all" at th
 deadlocked with it (one of them answered 500), and so did a redelivered batch of the same
 turn, which otherwise wrote the turn's sentence keys (the old words) back after the correction
 deleted them. A second session holding one of the turn's keys (`holding`) stops the change at
-that statement, so the other writer lands exactly between its two locks.
+that statement, so the other writer lands exactly between its two locks; a reply started
+there recalls the memory before the change commits and stores its prompt after.
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ from memory.record.conversations import Owner
 from memory.storage.db import Database
 from memory.storage.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
+from tests.fake_openai import Reply
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings
-from tests.test_memory_items import item_with, items
-from tests.test_memory_recall import index_outbox, new_conversation, say
+from tests.test_memory_items import item_with, items, recalled_texts
+from tests.test_memory_recall import QUESTION, index_outbox, new_conversation, retrieved, say
+from tests.test_remembering_rule import small_model_server
 from tests.test_transport_contract import kafka_test_settings
 
 # Every user action must answer within this, whatever the indexer is doing.
@@ -365,3 +368,38 @@ async def test_a_redelivered_turn_does_not_bring_back_the_keys_of_a_memory_the_u
     assert await _keys_of(db, item["turn_id"]) == 0
     assert LONG_FACT not in texts
     assert (CORRECTED in texts) == (action == "correct")
+
+
+@pytest.mark.parametrize("action", ["correct", "forget"])
+async def test_a_reply_that_recalled_a_memory_while_it_changed_does_not_bring_it_back_to_later_replies(
+    action: str, start_server: Any, fake_openai: Any, db: Database
+) -> None:
+    """Found: a reply whose recall read the memory before a correction (or forget) committed, and
+    whose prompt was stored after the change had looked for the replies shown it, stayed
+    remembered: replies started after the change recalled that reply, old words and all."""
+    server = await small_model_server(start_server, fake_openai)
+    fake_openai.script(
+        Reply(text="Noted, good luck with the kitchen."),
+        Reply(text="Ingrid lives in Reykjavik now, a harbour town with long bright summer nights."),
+    )
+    _, item = await _remembered(server, db, "said")
+    async with server.client() as client:
+        async with holding(db, **_one_key_of(item["turn_id"])) as release:
+            changing = asyncio.ensure_future(_change(client, action, item["id"]))
+            await wait_until(lambda: _waiting_on_locks(db, 1), REQUEST_BOUND_SECONDS, "the change waits")
+            # A reply begins while the change is under way: it recalls the old words (and may tell
+            # them, in its own), and gets as far as it can before the change commits.
+            replying = asyncio.ensure_future(say(client, await new_conversation(client), QUESTION))
+            await wait_until(
+                lambda: replying.done() or _waiting_on_locks(db, 2), REQUEST_BOUND_SECONDS, "the reply"
+            )
+            release.set()
+            async with asyncio.timeout(REQUEST_BOUND_SECONDS):
+                changed, during = await asyncio.gather(changing, replying)
+            assert LONG_FACT in [i["text"] for i in retrieved(during)["items"]]
+        assert changed.status_code == (200 if action == "correct" else 204), changed.text
+        before_indexing = await recalled_texts(client)
+        await index_outbox(db, server.services.settings)
+        after_indexing = await recalled_texts(client)
+    for recalled in (before_indexing, after_indexing):
+        assert not [t for t in recalled if "Reykjavik" in t], recalled

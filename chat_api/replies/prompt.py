@@ -15,11 +15,20 @@ from typing import Any
 from chat_api.replies.recall import recall_for_reply, recalls
 from chat_api.replies.reply import Reply, ReplyRequest
 from memory.config import Settings
-from memory.prompt.context import BuiltContext, ContextBudget, PromptWindow, prompt_from_window, read_window
+from memory.prompt.context import (
+    BuiltContext,
+    ContextBudget,
+    PromptWindow,
+    memories_still_shown,
+    prompt_from_window,
+    read_window,
+)
 from memory.prompt.templates import PromptSet
 from memory.prompt.tokens import count_tokens
+from memory.recall.forgetting import lock_shown_memories
 from memory.recall.found import FoundMemory
 from memory.recall.recaller import Recaller
+from memory.recall.remembering import FORGOTTEN
 from memory.record.turns import note_reply_memory
 from memory.storage.db import Database
 
@@ -77,12 +86,20 @@ class Prompter:
             window = await self.window_for(reply.conversation_id, reply.instructions)
         built = self.prompt(window, reply.memories)
         first_step = reply.turn_id == reply.id
-        part = built.new_part.to_json() if built.new_part is not None and first_step else None
+        shown = built.new_part if first_step else None
         async with self.db.transaction() as session:
+            memory_use = reply.memory_use
+            if shown is not None and shown.memories:
+                # Recalled before a correction or forget of one of them committed, and stored after
+                # it looked for the replies shown it: not remembered (memory/recall/forgetting.py).
+                await lock_shown_memories(session, reply.owner, changing=False)
+                if not await memories_still_shown(session, shown):
+                    memory_use = FORGOTTEN
             # The searched query is stored for auditing with this write, not in the search (fewer
             # statements before the first token).
             query = reply.rewritten_query if first_step else None
-            await note_reply_memory(session, reply.turn_id, reply.memory_use, part, rewritten_query=query)
+            part = shown.to_json() if shown is not None else None
+            await note_reply_memory(session, reply.turn_id, memory_use, part, rewritten_query=query)
         messages = built.messages
         reply.shown_to_model = "\n".join(_user_text(m) for m in messages if m.get("role") == "user")
         if reply.instructions:

@@ -48,6 +48,8 @@ from memory.recall.remembering import FORGOTTEN
 from memory.record.turns import recent_turn_rows
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
     from memory.config import Settings
     from memory.storage.db import Database
     from memory.storage.models import Turn
@@ -747,6 +749,33 @@ LIVE_SHOWN_MEMORIES = sql_text(
 )
 
 
+async def _live(session: AsyncSession, shown: Sequence[ShownMemory]) -> set[tuple[str, int]]:
+    """The keys of the shown memories that still exist as they were shown (LIVE_SHOWN_MEMORIES)."""
+    memories = {m.key: m for m in shown}
+    if not memories:
+        return set()
+    found = await session.execute(
+        LIVE_SHOWN_MEMORIES,
+        {
+            "turn_ids": [m.turn_id for m in memories.values()],
+            "chunks": [m.chunk_index for m in memories.values()],
+            "texts": [m.text for m in memories.values()],
+            "indexed": [m.indexed for m in memories.values()],
+            "forgotten": FORGOTTEN,
+        },
+    )
+    return {(row.turn_id, row.chunk_index) for row in found}
+
+
+async def memories_still_shown(session: AsyncSession, part: ShownPart) -> bool:
+    """Every memory the part lists still exists as it was shown (none corrected, forgotten or deleted).
+
+    Asked by a reply storing its part, under ``lock_shown_memories`` (memory/recall/forgetting.py).
+    """
+    wanted = {m.key for m in part.memories}
+    return await _live(session, part.memories) >= wanted
+
+
 async def read_window(
     db: Database, conversation_id: Any, *, prompts: PromptSet, budget: ContextBudget
 ) -> PromptWindow:
@@ -754,20 +783,7 @@ async def read_window(
     async with db.session() as session:
         rows = await recent_turn_rows(session, conversation_id, budget.rows_to_read)
         turns = [TurnView.from_row(row) for row in rows]
-        memories = {m.key: m for m in _shown_memories(turns)}
-        alive: set[tuple[str, int]] = set()
-        if memories:
-            found = await session.execute(
-                LIVE_SHOWN_MEMORIES,
-                {
-                    "turn_ids": [m.turn_id for m in memories.values()],
-                    "chunks": [m.chunk_index for m in memories.values()],
-                    "texts": [m.text for m in memories.values()],
-                    "indexed": [m.indexed for m in memories.values()],
-                    "forgotten": FORGOTTEN,
-                },
-            )
-            alive = {(row.turn_id, row.chunk_index) for row in found}
+        alive = await _live(session, _shown_memories(turns))
     use_memory = bool(rows[-1].use_memory) if rows else True
     return build_window(turns, prompts=prompts, budget=budget, alive=alive, use_memory=use_memory)
 

@@ -13,11 +13,21 @@ changes. Two things make that hold against the asynchronous indexer:
 Forgetting one item, correcting it, or deleting a conversation also stops remembering the
 assistant replies that were shown those words (``forget_replies_shown``): a reply may retell
 them, and remembered, it brought them back.
+
+A reply in flight may have recalled the old words before such a change committed and store
+what it was shown (its prompt part) only after the change looked for the replies shown them.
+Neither would see the other, and the reply stayed remembered: replies started after the
+change recalled it, old words and all. So the two are serialized per user
+(``lock_shown_memories``): the change holds the lock while it looks, and a reply storing its
+part holds it shared and checks, under it, that every memory it lists is still there as it
+was shown (memory/prompt/context.py ``memories_still_shown``); one that is not makes the reply
+``forgotten``. The lock comes first in both transactions, before any row lock.
 """
 
 from __future__ import annotations
 
 import uuid
+import zlib
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +131,24 @@ DELETE_TURN_KEYS = text(
 )
 
 
+# The advisory lock of one user's shown memories: (this class, a 32-bit key of the owner).
+SHOWN_LOCK_CLASS = 0x5_40E
+LOCK_SHOWN = text("SELECT pg_advisory_xact_lock(:class_id, :key)")
+LOCK_SHOWN_SHARED = text("SELECT pg_advisory_xact_lock_shared(:class_id, :key)")
+
+
+async def lock_shown_memories(session: AsyncSession, owner: Owner, *, changing: bool) -> None:
+    """Serialize a change of the owner's memories with replies storing what they were shown.
+
+    ``changing`` (forget_replies_shown) takes it exclusively; a reply storing its part, shared.
+    Taken before any row lock of the transaction.
+    """
+    key = zlib.crc32(f"{owner.tenant_id}\x1f{owner.user_id}".encode()) - 2**31  # an int4
+    await session.execute(
+        LOCK_SHOWN if changing else LOCK_SHOWN_SHARED, {"class_id": SHOWN_LOCK_CLASS, "key": key}
+    )
+
+
 async def forget_replies_shown(
     session: AsyncSession,
     owner: Owner,
@@ -137,6 +165,7 @@ async def forget_replies_shown(
     own changes to them come after). Replies in the conversation ``outside`` are followed (a
     reply shown one of them) but left as they are.
     """
+    await lock_shown_memories(session, owner, changing=True)
     params = {"tenant_id": owner.tenant_id, "user_id": owner.user_id}
     found: dict[uuid.UUID, uuid.UUID] = {}
     frontier = list(turn_ids)
