@@ -25,6 +25,7 @@ from sqlalchemy.sql import func
 from memory.config import Settings
 from memory.events import ToolCallState
 from memory.json_values import JsonObject, JsonValue
+from memory.prompt.context import ShownMemory
 from memory.recall.recaller import Recaller
 from memory.record.conversations import Owner
 from memory.storage.db import Database
@@ -40,9 +41,9 @@ class ToolContext:
     turn_id: uuid.UUID
     db: Database
     recaller: Recaller  # the user's long-term memory, as the chat searches it
-    # The turns whose memories this call showed the model (the recall tool fills it); kept on the
-    # tool turn, so that forgetting one of them finds the reply (memory/recall/forgetting.py).
-    shown: list[str] = field(default_factory=list)
+    # The memories this call showed the model (the recall tool fills it); their turns are kept on
+    # the tool turn, so that forgetting one of them finds the reply (memory/recall/forgetting.py).
+    shown: list[ShownMemory] = field(default_factory=list)
 
 
 # A tool: its arguments (a JSON object) and context in, a JSON result out.
@@ -233,7 +234,7 @@ async def _recall_memory(args: JsonObject, ctx: ToolContext) -> JsonObject:
         exclude_window=True,
         rewrite=False,
     )
-    ctx.shown.extend(str(m.turn_id) for m in found.memories)
+    ctx.shown.extend(ShownMemory.of(m) for m in found.memories)
     return {
         "query": query,
         "items": [

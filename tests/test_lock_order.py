@@ -403,3 +403,35 @@ async def test_a_reply_that_recalled_a_memory_while_it_changed_does_not_bring_it
         after_indexing = await recalled_texts(client)
     for recalled in (before_indexing, after_indexing):
         assert not [t for t in recalled if "Reykjavik" in t], recalled
+
+
+@pytest.mark.parametrize("action", ["correct", "forget"])
+async def test_a_reply_whose_recall_tool_read_a_memory_while_it_changed_does_not_bring_it_back(
+    action: str, server: LiveServer, db: Database
+) -> None:
+    """As above, for a memory the reply's recall_memory tool showed (kept on its tool turn)."""
+    _, item = await _remembered(server, db, "said")
+    async with server.client() as client:
+        async with holding(db, **_one_key_of(item["turn_id"])) as release:
+            changing = asyncio.ensure_future(_change(client, action, item["id"]))
+            await wait_until(lambda: _waiting_on_locks(db, 1), REQUEST_BOUND_SECONDS, "the change waits")
+            asked = await new_conversation(client)
+            # Recall before the reply is of this conversation only: the tool alone shows the memory.
+            replying = asyncio.ensure_future(
+                say(client, asked, "/remember where my sister Ingrid lives", memory_scope="conversation")
+            )
+            await wait_until(
+                lambda: replying.done() or _waiting_on_locks(db, 2), REQUEST_BOUND_SECONDS, "the reply"
+            )
+            release.set()
+            async with asyncio.timeout(REQUEST_BOUND_SECONDS):
+                changed, _ = await asyncio.gather(changing, replying)
+        assert changed.status_code == (200 if action == "correct" else 204), changed.text
+        turns = (await client.get(f"/v1/conversations/{asked}/turns")).json()["items"]
+        assert [t["role"] for t in turns] == ["user", "assistant", "tool", "assistant"]
+        assert "Reykjavik" in turns[2]["content"] and "Reykjavik" in turns[3]["content"]
+        before_indexing = await recalled_texts(client)
+        await index_outbox(db, server.services.settings)
+        after_indexing = await recalled_texts(client)
+    for recalled in (before_indexing, after_indexing):
+        assert not [t for t in recalled if "Reykjavik" in t], recalled

@@ -93,7 +93,7 @@ class Prompter:
                 # Recalled before a correction or forget of one of them committed, and stored after
                 # it looked for the replies shown it: not remembered (memory/recall/forgetting.py).
                 await lock_shown_memories(session, reply.owner, changing=False)
-                if not await memories_still_shown(session, shown):
+                if not await memories_still_shown(session, shown.memories):
                     memory_use = FORGOTTEN
             # The searched query is stored for auditing with this write, not in the search (fewer
             # statements before the first token).

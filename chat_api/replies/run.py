@@ -75,9 +75,10 @@ from memory.events import (
     TurnStatus,
 )
 from memory.json_values import JsonObject, JsonValue
-from memory.recall.forgetting import SHOWN_MEMORIES
+from memory.prompt.context import ShownMemory, memories_still_shown
+from memory.recall.forgetting import SHOWN_MEMORIES, lock_shown_memories
 from memory.recall.recaller import Recaller
-from memory.recall.remembering import DERIVATIVE, repeats_only
+from memory.recall.remembering import DERIVATIVE, FORGOTTEN, repeats_only
 from memory.record.approvals import earliest_expiry, park_turn
 from memory.record.conversations import get_conversation
 from memory.record.outbox import record_finished_turn
@@ -373,7 +374,7 @@ class ReplyRunner:
         for call in reply.tool_calls:
             key = _call_key(call)
             earlier = ran.get(key)
-            shown: list[str] = []  # the turns whose memories the call showed the model
+            shown: list[ShownMemory] = []  # the memories the call showed the model
             if earlier is not None and call["state"] != ToolCallState.REJECTED:
                 repeats += 1
                 result: JsonValue = {
@@ -387,6 +388,12 @@ class ReplyRunner:
             call["state"] = state
             content = json.dumps(result, ensure_ascii=False, default=str)
             async with self.db.transaction() as session:
+                if shown:
+                    # Shown a memory whose correction or forget committed since the tool read it,
+                    # after it looked for the replies shown it: not remembered (as for a prompt's).
+                    await lock_shown_memories(session, reply.owner, changing=False)
+                    if not await memories_still_shown(session, shown):
+                        await note_reply_memory(session, reply.id, FORGOTTEN)
                 conversation = await get_conversation(session, reply.owner, reply.conversation_id)
                 tool_turn = await add_turn(
                     session,
@@ -397,7 +404,7 @@ class ReplyRunner:
                     reply_id=reply.id,
                     tool_call_id=call["id"],
                     name=call["name"],
-                    meta={SHOWN_MEMORIES: shown} if shown else None,
+                    meta={SHOWN_MEMORIES: [str(m.turn_id) for m in shown]} if shown else None,
                 )
             reply.publish(
                 EventName.TOOL_RESULT,
@@ -411,7 +418,7 @@ class ReplyRunner:
             )
         return bool(reply.tool_calls) and repeats == len(reply.tool_calls)
 
-    async def _run_one(self, reply: Reply, call: ToolCall, shown: list[str]) -> tuple[JsonValue, str]:
+    async def _run_one(self, reply: Reply, call: ToolCall, shown: list[ShownMemory]) -> tuple[JsonValue, str]:
         """Run one call; ``shown`` gets the turns whose memories it showed the model."""
         approval = call.get("approval", Approval())
         if call["state"] == ToolCallState.REJECTED:

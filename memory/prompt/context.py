@@ -767,13 +767,13 @@ async def _live(session: AsyncSession, shown: Sequence[ShownMemory]) -> set[tupl
     return {(row.turn_id, row.chunk_index) for row in found}
 
 
-async def memories_still_shown(session: AsyncSession, part: ShownPart) -> bool:
-    """Every memory the part lists still exists as it was shown (none corrected, forgotten or deleted).
+async def memories_still_shown(session: AsyncSession, memories: Sequence[ShownMemory]) -> bool:
+    """Every one of these memories still exists as it was shown (none corrected, forgotten or deleted).
 
-    Asked by a reply storing its part, under ``lock_shown_memories`` (memory/recall/forgetting.py).
+    Asked by a reply storing what its prompt part or its recall tool showed, under
+    ``lock_shown_memories`` (memory/recall/forgetting.py).
     """
-    wanted = {m.key for m in part.memories}
-    return await _live(session, part.memories) >= wanted
+    return await _live(session, memories) >= {m.key for m in memories}
 
 
 async def read_window(

@@ -15,7 +15,8 @@ assistant replies that were shown those words (``forget_replies_shown``): a repl
 them, and remembered, it brought them back.
 
 A reply in flight may have recalled the old words before such a change committed and store
-what it was shown (its prompt part) only after the change looked for the replies shown them.
+what it was shown (its prompt part, or its recall tool's turn) only after the change looked for
+the replies shown them.
 Neither would see the other, and the reply stayed remembered: replies started after the
 change recalled it, old words and all. So the two are serialized per user
 (``lock_shown_memories``): the change holds the lock while it looks, and a reply storing its
