@@ -36,12 +36,14 @@ from indexer.pipeline import IndexPipeline
 from indexer.relay import OutboxRelay
 from indexer.worker import IndexerWorker
 from memory.config import Settings
+from memory.events import EventName
 from memory.recall.embeddings import HashEmbedder
 from memory.record.conversations import Owner
 from memory.storage.db import Database
 from memory.storage.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
 from tests.fake_openai import Reply
+from tests.sse import iter_sse
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings
 from tests.test_memory_items import item_with, items, recalled_texts
@@ -435,3 +437,54 @@ async def test_a_reply_whose_recall_tool_read_a_memory_while_it_changed_does_not
         after_indexing = await recalled_texts(client)
     for recalled in (before_indexing, after_indexing):
         assert not [t for t in recalled if "Reykjavik" in t], recalled
+
+
+async def _deadlocks(db: Database) -> int:
+    found = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    return int(await scalar(db, found))
+
+
+async def test_correcting_a_memory_while_a_reply_shown_it_ends_does_not_deadlock(
+    start_server: Any, fake_openai: Any, db: Database
+) -> None:
+    """Found: the correction locked the conversation of a streaming reply shown the memory and then
+    its turn; the reply's ending (a stop here) locks its turn and then its conversation. Postgres
+    aborted one of them (the ending retried; a correction aborted answers 500)."""
+    server = await small_model_server(start_server, fake_openai)
+    fake_openai.script(
+        Reply(text="Noted, good luck with the kitchen."),
+        # A reply long enough to still stream when it is stopped (the model's pace, not a wait).
+        Reply(text="Ingrid lives in Reykjavik now. " * 100, chunk_delay=0.05),
+    )
+    async with server.client() as client:
+        # The reply's conversation sorts first, so the correction takes it before the memory's own.
+        replying_in, said_in = sorted([await new_conversation(client), await new_conversation(client)])
+        await say(client, said_in, LONG_FACT)
+        await index_outbox(db, server.services.settings)
+        item = await item_with(client, LONG_FACT)
+        deadlocks = await _deadlocks(db)
+        request = {"content": QUESTION}
+        async with client.stream("POST", f"/v1/conversations/{replying_in}/messages", json=request) as r:
+            events = iter_sse(r)
+            started = await anext(e async for e in events if e.event == EventName.TURN_STARTED)
+            await anext(e async for e in events if e.event == EventName.MESSAGE_DELTA)  # its part is stored
+            own = {
+                "sql": "SELECT id FROM conversations WHERE id = CAST(:c AS uuid) FOR NO KEY UPDATE",
+                "c": said_in,
+            }
+            async with holding(db, **own) as release:
+                correcting = asyncio.ensure_future(_change(client, "correct", item["id"]))
+                await wait_until(
+                    lambda: _waiting_on_locks(db, 1), REQUEST_BOUND_SECONDS, "the correction waits"
+                )
+                stopping = asyncio.ensure_future(client.post(f"/v1/turns/{started.data['reply_id']}/stop"))
+                await wait_until(lambda: _waiting_on_locks(db, 2), REQUEST_BOUND_SECONDS, "the ending waits")
+                release.set()
+                async with asyncio.timeout(REQUEST_BOUND_SECONDS):
+                    corrected, stopped = await asyncio.gather(correcting, stopping)
+            assert [e.event async for e in events][-1] == EventName.TURN_INTERRUPTED
+    assert corrected.status_code == 200, corrected.text
+    assert stopped.status_code == 200 and stopped.json()["status"] == "interrupted_by_user"
+    assert await _deadlocks(db) == deadlocks
+    memory_use = "SELECT memory_use FROM turns WHERE id = CAST(:r AS uuid)"
+    assert await scalar(db, memory_use, r=started.data["reply_id"]) == "forgotten"

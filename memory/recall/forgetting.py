@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, null, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memory.events import TurnStatus
 from memory.recall.remembering import FORGOTTEN
 from memory.storage.models import MemoryItem, MemoryItemKind
 
@@ -104,6 +105,14 @@ REPLIES_SHOWN = text(
 # How many steps of "shown a reply that was shown it" are followed.
 SHOWN_DEPTH = 4
 
+# A reply still streaming is ended by locking its turn and then its conversation (end_reply), so
+# its turn is locked here before the conversations, in the same order (the other writers that lock
+# conversations and then turns refuse while a reply of that conversation streams). Taken after
+# them, a correction at the moment such a reply ended deadlocked with its ending.
+LOCK_STREAMING_REPLIES = text(
+    "SELECT id FROM turns WHERE id = ANY(CAST(:ids AS uuid[])) AND status = :streaming"
+    " ORDER BY id FOR NO KEY UPDATE"
+)
 LOCK_CONVERSATIONS = text(
     "SELECT id FROM conversations WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY id FOR NO KEY UPDATE"
 )
@@ -187,6 +196,10 @@ async def forget_replies_shown(
             found[row.id] = row.conversation_id
             frontier.append(row.id)
     found = {reply: conversation for reply, conversation in found.items() if conversation != outside}
+    if found:
+        await session.execute(
+            LOCK_STREAMING_REPLIES, {"ids": sorted(str(t) for t in found), "streaming": TurnStatus.STREAMING}
+        )
     locked = sorted({str(c) for c in (*found.values(), *lock_also)})
     if locked:
         await session.execute(LOCK_CONVERSATIONS, {"ids": locked})

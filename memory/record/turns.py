@@ -90,9 +90,12 @@ async def recent_turn_rows(session: AsyncSession, conversation_id: uuid.UUID, li
 # forgotten: none of its steps, nor its ending, make it remembered again. So does a reply begun
 # before its conversation's forget mark (all memory forgotten, or the chat's "remember" turned
 # on again): a step after the mark (a tool's result, an approval hours later) may retell what
-# the reply was shown before it.
+# the reply was shown before it. The turn's own mark is read from the row itself: a note that
+# waited for the row while a forget marked it re-reads the row, but its subquery would read what
+# its statement began with.
 NOTE_MEMORY_USE = """
     memory_use = CASE
+        WHEN turns.memory_use = :forgotten THEN :forgotten
         WHEN EXISTS (
             SELECT 1 FROM turns AS first JOIN conversations AS c ON c.id = first.conversation_id
             WHERE first.id = turns.reply_id
