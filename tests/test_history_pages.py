@@ -14,11 +14,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+from openai import AsyncOpenAI
 from sqlalchemy import event
 
 from memory.record.branches import encode_history_cursor
 from memory.storage.models import Turn
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, token_for
 from tests.sse import iter_sse
 from tests.support import new_conversation
 
@@ -187,3 +188,30 @@ async def test_an_ai_sdk_edit_of_a_recent_message_on_a_long_chat_does_not_read_t
         history = await whole_history(client, chat, limit=500)
         assert history[-2] == "edited last question"
         assert history[: TURNS - 2] == [f"message {i}" for i in range(TURNS - 2)]
+
+
+async def test_finding_the_conversation_a_sent_history_continues_does_not_read_every_candidate_whole(
+    server: LiveServer,
+) -> None:
+    """An OpenAI-style request without a conversation id read the whole history of each of up to
+    20 conversations that began with the same message, to compare them with the one sent."""
+    async with server.client() as client:
+        candidates = [await imported(client, 600) for _ in range(6)]
+    sdk = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0, timeout=30)
+    sent = [
+        {"role": "user", "content": "message 0"},
+        {"role": "assistant", "content": "message 1"},
+        {"role": "user", "content": "message 2"},
+        {"role": "assistant", "content": "message 3"},
+        {"role": "user", "content": "not message 4"},
+    ]
+    with turns_loaded() as loaded:
+        raw = await sdk.chat.completions.with_raw_response.create(model="chatmem-demo", messages=sent)  # type: ignore[arg-type]
+    assert loaded[0] < 300, loaded[0]
+    # The same choice as before: the newest of the equally matching conversations, edited after message 3.
+    chosen = raw.headers["x-chatmem-conversation-id"]
+    assert chosen == candidates[-1]
+    async with server.client() as client:
+        history = await whole_history(client, chosen, limit=500)
+    assert history[:5] == ["message 0", "message 1", "message 2", "message 3", "not message 4"]
+    assert len(history) == 6 and history[5] == raw.parse().choices[0].message.content

@@ -74,6 +74,22 @@ BRANCH_HISTORY_PAGE = text(
     """
 )
 
+# One page of a history, oldest first: the oldest `limit` turns above a seq of each lineage
+# entry (an index range scan each), then overall.
+BRANCH_HISTORY_FROM = text(
+    f"""
+    SELECT t.* FROM {_LINEAGE}
+    CROSS JOIN LATERAL (
+        SELECT * FROM turns t
+        WHERE t.branch_id = l.branch_id AND t.seq > :after_seq AND t.seq <= l.max_seq AND t.deleted_at IS NULL
+        ORDER BY t.seq
+        LIMIT :limit
+    ) t
+    ORDER BY t.seq
+    LIMIT :limit
+    """
+)
+
 # The oldest user turn of a history the client names by its own id (kept in the turn's metadata
 # under :key), or by the turn's id when the client gave it none.
 USER_TURN_NAMED = text(
@@ -252,6 +268,26 @@ async def history_newest_first(
         if first_seq is None:
             return
         below = first_seq
+
+
+async def history_oldest_first(
+    session: AsyncSession, branch: Branch, *, page: int = 16, max_page: int = 512
+) -> AsyncGenerator[list[Turn], None]:
+    """The branch's history oldest turn first, in pages that double in size up to `max_page`: a
+    caller that stops early (a prefix it compares differs) reads little more than it compared."""
+    after = -1
+    while True:
+        rows = await session.execute(
+            select(Turn).from_statement(BRANCH_HISTORY_FROM),
+            {**_lineage_params(branch), "limit": page, "after_seq": after},
+        )
+        turns = list(rows.scalars())
+        if turns:
+            yield turns
+        if len(turns) < page:
+            return
+        after = turns[-1].seq
+        page = min(page * 2, max_page)
 
 
 async def user_turn_named(session: AsyncSession, branch: Branch, key: str, message_id: str) -> Turn | None:

@@ -16,7 +16,7 @@ and it still matches as long as the stored text starts with it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -135,3 +135,25 @@ def matched_prefix(sent: Sequence[Unit], stored: Sequence[Unit]) -> int:
             break
         count += 1
     return count
+
+
+async def shared_prefix(
+    sent: Sequence[Unit], pages: AsyncIterable[Sequence[StoredTurn]]
+) -> tuple[int, list[Unit]]:
+    """`matched_prefix` of the sent units and a stored history read oldest first a page at a
+    time, and the stored units read (all of them when the history ends within what matches).
+
+    Reading stops at the first stored unit that differs, or once the stored history is
+    longer than the sent one: the rest can change neither the count nor the units before
+    it. A unit is final once the next one has begun, so only those are compared early.
+    """
+    turns: list[StoredTurn] = []
+    units: list[Unit] = []
+    async for page in pages:
+        turns.extend(page)
+        units = stored_units(turns)
+        final = units[:-1]
+        matched = matched_prefix(sent, final)
+        if matched < len(final):
+            return matched, final
+    return matched_prefix(sent, units), units

@@ -63,11 +63,11 @@ from chat_api.replies import (
 )
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
-from memory.record.branches import branch_history, conversation_branch, fork_branch
+from memory.record.branches import conversation_branch, fork_branch, history_oldest_first
 from memory.record.conversations import Owner, create_conversation, get_conversation
-from memory.record.history_match import Unit, matched_prefix, sent_units, stored_units
+from memory.record.history_match import Unit, sent_units, shared_prefix
 from memory.record.imports import import_turns
-from memory.storage.models import Conversation
+from memory.storage.models import Branch, Conversation
 
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
 # and two callers' keys can never name the same conversation.
@@ -217,12 +217,20 @@ async def _best_match(session: AsyncSession, owner: Owner, chat: ChatRequest) ->
     best: tuple[int, uuid.UUID] | None = None
     for conversation_id in rows.scalars():
         conversation = await get_conversation(session, owner, conversation_id)
-        stored = stored_units(await branch_history(session, await conversation_branch(session, conversation)))
-        matched = matched_prefix(sent, stored)
+        branch = await conversation_branch(session, conversation)
+        matched, stored = await _shared_prefix(session, sent, branch)
         enough = matched >= MIN_MATCHED_UNITS or (matched == len(stored) and _ends_unanswered(stored))
         if enough and (best is None or matched > best[0]):
             best = (matched, conversation_id)
     return None if best is None else best[1]
+
+
+async def _shared_prefix(session: AsyncSession, sent: list[Unit], branch: Branch) -> tuple[int, list[Unit]]:
+    """How many leading units the sent history shares with the branch's, and the branch's units
+    read: all of them when they end within the shared part, else at least one past it (a
+    long stored history is read only as far as it can match)."""
+    async with contextlib.aclosing(history_oldest_first(session, branch)) as pages:
+        return await shared_prefix(sent, pages)
 
 
 def _ends_unanswered(stored: list[Unit]) -> bool:
@@ -309,9 +317,8 @@ def _begin_prompt(
 
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
         active = await conversation_branch(session, conversation)
-        stored = stored_units(await branch_history(session, active))
         sent = _sent(chat)
-        matched = matched_prefix(sent, stored)
+        matched, stored = await _shared_prefix(session, sent, active)
         if matched == len(sent):
             # The new message is already stored after the same history: answer it again.
             user_turn = stored[matched - 1].turn
