@@ -176,7 +176,7 @@ def create_app(
             provider=chat_provider,
             tools=tool_registry,
             registry=registry,
-            signals=Signals(database_url, registry),
+            signals=Signals(database_url, registry, pid),
             checkpointer=checkpointer,
             reaper=Reaper(
                 upkeep_db,

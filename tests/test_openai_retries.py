@@ -10,7 +10,10 @@ answer), so the retry reaches the other replica.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -18,8 +21,9 @@ import httpx
 import openai
 import pytest
 
+from memory.config import Settings
 from tests.openai_support import MODEL, TENANT, conversations, ended_turns, make_key, new_user, turns
-from tests.procs import ServerProcess, server_processes
+from tests.procs import ServerProcess, server_process, server_processes
 from tests.support import wait_until
 
 
@@ -309,3 +313,100 @@ async def test_a_completion_retried_while_its_reply_runs_follows_it_live_on_the_
     assert stored[1]["content"] == text and text.endswith("real answers.")
     # Where it was meant to land: the retry came while the reply still ran on the first replica.
     assert gateway.running_at_retry == [True]
+
+
+class CrashingGateway(httpx.AsyncBaseTransport):
+    """First attempts go to `victim`; once text has started to come on each of `first`
+    attempts, the victim is killed (SIGKILL) and each SDK is told 502, as a proxy tells it
+    when its upstream dies. Retries go to `survivor`, while the dead replica's replies are
+    still stored `streaming`."""
+
+    def __init__(self, victim: ServerProcess, survivor: ServerProcess, first: int) -> None:
+        self.victim, self.survivor = victim, survivor
+        self.texts = asyncio.Barrier(first)
+        self.sent: list[httpx.Headers] = []
+        self.upstream = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request.headers)
+        retry = request.headers["x-stainless-retry-count"] != "0"
+        port = (self.survivor if retry else self.victim).port
+        url = request.url.copy_with(host="127.0.0.1", port=port)
+        forwarded = httpx.Request(request.method, url, headers=request.headers, content=await request.aread())
+        response = await self.upstream.handle_async_request(forwarded)
+        if retry:
+            return response
+        lines = response.aiter_lines()  # held: a dropped iterator would close the connection
+        async for line in lines:
+            if TEXT_CAME.search(line):
+                break
+        await self.texts.wait()
+        self.victim.kill()  # once: a second kill finds it dead
+        with contextlib.suppress(httpx.HTTPError):
+            await response.aclose()
+        return httpx.Response(502, json={"error": {"message": "bad gateway"}})
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+
+
+async def test_a_retry_after_its_replica_died_is_answered_at_once_not_after_the_heartbeat_timeout(
+    pg_url: str, replicas: list[ServerProcess]
+) -> None:
+    # The retry reattached to the dead replica's reply, still `streaming` until the reaper's
+    # heartbeat timeout (15 s), and followed it: nothing more came until then, and then only
+    # the failure (an error chunk; `response.failed`). Both OpenAI doors, one crash.
+    user = new_user()
+    question = "/long what happens after a crash?"
+    survivor = replicas[1]
+    async with server_process(pg_url, demo_tokens_per_second=100) as victim:
+        gateway = CrashingGateway(victim, survivor, first=2)
+        http = httpx.AsyncClient(transport=gateway, timeout=30)
+        client = openai.AsyncOpenAI(
+            base_url="http://gateway/openai/v1", api_key=await make_key(survivor, user), http_client=http
+        )
+
+        async def completion() -> str:
+            chunks = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": question}],
+                stream=True,
+                extra_headers={"Idempotency-Key": "crash-1"},
+            )
+            got = [chunk async for chunk in chunks if chunk.choices]
+            assert [c.choices[0].finish_reason for c in got if c.choices[0].finish_reason] == ["stop"]
+            return "".join(c.choices[0].delta.content or "" for c in got)
+
+        async def response() -> str:
+            events = await client.responses.create(
+                model=MODEL, input=question, stream=True, extra_headers={"Idempotency-Key": "crash-2"}
+            )
+            [done] = [event.response async for event in events if event.type == "response.completed"]
+            return done.output_text
+
+        started = time.monotonic()
+        texts = await asyncio.gather(completion(), response())
+        answered_in = time.monotonic() - started
+        await gateway.aclose()
+    assert sorted(h["x-stainless-retry-count"] for h in gateway.sent) == ["0", "0", "1", "1"]
+    assert answered_in < Settings.model_fields["heartbeat_timeout_seconds"].default  # the replicas' own
+    for conversation in await conversations(survivor, user):
+        async with survivor.client(TENANT, user) as api:
+            url = f"/v1/conversations/{conversation['id']}"
+            stored = (await api.get(f"{url}/turns")).json()["items"]
+            [dead] = [b for b in (await api.get(f"{url}/branches")).json()["items"] if not b["active"]]
+            cut_off = (await api.get(f"{url}/turns", params={"branch": dead["id"]})).json()["items"]
+        # Answered again, as a retry of a reply the reaper ended is: one user message, a whole answer.
+        assert [(t["role"], t["status"], t["content"]) for t in stored] == [
+            ("user", "completed", question),
+            ("assistant", "completed", stored[1]["content"]),
+        ]
+        assert stored[1]["content"] in texts and stored[1]["content"].endswith("real answers.")
+        # The dead replica's reply got the reaper's one ending, with what it had checkpointed.
+        assert [(t["role"], t["status"]) for t in cut_off] == [
+            ("user", "completed"),
+            ("assistant", "interrupted_by_error"),
+        ]
+        assert cut_off[1]["error"]["code"] == "process_died"
+        assert stored[1]["content"].startswith(cut_off[1]["content"])
+    assert len(await conversations(survivor, user)) == 2

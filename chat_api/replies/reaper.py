@@ -8,6 +8,11 @@ ending could not be stored (Postgres down for a moment) has left the registry, a
 one-process deployment this reaper is the only one that can end it. The turn keeps its last
 checkpointed content; the stored event log gets its terminal event, so a client resuming
 the stream sees it end.
+
+A request that comes back to a reply (a retry with the same Idempotency-Key) does not wait
+for this loop: when Postgres says the process running the reply is gone
+(`memory.record.process_life`), `reap_if_owner_gone` ends it now, with the same ending and
+through the same conditional function, so the loop and the request never both end it.
 """
 
 from __future__ import annotations
@@ -15,12 +20,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
+from typing import TYPE_CHECKING
 
 from chat_api.replies.registry import ReplyRegistry
+from chat_api.replies.stop import wait_reply_done
+from memory.record.process_life import gone_owner_silence
 from memory.record.reply_endings import end_stale_replies
 from memory.storage.db import Database
 
+if TYPE_CHECKING:
+    from chat_api.services import Services
+
 log = logging.getLogger(__name__)
+
+# Heartbeats a gone owner's reply must have missed (besides its life lock being free): a
+# live process reconnecting its listening connection still heartbeats (process_life.py).
+MISSED_HEARTBEATS = 4
+MIN_SILENCE_SECONDS = 1.0
 
 
 class Reaper:
@@ -59,3 +76,34 @@ class Reaper:
                 log.exception("reaper pass failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval)
+
+
+async def reap_if_owner_gone(services: Services, reply_id: uuid.UUID) -> None:
+    """End the reply as the reaper would (`interrupted_by_error`, `process_died`) if the process
+    running it is gone, waiting at most a few heartbeats for that to be sure; else leave it.
+
+    Returns at once when the reply runs here, runs on a live process, or is over.
+    """
+    if services.registry.get(reply_id) is not None:
+        return
+    settings = services.settings
+    silence = min(
+        settings.heartbeat_timeout_seconds,
+        max(MIN_SILENCE_SECONDS, MISSED_HEARTBEATS * settings.checkpoint_interval_ms / 1000),
+    )
+    while True:
+        ended = False
+        async with services.db.transaction() as session:
+            silent = await gone_owner_silence(session, reply_id)
+            if silent is not None and silent >= silence:
+                ended = bool(await end_stale_replies(session, older_than_seconds=silence, reply_id=reply_id))
+        if ended:
+            log.warning("ended reply %s of a process that is gone", reply_id)
+        if silent is None or ended:
+            return
+        if silent >= silence:
+            # Locked by another ender (the reaper loop): its ending is being stored.
+            await wait_reply_done(services, reply_id, silence)
+            return
+        # The owner died a moment ago (its heartbeat is recent): wait out the rest, then look again.
+        await asyncio.sleep(silence - silent)

@@ -1,7 +1,8 @@
 """Cross-process signals over Postgres LISTEN/NOTIFY: no extra infrastructure.
 
 The channels are named in `memory/record/reply_state.py`, which also sends on them. One
-dedicated connection per process, reconnected on loss.
+dedicated connection per process, reconnected on loss; it also holds the process's life
+lock (`memory/record/process_life.py`), so the process counts as alive while it listens.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncpg
 
 from chat_api.replies.registry import ReplyRegistry
 from memory.events import StopReason
+from memory.record.process_life import HOLD_LIFE
 from memory.record.reply_state import CHECKPOINT_CHANNEL, DONE_CHANNEL, STOP_CHANNEL
 from memory.storage.db import asyncpg_dsn
 
@@ -28,8 +30,9 @@ Listener: TypeAlias = "asyncpg.Connection[asyncpg.Record] | asyncpg.pool.PoolCon
 class Signals:
     """Listens for stop requests and reply endings; lets coroutines wait for either."""
 
-    def __init__(self, database_url: str, registry: ReplyRegistry) -> None:
+    def __init__(self, database_url: str, registry: ReplyRegistry, process_id: str) -> None:
         self.dsn = asyncpg_dsn(database_url)
+        self.process_id = process_id
         self.registry = registry
         self._done_waiters: dict[uuid.UUID, list[asyncio.Event]] = {}
         self._wake = asyncio.Event()
@@ -85,6 +88,9 @@ class Signals:
                 await conn.add_listener(STOP_CHANNEL, self._on_stop)
                 await conn.add_listener(DONE_CHANNEL, self._on_done)
                 await conn.add_listener(CHECKPOINT_CHANNEL, self._on_checkpoint)
+                # Released when this session ends; waits only for an earlier session of this
+                # process that Postgres has not yet seen go.
+                await conn.execute(HOLD_LIFE, self.process_id)
                 self.connected.set()
                 delay = 0.2
                 stop_wait = asyncio.create_task(stop.wait())

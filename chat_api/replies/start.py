@@ -4,7 +4,8 @@ Each stores the reply's turns in one transaction with the conversation row locke
 the busy policy (reject, interrupt the running reply, or wait for it; a reply waiting for an
 approval may give way, decided and ended under that same lock), registers the reply in this
 process before commit and launches it. A request retried with the same
-Idempotency-Key reattaches to the reply it started.
+Idempotency-Key reattaches to the reply it started (ended first, as the reaper would, when
+the process running it is gone).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from chat_api.metrics import observe_query_ahead
 from chat_api.providers.base import ModelOptions
 from chat_api.replies.idempotency import check_replay
 from chat_api.replies.queue import in_line, until
+from chat_api.replies.reaper import reap_if_owner_gone
 from chat_api.replies.recall import recalls
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
@@ -338,9 +340,17 @@ async def start_reply(
         )
 
     if on_busy != "enqueue":
-        return await attempt()
-    async with in_line(services.queues, conversation_id, limit=services.settings.max_queued_per_conversation):
-        return await attempt()
+        accepted = await attempt()
+    else:
+        async with in_line(
+            services.queues, conversation_id, limit=services.settings.max_queued_per_conversation
+        ):
+            accepted = await attempt()
+    if accepted.reattached:
+        # A retry of a reply whose process died is answered as one of a reply the reaper
+        # ended, now rather than once the dead heartbeat times out.
+        await reap_if_owner_gone(services, accepted.reply_id)
+    return accepted
 
 
 async def _start_reply(
