@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from typing import Any
 
@@ -436,6 +437,24 @@ async def test_a_killed_server_leaves_no_turn_streaming_forever(pg_url: str, sta
         # The conversation accepts new messages again.
         r = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "again", "stream": False})
         assert r.status_code == 200 and r.json()["status"] == "completed"
+
+
+async def test_a_stream_resumed_on_another_replica_after_a_crash_ends_at_once_not_after_the_heartbeat_timeout(
+    pg_url: str, start_server: Any
+) -> None:
+    """The resume followed the dead process's reply, still `streaming`, until a reaper found
+    its heartbeat older than the timeout (15 s): the client waited that long for the ending."""
+    survivor: LiveServer = await start_server()  # the default heartbeat timeout and reaper interval
+    async with server_process(pg_url, demo_tokens_per_second=20) as victim:
+        _, seen = await killed_at_event_15(victim)
+    reply_id = seen[0].data["reply_id"]
+    started = time.monotonic()
+    async with survivor.client() as client:
+        resumed = await _events(client, reply_id, {"Last-Event-ID": "15"})
+    # Half the timeout: the reaper may have ended it a little before the full timeout from here.
+    assert time.monotonic() - started < survivor.services.settings.heartbeat_timeout_seconds / 2
+    assert [e.event for e in resumed][-1:] == [EventName.TURN_INTERRUPTED]
+    assert resumed[-1].data["error"]["code"] == "process_died"
 
 
 async def test_a_client_resuming_from_the_last_event_it_saw_after_a_crash_sees_the_reply_end(

@@ -5,7 +5,9 @@ already over) is followed through the persisted event chunks: each chunk is read
 it is committed, woken by the checkpoint NOTIFY, with a short poll as a fallback. That
 path adds up to one checkpoint interval of latency (250 ms by default). Only a
 contiguous run of ids is ever yielded, so a chunk committed out of order is waited for
-rather than skipped.
+rather than skipped. A follower that has had nothing for a second asks whether the process
+running the reply is gone (`reaper.reap_if_owner_gone`), so a stream resumed after a
+crash ends at once with the reaper's ending, not after the heartbeat timeout.
 
 Events are sent in batches: whatever is already in the log when a follower wakes goes
 out as one write of consecutive SSE frames (each with its own id), not one write per
@@ -20,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from chat_api.replies.reaper import reap_if_owner_gone
 from chat_api.replies.reply import Reply
 from memory.events import ENDING_NAMES, PARKED_EVENT, TERMINAL_NAMES, Event, StopReason, TurnStatus
 from memory.record.reply_state import reply_state
@@ -33,6 +37,9 @@ if TYPE_CHECKING:
     from chat_api.services import Services
 
 DB_POLL_SECONDS = 0.5
+# How long a follower of another process's reply goes without events before it asks whether
+# that process is gone (one indexed read; a reply rarely pauses this long).
+QUIET_SECONDS = 1.0
 # Bounds one write when a follower is far behind (e.g. resuming a long reply from the start).
 MAX_EVENTS_PER_WRITE = 256
 # sse-starlette's default line separator, which clients have seen so far.
@@ -56,6 +63,7 @@ async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> A
             yield live
         return
     expected = after + 1
+    quiet_since = time.monotonic()
     while True:
         wake = services.signals.wake_event()
         async with services.db.session() as session:
@@ -74,6 +82,7 @@ async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> A
                 break
         if batch:
             yield batch
+            quiet_since = time.monotonic()
         if ended:
             return
         if not events and await _reply_over(services, reply_id):
@@ -87,6 +96,10 @@ async def follow_reply(services: Services, reply_id: uuid.UUID, after: int) -> A
                     if ending is not None and ending.name in ENDING_NAMES and ending.id < expected:
                         yield [ending]
                     return  # an imported turn has no events: nothing to follow
+        if time.monotonic() - quiet_since >= QUIET_SECONDS:
+            await reap_if_owner_gone(services, reply_id)  # its ending, if any, is read next
+            quiet_since = time.monotonic()
+            continue
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=DB_POLL_SECONDS)
 
