@@ -396,6 +396,40 @@ async def test_idempotency_key_reattaches_to_the_same_reply(server: LiveServer) 
         assert [t["role"] for t in history] == ["user", "assistant"]
 
 
+async def test_a_retry_leaves_a_reply_whose_heartbeat_is_late_running_while_its_process_lives(
+    db: Database, start_server: Any
+) -> None:
+    """A retry ends a reply at once only when its process is gone (its life lock is free), not
+    because the heartbeat is late: a busy database delays heartbeats of live processes."""
+    # Heartbeats far apart (a tick between the late heartbeat and the retry is unlikely), reapers far off.
+    settings = {
+        "checkpoint_interval_ms": 2000,
+        "checkpoint_chars": 100_000,
+        "heartbeat_timeout_seconds": 600,
+    }
+    owner: LiveServer = await start_server(demo_tokens_per_second=100, **settings)
+    other: LiveServer = await start_server(**settings)
+    headers = {"Idempotency-Key": "late-heartbeat"}
+    async with owner.client() as client, other.client() as retrying:
+        cid = await new_conversation(client)
+        body = {"content": "/long keep going"}
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json=body, headers=headers
+        ) as r:
+            reply_id = (await anext(iter_sse(r))).data["reply_id"]
+            async with db.transaction() as session:  # silent far longer than a dead owner's needs to be
+                await session.execute(
+                    text("UPDATE turns SET heartbeat_at = now() - interval '300 seconds' WHERE id = :id"),
+                    {"id": reply_id},
+                )
+            again = await retrying.post(
+                f"/v1/conversations/{cid}/messages", json={**body, "stream": False}, headers=headers
+            )
+    assert again.status_code == 200, again.text
+    assert again.json()["status"] == "completed"
+    assert again.json()["turns"][-1]["reply_id"] == reply_id
+
+
 async def _parse(response: httpx.Response) -> list[SSEEvent]:
     class _Lines:
         def __init__(self, text: str) -> None:
