@@ -491,6 +491,28 @@ async def test_a_stream_resumed_on_another_replica_after_a_crash_ends_at_once_no
     assert resumed[-1].data["error"]["code"] == "process_died"
 
 
+async def test_a_stop_of_a_reply_whose_process_died_is_stored_at_once_not_left_to_the_reaper(
+    pg_url: str, start_server: Any
+) -> None:
+    """The stop asked the dead process over NOTIFY, waited STOP_WAIT_SECONDS for nobody, found
+    the heartbeat younger than the timeout and answered 202; the reaper later stored the reply
+    as an error, not as the stop the user asked for."""
+    survivor: LiveServer = await start_server()  # the default heartbeat timeout and stop wait
+    async with server_process(pg_url, demo_tokens_per_second=20) as victim:
+        _, seen = await killed_at_event_15(victim)
+    reply_id = seen[0].data["reply_id"]
+    started = time.monotonic()
+    async with survivor.client() as client:
+        stopped = await client.post(f"/v1/turns/{reply_id}/stop")
+        assert time.monotonic() - started < survivor.services.settings.stop_wait_seconds
+        assert stopped.status_code == 200, stopped.text
+        turn = (await client.get(f"/v1/turns/{reply_id}")).json()
+        assert (turn["status"], turn["interrupt_reason"]) == ("interrupted_by_user", "user")
+        resumed = await _events(client, reply_id, {}, after=0)
+    assert [e.event for e in resumed].count(EventName.TURN_INTERRUPTED) == 1  # one ending
+    assert text_of(seen).startswith(turn["content"])
+
+
 async def test_a_client_resuming_from_the_last_event_it_saw_after_a_crash_sees_the_reply_end(
     pg_url: str, start_server: Any
 ) -> None:

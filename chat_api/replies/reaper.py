@@ -9,10 +9,11 @@ one-process deployment this reaper is the only one that can end it. The turn kee
 checkpointed content; the stored event log gets its terminal event, so a client resuming
 the stream sees it end.
 
-A request that comes back to a reply (a retry with the same Idempotency-Key) does not wait
-for this loop: when Postgres says the process running the reply is gone
-(`memory.record.process_life`), `reap_if_owner_gone` ends it now, with the same ending and
-through the same conditional function, so the loop and the request never both end it.
+A request that comes back to a reply (a retry with the same Idempotency-Key, a stream that
+follows it, a stop) does not wait for this loop: when Postgres says the process running the
+reply is gone (`memory.record.process_life`), `reap_if_owner_gone` ends it now (the stop with
+its own ending) through the same conditional function, so the loop and the request never
+both end it.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ import uuid
 from typing import TYPE_CHECKING
 
 from chat_api.replies.registry import ReplyRegistry
-from chat_api.replies.stop import wait_reply_done
 from memory.record.process_life import gone_owner_silence
-from memory.record.reply_endings import end_stale_replies
+from memory.record.reply_endings import REAPED, Ending, end_stale_replies
 from memory.storage.db import Database
 
 if TYPE_CHECKING:
@@ -78,14 +78,18 @@ class Reaper:
                 await asyncio.wait_for(stop.wait(), timeout=self.interval)
 
 
-async def reap_if_owner_gone(services: Services, reply_id: uuid.UUID) -> None:
-    """End the reply as the reaper would (`interrupted_by_error`, `process_died`) if the process
-    running it is gone, waiting at most a few heartbeats for that to be sure; else leave it.
+async def reap_if_owner_gone(
+    services: Services,
+    reply_id: uuid.UUID,
+    ending: Ending = REAPED,
+) -> bool:
+    """End the reply with `ending` (the reaper's by default) if the process running it is gone,
+    waiting at most a few heartbeats for that to be sure; else leave it. True if it ended it.
 
     Returns at once when the reply runs here, runs on a live process, or is over.
     """
     if services.registry.get(reply_id) is not None:
-        return
+        return False
     settings = services.settings
     silence = min(
         settings.heartbeat_timeout_seconds,
@@ -96,14 +100,15 @@ async def reap_if_owner_gone(services: Services, reply_id: uuid.UUID) -> None:
         async with services.db.transaction() as session:
             silent = await gone_owner_silence(session, reply_id)
             if silent is not None and silent >= silence:
-                ended = bool(await end_stale_replies(session, older_than_seconds=silence, reply_id=reply_id))
+                ended = bool(
+                    await end_stale_replies(
+                        session, older_than_seconds=silence, ending=ending, reply_id=reply_id
+                    )
+                )
         if ended:
             log.warning("ended reply %s of a process that is gone", reply_id)
-        if silent is None or ended:
-            return
-        if silent >= silence:
-            # Locked by another ender (the reaper loop): its ending is being stored.
-            await wait_reply_done(services, reply_id, silence)
-            return
+        if silent is None or silent >= silence:
+            # Over, alive, ended here, or being ended by another ender (the reaper loop, a stop).
+            return ended
         # The owner died a moment ago (its heartbeat is recent): wait out the rest, then look again.
         await asyncio.sleep(silence - silent)

@@ -1,7 +1,8 @@
 """Stopping a reply, or waiting for its end, on whichever process runs it.
 
 A reply running here is stopped in memory; one running on another process is asked over
-`chatmem_stop`; a parked one (no process runs it) is ended right here. Each of those
+`chatmem_stop`; a parked one (no process runs it) is ended right here, and so is one whose
+process is gone (`reaper.reap_if_owner_gone`: its life lock is free). Each of those
 endings is `memory.record.reply_endings.end_reply`; if the owner does not answer within
 STOP_WAIT_SECONDS and its heartbeat is stale, it is dead, and the stop ends the reply itself.
 """
@@ -15,6 +16,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from chat_api.metrics import observe_stop
+from chat_api.replies.reaper import reap_if_owner_gone
 from memory.events import StopReason, TurnStatus
 from memory.record.reply_endings import Ending, end_parked_reply, end_stale_replies
 from memory.record.reply_state import notify_stop, reply_state
@@ -77,6 +79,8 @@ async def _stop_reply(services: Services, reply_id: uuid.UUID, reason: StopReaso
     local = services.registry.get(reply_id)
     if local is not None:
         local.request_stop(reason)
+    elif await reap_if_owner_gone(services, reply_id, Ending(TurnStatus.INTERRUPTED_BY_USER, reason=reason)):
+        return True  # its process is gone: nobody would have answered the stop
     else:
         async with services.db.transaction() as session:
             # A parked reply has no process: its ending is written here, under the row lock.

@@ -135,13 +135,14 @@ async def end_reply(
 
 
 PROCESS_DIED = {"code": "process_died", "message": "the process generating this reply stopped responding"}
+REAPED = Ending(TurnStatus.INTERRUPTED_BY_ERROR, error=PROCESS_DIED)  # the ending of a dead process's reply
 
 
 async def end_stale_replies(
     session: AsyncSession,
     *,
     older_than_seconds: float,
-    ending: Ending = Ending(TurnStatus.INTERRUPTED_BY_ERROR, error=PROCESS_DIED),
+    ending: Ending = REAPED,
     reply_id: uuid.UUID | None = None,
     limit: int = 100,
     spare_replies: Collection[uuid.UUID] = (),
