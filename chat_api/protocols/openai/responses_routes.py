@@ -357,9 +357,9 @@ async def _sse(
     """The reply as Responses events after `after`; with `stop`, the client leaving stops the reply.
 
     A client resuming at or past the stored ending still gets the terminal event (numbered as
-    stored), never an empty stream: a process that crashed lost the events after its last
-    checkpoint, which the client may have seen, and the reaper stored the ending with a lower
-    number than the client's last.
+    stored; a failure's `error` event with it, as a live stream sends it), never an empty
+    stream: a process that crashed lost the events after its last checkpoint, which the client
+    may have seen, and the reaper stored the ending with a lower number than the client's last.
     """
     sent = False
     last: list[ResponseEvent] = []
@@ -369,7 +369,8 @@ async def _sse(
         out = _frames(events, after)
         sent = sent or bool(out)
         if events:
-            last[:] = events[-1:]
+            # The terminal event, and the `error` event a failure sends just before it.
+            last[:] = events[-2:] if len(events) > 1 and events[-2]["type"] == "error" else events[-1:]
         if translator.ended and not sent:
             return _frames(last, -1)
         return out
