@@ -299,12 +299,23 @@ def create_app(
     # WebSocket mode passes the door itself, per connection and per message.
     app.include_router(responses_websocket.router)
     app.state.mcp = install_mcp(app)
-    # Only the import route takes a body larger than MAX_BODY_BYTES.
+    # Only these routes take a body larger than MAX_BODY_BYTES: the import, and the doors whose
+    # clients send the whole history with every message (read after the door, like every body).
+    larger = {
+        imports.import_conversation_turns: settings.import_max_body_bytes,
+        ai_sdk_routes.chat: settings.max_history_body_bytes,
+        ag_ui_routes.run: settings.max_history_body_bytes,
+        ag_ui_routes.connect: settings.max_history_body_bytes,
+        openai_routes.chat_completions: settings.max_history_body_bytes,
+    }
     large = [
-        LargeBody.of(route, settings.import_max_body_bytes)
-        for route in imports.router.routes
-        if isinstance(route, APIRoute) and route.endpoint is imports.import_conversation_turns
+        LargeBody.of(route, larger[route.endpoint])
+        for module in (imports, ai_sdk_routes, ag_ui_routes, openai_routes)
+        for route in module.router.routes
+        if isinstance(route, APIRoute) and route.endpoint in larger
     ]
+    if len(large) != len(larger):
+        raise RuntimeError("a route given a larger body limit is not among these routers")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, large=large)
     app.add_middleware(ResponseHeaders)
     install_observability(app, settings)

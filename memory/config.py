@@ -95,6 +95,14 @@ class HttpSettings(BaseSettings):
     cors_origins: CommaList = Field(default_factory=list, description="Allowed CORS origins.")
     max_message_chars: int = Field(32_000, ge=1, description="Longest user message accepted.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
+    max_history_body_bytes: int = Field(
+        16_000_000,
+        ge=1024,
+        description=(
+            "Largest body accepted by the doors whose clients send the whole history with every"
+            " message (AI SDK chat, AG-UI run and connect, OpenAI chat completions)."
+        ),
+    )
     import_max_turns: int = Field(5000, ge=1, description="Most turns in one import request.")
     import_max_body_bytes: int = Field(
         25_000_000, ge=1024, description="Largest body accepted by the import endpoint."

@@ -1,10 +1,12 @@
 """The body limit, as plain ASGI middleware (safe around streaming responses).
 
 Every body is held to MAX_BODY_BYTES, by its Content-Length before anything is read, or
-as it arrives. The one route that takes more (the import: thousands of turns) is named
-by its route, method and path pattern (`LargeBody`), not by how a path ends: a limit
-keyed on the suffix `/import` gave any such path, `PATCH /v1/memory/items/import`
-included, the 25 MB import limit.
+as it arrives. The routes that take more (the import: thousands of turns; the doors whose
+clients send the whole history with every message) are named by their route, method and
+path pattern (`LargeBody`), not by how a path ends: a limit keyed on the suffix `/import`
+gave any such path, `PATCH /v1/memory/items/import` included, the 25 MB import limit.
+A larger limit lets no one make the server read more before authentication: nothing here
+reads a body, and a route reads its body only after the door (chat_api.admission.door).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Importing past turns into a conversation: `POST /v1/conversations/{id}/import`.
 
-The one route with a body limit of its own (IMPORT_MAX_BODY_BYTES). The body is parsed by
+A route with a body limit of its own (IMPORT_MAX_BODY_BYTES). The body is parsed by
 the door's decoder and the turns validated and charged by the import admission
 (`chat_api.admission`), both in a worker thread when large: a batch of thousands of
 turns is megabytes of JSON, too much CPU for the event loop. Validation is the domain's

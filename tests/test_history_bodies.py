@@ -1,0 +1,154 @@
+"""Long chats on the doors whose clients send the whole history with every message.
+
+`DefaultChatTransport` (AI SDK) sends every message, `HttpAgent` (AG-UI) the whole thread on
+run and connect, and Open WebUI or LibreChat every message on chat completions. Held to
+MAX_BODY_BYTES (1 MB), such a chat stopped working after a few hundred turns of code answers:
+every message was a 413. These doors take MAX_HISTORY_BODY_BYTES, read only after the door,
+and answer past it with their own 413 before any stream, with nothing written. Each client is
+the real one: the openai SDK here, `ai` and @ag-ui/client in tests/js/long_history.test.mjs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.conftest import LiveServer, token_for
+from tests.support import run_node_tests
+from tests.test_door import head, raw_request
+
+MAX_BODY = 1_000_000
+MAX_HISTORY_BODY = 3_000_000
+# A history between the two limits, and one past the history limit.
+OVER_BODY = 1_500_000
+OVER_HISTORY = 3_500_000
+MODEL = "chatmem-demo"
+JS_DIR = Path(__file__).parent / "js"
+NODE = shutil.which("node")
+# A code answer of a few KB, as real chats have them.
+ANSWER = "def double(x):\n    return x * 2  # and why it works\n" * 70
+QUESTION = "Why does this fail, and how do I fix it? "
+HISTORY_DOORS = (
+    "/v1/ai-sdk/chat",
+    "/v1/ag-ui",
+    "/v1/ag-ui/some-thread/connect",
+    "/openai/v1/chat/completions",
+)
+
+
+@pytest.fixture
+async def server(start_server: Any) -> LiveServer:
+    live: LiveServer = await start_server(
+        max_body_bytes=MAX_BODY, max_history_body_bytes=MAX_HISTORY_BODY, import_turns_per_hour=0
+    )
+    return live
+
+
+def openai_client(server: LiveServer) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+
+
+def openai_history(size: int, last: str = "the newest question") -> list[ChatCompletionMessageParam]:
+    turns = (size // (len(ANSWER) + len(QUESTION) + 60) + 1) * 2  # a question and its answer each
+    history: list[ChatCompletionMessageParam] = [
+        {"role": "assistant", "content": ANSWER} if i % 2 else {"role": "user", "content": QUESTION}
+        for i in range(turns)
+    ]
+    return [*history, {"role": "user", "content": last}]
+
+
+async def test_a_whole_chat_completions_history_past_max_body_bytes_gets_its_reply(
+    server: LiveServer,
+) -> None:
+    messages = openai_history(OVER_BODY)
+    assert len(json.dumps(messages)) > OVER_BODY
+    async with openai_client(server) as client:
+        reply = await client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            extra_headers={"X-Chatmem-Chat-Key": "long-chat"},
+        )
+        assert "the newest question" in (reply.choices[0].message.content or "")
+        # And the next message of the same chat, the history one reply longer, too.
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""}]
+        messages += [{"role": "user", "content": "and one more"}]
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            stream=True,
+            extra_headers={"X-Chatmem-Chat-Key": "long-chat"},
+        )
+        text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
+        assert "and one more" in text
+
+
+async def test_a_chat_completions_history_past_the_history_limit_is_openais_413_and_stores_nothing(
+    server: LiveServer,
+) -> None:
+    async with openai_client(server) as client:
+        for stream in (False, True):
+            with pytest.raises(openai.APIStatusError) as refused:
+                history = openai_history(OVER_HISTORY)
+                await client.chat.completions.create(model=MODEL, messages=history, stream=stream)
+            assert refused.value.status_code == 413
+            assert refused.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+            assert refused.value.body["code"] == "payload_too_large"  # type: ignore[index]
+    async with server.client() as api:
+        assert (await api.get("/v1/conversations")).json()["items"] == []
+
+
+async def test_a_message_inside_a_large_history_is_still_held_to_max_message_chars(
+    server: LiveServer, make_settings: Any
+) -> None:
+    too_long = "x" * (make_settings().max_message_chars + 1)
+    messages = openai_history(OVER_BODY)
+    messages[2] = {"role": "user", "content": too_long}
+    async with openai_client(server) as client:
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.chat.completions.create(model=MODEL, messages=messages)
+    assert refused.value.status_code == 400, refused.value
+    body: dict[str, Any] = refused.value.body  # type: ignore[assignment]
+    assert body["code"] == "invalid_input" and "32000 characters" in body["message"], body
+    async with server.client() as api:
+        assert (await api.get("/v1/conversations")).json()["items"] == []
+
+
+async def test_an_unauthenticated_large_body_on_a_history_door_is_a_401_before_it_is_read(
+    server: LiveServer,
+) -> None:
+    for path in HISTORY_DOORS:
+        # 2 MB announced (past MAX_BODY_BYTES, within the history limit), 10 bytes sent: the
+        # answer comes without waiting for the rest, and it is the door's, not the body limit's.
+        for token in (None, "not-a-token"):
+            answer = await raw_request(server, head("POST", path, 2_000_000, token), b'{"messages')
+            assert answer.startswith(b"HTTP/1.1 401"), (path, answer[:200])
+        # Past the history limit: refused by its length alone, signed in or not.
+        answer = await raw_request(server, head("POST", path, OVER_HISTORY, token_for()), b'{"messages')
+        assert answer.startswith(b"HTTP/1.1 413"), (path, answer[:200])
+        assert b'"payload_too_large"' in answer
+    # Every other route keeps MAX_BODY_BYTES.
+    answer = await raw_request(server, head("POST", "/v1/conversations", 2_000_000, token_for()), b"{")
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+async def test_the_ai_sdk_and_ag_ui_clients_sending_a_whole_long_history_get_their_reply(
+    server: LiveServer,
+) -> None:
+    assert (JS_DIR / "node_modules" / "ai").is_dir(), "run `npm ci` in tests/js (make js-deps)"
+    env = {
+        **os.environ,
+        "CHATMEM_URL": server.base_url,
+        "CHATMEM_TOKEN": token_for("t1", "u1"),
+        "CHATMEM_OVER_BODY": str(OVER_BODY),
+        "CHATMEM_OVER_HISTORY": str(OVER_HISTORY),
+    }
+    await run_node_tests(JS_DIR, "long_history.test.mjs", env, timeout=120)
