@@ -96,7 +96,7 @@ class HttpSettings(BaseSettings):
     max_message_chars: int = Field(32_000, ge=1, description="Longest user message accepted.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
     max_history_body_bytes: int = Field(
-        16_000_000,
+        8_000_000,
         ge=1024,
         description=(
             "Largest body accepted by the doors whose clients send the whole history with every"

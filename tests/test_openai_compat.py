@@ -368,7 +368,8 @@ async def test_huge_body_is_413_in_openai_shape(live: ServerProcess) -> None:
     user = new_user()
     client = sdk(live, await make_key(live, user))
     with pytest.raises(openai.APIStatusError) as caught:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x" * 2_000_000}])
+        # Past MAX_HISTORY_BODY_BYTES (8 MB), this door's limit: refused by its length, unread.
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x" * 9_000_000}])
     assert caught.value.status_code == 413
     payload = caught.value.body
     assert isinstance(payload, dict) and payload["type"] == "invalid_request_error" and payload["message"]
