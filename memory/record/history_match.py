@@ -64,29 +64,51 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
-def stored_units(turns: Iterable[StoredTurn]) -> list[Unit]:
-    """A stored history (oldest first) as units; turns still streaming or failed count only as seqs."""
-    units: list[Unit] = []
-    for turn in turns:
-        if turn.role == "user" and turn.status == TurnStatus.COMPLETED:
-            units.append(Unit("user", normalize(turn.content or ""), last_seq=turn.seq, turn=turn))
-            continue
-        visible = turn.role == "assistant" and (
-            turn.status == TurnStatus.COMPLETED or turn.status in INTERRUPTED_STATUSES
-        )
-        text = (turn.content or "") if visible else ""
-        if units and units[-1].role == "assistant":
-            last = units[-1]
-            units[-1] = replace(
-                last,
-                text=normalize(f"{last.text} {text}") if text else last.text,
-                open_ended=last.open_ended or (visible and turn.status in INTERRUPTED_STATUSES),
-                last_seq=turn.seq,
+class StoredUnits:
+    """A stored history (oldest first) made into units as its turns come: each turn is read once,
+    however many pages it comes in. Turns still streaming or failed count only as seqs."""
+
+    def __init__(self) -> None:
+        self._closed: list[Unit] = []  # units no later turn can change, empty answers left out
+        self._open: Unit | None = None  # the newest unit: its answer may go on in the next turn
+
+    def add(self, turns: Iterable[StoredTurn]) -> None:
+        for turn in turns:
+            if turn.role == "user" and turn.status == TurnStatus.COMPLETED:
+                self._start(Unit("user", normalize(turn.content or ""), last_seq=turn.seq, turn=turn))
+                continue
+            visible = turn.role == "assistant" and (
+                turn.status == TurnStatus.COMPLETED or turn.status in INTERRUPTED_STATUSES
             )
-        else:
-            open_ended = visible and turn.status in INTERRUPTED_STATUSES
-            units.append(Unit("assistant", normalize(text), open_ended=open_ended, last_seq=turn.seq))
-    return _without_empty_answers(units)
+            text = (turn.content or "") if visible else ""
+            last = self._open
+            if last is not None and last.role == "assistant":
+                self._open = replace(
+                    last,
+                    text=normalize(f"{last.text} {text}") if text else last.text,
+                    open_ended=last.open_ended or (visible and turn.status in INTERRUPTED_STATUSES),
+                    last_seq=turn.seq,
+                )
+            else:
+                open_ended = visible and turn.status in INTERRUPTED_STATUSES
+                self._start(Unit("assistant", normalize(text), open_ended=open_ended, last_seq=turn.seq))
+
+    def _start(self, unit: Unit) -> None:
+        if self._open is not None:
+            _keep(self._closed, self._open)
+        self._open = unit
+
+    @property
+    def final(self) -> list[Unit]:
+        """The units no later turn can change: all but the newest."""
+        return self.units[:-1]
+
+    @property
+    def units(self) -> list[Unit]:
+        units = list(self._closed)
+        if self._open is not None:
+            _keep(units, self._open)
+        return units
 
 
 def sent_units(messages: Iterable[SentMessage]) -> list[Unit]:
@@ -110,12 +132,17 @@ def sent_units(messages: Iterable[SentMessage]) -> list[Unit]:
 def _without_empty_answers(units: list[Unit]) -> list[Unit]:
     kept: list[Unit] = []
     for unit in units:
-        if unit.role == "assistant" and not unit.text:
-            if kept:  # a fork after the previous unit must still keep this one's turns
-                kept[-1] = replace(kept[-1], last_seq=max(kept[-1].last_seq, unit.last_seq))
-            continue
-        kept.append(unit)
+        _keep(kept, unit)
     return kept
+
+
+def _keep(kept: list[Unit], unit: Unit) -> None:
+    """Add a unit to those kept; an empty answer is left out."""
+    if unit.role == "assistant" and not unit.text:
+        if kept:  # a fork after the previous unit must still keep this one's turns
+            kept[-1] = replace(kept[-1], last_seq=max(kept[-1].last_seq, unit.last_seq))
+        return
+    kept.append(unit)
 
 
 def same(sent: Unit, stored: Unit) -> bool:
@@ -147,13 +174,14 @@ async def shared_prefix(
     longer than the sent one: the rest can change neither the count nor the units before
     it. A unit is final once the next one has begun, so only those are compared early.
     """
-    turns: list[StoredTurn] = []
-    units: list[Unit] = []
+    built = StoredUnits()
+    matched = 0
     async for page in pages:
-        turns.extend(page)
-        units = stored_units(turns)
-        final = units[:-1]
-        matched = matched_prefix(sent, final)
+        built.add(page)
+        final = built.final
+        # The units compared already are final: only the new ones need comparing.
+        matched += matched_prefix(sent[matched:], final[matched:])
         if matched < len(final):
             return matched, final
-    return matched_prefix(sent, units), units
+    units = built.units
+    return matched + matched_prefix(sent[matched:], units[matched:]), units
