@@ -514,6 +514,34 @@ async def test_a_stop_of_a_reply_whose_process_died_is_stored_at_once_not_left_t
     assert text_of(seen).startswith(turn["content"])
 
 
+@pytest.mark.parametrize("on_busy", ["reject", "enqueue", "interrupt"])
+async def test_a_message_beside_a_reply_whose_process_died_is_not_busy_until_the_heartbeat_timeout(
+    pg_url: str, start_server: Any, on_busy: str
+) -> None:
+    """The conversation stayed busy with the dead process's reply, still `streaming`, until a
+    reaper found its heartbeat older than the timeout (15 s): `reject` answered 409
+    `conversation_busy` until then, `enqueue` waited that long."""
+    survivor: LiveServer = await start_server()  # the default heartbeat timeout and reaper interval
+    async with server_process(pg_url, demo_tokens_per_second=20) as victim:
+        cid, seen = await killed_at_event_15(victim)
+    reply_id = seen[0].data["reply_id"]
+    started = time.monotonic()
+    async with survivor.client() as client:
+        answered = await client.post(
+            f"/v1/conversations/{cid}/messages",
+            json={"content": "again", "stream": False, "on_busy": on_busy},
+        )
+        elapsed = time.monotonic() - started
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["status"] == "completed"
+        # Half the timeout: the reaper may have ended it a little before the full timeout from here.
+        assert elapsed < survivor.services.settings.heartbeat_timeout_seconds / 2
+        dead = (await client.get(f"/v1/turns/{reply_id}")).json()
+        assert (dead["status"], dead["error"]["code"]) == ("interrupted_by_error", "process_died")
+        resumed = await _events(client, reply_id, {}, after=0)
+    assert [e.event for e in resumed].count(EventName.TURN_INTERRUPTED) == 1  # one ending
+
+
 async def test_a_client_resuming_from_the_last_event_it_saw_after_a_crash_sees_the_reply_end(
     pg_url: str, start_server: Any
 ) -> None:

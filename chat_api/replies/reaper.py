@@ -10,9 +10,10 @@ checkpointed content; the stored event log gets its terminal event, so a client 
 the stream sees it end.
 
 A request that comes back to a reply (a retry with the same Idempotency-Key, a stream that
-follows it, a stop) does not wait for this loop: when Postgres says the process running the
-reply is gone (`memory.record.process_life`), `reap_if_owner_gone` ends it now (the stop with
-its own ending) through the same conditional function, so the loop and the request never
+follows it, a stop, a new message that finds the conversation busy with it) does not wait
+for this loop: when Postgres says the process running the reply is gone
+(`memory.record.process_life`), `reap_if_owner_gone` ends it now (the stop with its own
+ending) through the same conditional function, so the loop and the request never
 both end it.
 """
 

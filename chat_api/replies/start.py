@@ -3,9 +3,11 @@
 Each stores the reply's turns in one transaction with the conversation row locked, applies
 the busy policy (reject, interrupt the running reply, or wait for it; a reply waiting for an
 approval may give way, decided and ended under that same lock), registers the reply in this
-process before commit and launches it. A request retried with the same
-Idempotency-Key reattaches to the reply it started (ended first, as the reaper would, when
-the process running it is gone).
+process before commit and launches it. A reply whose process is gone does not make the
+conversation busy: whatever the policy, it is ended first, as the reaper would
+(`reaper.reap_if_owner_gone`), and the request goes on as after any ended reply. A request
+retried with the same Idempotency-Key reattaches to the reply it started (ended first the
+same way).
 """
 
 from __future__ import annotations
@@ -427,6 +429,8 @@ async def _start_reply(
                 await wait_for_parked_turn(session, deciding)  # only that turn's lock is held here
             continue
         assert running is not None
+        if await reap_if_owner_gone(services, running):
+            continue  # its process was gone: ended as the reaper ends it, so the conversation is free
         if on_busy == "interrupt":
             await stop_reply(services, running, reason=StopReason.NEW_MESSAGE)
             continue  # then start it, once the running reply has ended
