@@ -6,13 +6,13 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  AbstractChat,
   DefaultChatTransport,
   generateId,
   lastAssistantMessageIsCompleteWithApprovalResponses,
   readUIMessageStream,
   validateUIMessages,
 } from 'ai';
+import { Chat } from './ai_sdk_chat.mjs';
 import { BASE, call as callAs, until } from './chatmem.mjs';
 
 const TOKEN = process.env.CHATMEM_TOKEN;
@@ -23,33 +23,6 @@ const BOUND = { timeout: 30_000 };
 
 function transport(token = TOKEN, body = undefined) {
   return new DefaultChatTransport({ api: API, headers: { Authorization: `Bearer ${token}` }, body });
-}
-
-// What React's useChat keeps in a useState, kept in a field.
-class ChatState {
-  constructor(messages = []) {
-    this.status = 'ready';
-    this.error = undefined;
-    this.messages = messages;
-  }
-  pushMessage(message) {
-    this.messages = this.messages.concat(message);
-  }
-  popMessage() {
-    this.messages = this.messages.slice(0, -1);
-  }
-  replaceMessage(index, message) {
-    this.messages = [...this.messages.slice(0, index), message, ...this.messages.slice(index + 1)];
-  }
-  snapshot(value) {
-    return structuredClone(value);
-  }
-}
-
-class Chat extends AbstractChat {
-  constructor({ messages, ...options }) {
-    super({ ...options, state: new ChatState(messages) });
-  }
 }
 
 function newChat(options = {}) {

@@ -6,8 +6,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { AbstractChat, DefaultChatTransport, generateId } from 'ai';
+import { DefaultChatTransport, generateId } from 'ai';
 import { HttpAgent, runHttpRequest, transformHttpEventStream } from '@ag-ui/client';
+import { Chat } from './ai_sdk_chat.mjs';
 import { BASE, call as callAs } from './chatmem.mjs';
 
 const TOKEN = process.env.CHATMEM_TOKEN;
@@ -20,32 +21,6 @@ const call = (method, path, options = {}) => callAs(method, path, { token: TOKEN
 const ANSWER = 'def double(x):\n    return x * 2  # and why it works\n'.repeat(70);
 const QUESTION = 'Why does this fail, and how do I fix it? ';
 const turnsFor = (bytes) => Math.ceil(bytes / (ANSWER.length + QUESTION.length + 200)) * 2; // question, answer
-
-class ChatState {
-  constructor(messages = []) {
-    this.status = 'ready';
-    this.error = undefined;
-    this.messages = messages;
-  }
-  pushMessage(message) {
-    this.messages = this.messages.concat(message);
-  }
-  popMessage() {
-    this.messages = this.messages.slice(0, -1);
-  }
-  replaceMessage(index, message) {
-    this.messages = [...this.messages.slice(0, index), message, ...this.messages.slice(index + 1)];
-  }
-  snapshot(value) {
-    return structuredClone(value);
-  }
-}
-
-class Chat extends AbstractChat {
-  constructor({ messages, ...options }) {
-    super({ ...options, state: new ChatState(messages) });
-  }
-}
 
 function uiHistory(bytes) {
   return Array.from({ length: turnsFor(bytes) }, (_, i) => ({
