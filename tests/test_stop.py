@@ -455,11 +455,17 @@ async def killed_at_event_15(victim: Any) -> tuple[str, list[SSEEvent]]:
     return cid, seen
 
 
+async def reply_of_a_killed_server(pg_url: str, **settings: Any) -> tuple[str, list[SSEEvent], str]:
+    """A server process with ``settings`` (demo model at 20 tokens/s), killed once a long reply's
+    event 15 came: (conversation, events seen, reply id)."""
+    async with server_process(pg_url, demo_tokens_per_second=20, **settings) as victim:
+        cid, seen = await killed_at_event_15(victim)
+    return cid, seen, seen[0].data["reply_id"]
+
+
 async def test_a_killed_server_leaves_no_turn_streaming_forever(pg_url: str, start_server: Any) -> None:
     survivor: LiveServer = await start_server(heartbeat_timeout_seconds=1.0, reaper_interval_seconds=0.2)
-    async with server_process(pg_url, demo_tokens_per_second=20, heartbeat_timeout_seconds=1.0) as victim:
-        cid, seen = await killed_at_event_15(victim)
-    reply_id = seen[0].data["reply_id"]
+    cid, seen, reply_id = await reply_of_a_killed_server(pg_url, heartbeat_timeout_seconds=1.0)
     async with survivor.client() as client:
         turn = await wait_status(client, reply_id, {"interrupted_by_error"}, timeout=20)
         assert turn["error"]["code"] == "process_died"
@@ -480,9 +486,7 @@ async def test_a_stream_resumed_on_another_replica_after_a_crash_ends_at_once_no
     """The resume followed the dead process's reply, still `streaming`, until a reaper found
     its heartbeat older than the timeout (15 s): the client waited that long for the ending."""
     survivor: LiveServer = await start_server()  # the default heartbeat timeout and reaper interval
-    async with server_process(pg_url, demo_tokens_per_second=20) as victim:
-        _, seen = await killed_at_event_15(victim)
-    reply_id = seen[0].data["reply_id"]
+    _, _, reply_id = await reply_of_a_killed_server(pg_url)
     started = time.monotonic()
     async with survivor.client() as client:
         resumed = await _events(client, reply_id, {"Last-Event-ID": "15"})
@@ -499,9 +503,7 @@ async def test_a_stop_of_a_reply_whose_process_died_is_stored_at_once_not_left_t
     the heartbeat younger than the timeout and answered 202; the reaper later stored the reply
     as an error, not as the stop the user asked for."""
     survivor: LiveServer = await start_server()  # the default heartbeat timeout and stop wait
-    async with server_process(pg_url, demo_tokens_per_second=20) as victim:
-        _, seen = await killed_at_event_15(victim)
-    reply_id = seen[0].data["reply_id"]
+    _, seen, reply_id = await reply_of_a_killed_server(pg_url)
     started = time.monotonic()
     async with survivor.client() as client:
         stopped = await client.post(f"/v1/turns/{reply_id}/stop")
@@ -522,9 +524,7 @@ async def test_a_message_beside_a_reply_whose_process_died_is_not_busy_until_the
     reaper found its heartbeat older than the timeout (15 s): `reject` answered 409
     `conversation_busy` until then, `enqueue` waited that long."""
     survivor: LiveServer = await start_server()  # the default heartbeat timeout and reaper interval
-    async with server_process(pg_url, demo_tokens_per_second=20) as victim:
-        cid, seen = await killed_at_event_15(victim)
-    reply_id = seen[0].data["reply_id"]
+    cid, _, reply_id = await reply_of_a_killed_server(pg_url)
     started = time.monotonic()
     async with survivor.client() as client:
         answered = await client.post(
@@ -552,11 +552,9 @@ async def test_a_client_resuming_from_the_last_event_it_saw_after_a_crash_sees_t
     """
     survivor: LiveServer = await start_server(heartbeat_timeout_seconds=5.0, reaper_interval_seconds=0.2)
     # Checkpoints far apart: the events the client sees before the kill are not stored yet.
-    async with server_process(
-        pg_url, demo_tokens_per_second=20, checkpoint_interval_ms=2000, checkpoint_chars=100_000
-    ) as victim:
-        cid, seen = await killed_at_event_15(victim)
-    reply_id = seen[0].data["reply_id"]
+    cid, seen, reply_id = await reply_of_a_killed_server(
+        pg_url, checkpoint_interval_ms=2000, checkpoint_chars=100_000
+    )
     async with survivor.client() as client:
         resumed = await _events(client, reply_id, {"Last-Event-ID": "15"})
         assert [e.event for e in resumed] == [EventName.TURN_INTERRUPTED]
