@@ -42,9 +42,10 @@ from memory.record.conversations import Owner
 from memory.storage.db import Database
 from memory.storage.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
-from tests.fake_openai import Reply
+from tests.fake_openai import Reply, ToolCall
 from tests.sse import iter_sse
 from tests.support import wait_until
+from tests.test_approvals import park, transfer_tools
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings
 from tests.test_memory_items import item_with, items, recalled_texts
 from tests.test_memory_recall import QUESTION, index_outbox, new_conversation, retrieved, say
@@ -488,3 +489,51 @@ async def test_correcting_a_memory_while_a_reply_shown_it_ends_does_not_deadlock
     assert await _deadlocks(db) == deadlocks
     memory_use = "SELECT memory_use FROM turns WHERE id = CAST(:r AS uuid)"
     assert await scalar(db, memory_use, r=started.data["reply_id"]) == "forgotten"
+
+
+@pytest.mark.parametrize("action", ["correct", "forget"])
+async def test_changing_a_memory_while_a_parked_reply_shown_it_is_stopped_does_not_deadlock(
+    action: str, start_server: Any, fake_openai: Any, db: Database
+) -> None:
+    """Found: a reply parked for a tool approval was stopped by locking its turn and then its
+    conversation; the change locked the conversations and then that turn (only streaming turns
+    came first). Postgres aborted one of them (a correction or forget aborted answers 500).
+    A parked turn is now taken after its conversation, by every writer."""
+    server = await start_server(
+        tools=transfer_tools([]),
+        llm_provider="openai",
+        llm_base_url=fake_openai.base_url,
+        llm_api_key="test",
+        query_rewrite="heuristic",
+    )
+    fake_openai.script(
+        Reply(text="Noted, good luck with the kitchen."),
+        Reply(tool_calls=[ToolCall("transfer_funds", {"amount": 5, "to": "Ingrid"}, id="call_t")]),
+    )
+    async with server.client() as client:
+        # The parked reply's conversation sorts first, so the change takes it before the memory's own.
+        parked_in, said_in = sorted([await new_conversation(client), await new_conversation(client)])
+        await say(client, said_in, LONG_FACT)
+        await index_outbox(db, server.services.settings)
+        item = await item_with(client, LONG_FACT)
+        parked = await park(client, parked_in, QUESTION)
+        assert LONG_FACT in [i["text"] for i in retrieved(parked)["items"]]  # it was shown the memory
+        reply_id = parked[0].data["reply_id"]
+        deadlocks = await _deadlocks(db)
+        own = {
+            "sql": "SELECT id FROM conversations WHERE id = CAST(:c AS uuid) FOR NO KEY UPDATE",
+            "c": said_in,
+        }
+        async with holding(db, **own) as release:
+            changing = asyncio.ensure_future(_change(client, action, item["id"]))
+            await wait_until(lambda: _waiting_on_locks(db, 1), REQUEST_BOUND_SECONDS, "the change waits")
+            stopping = asyncio.ensure_future(client.post(f"/v1/turns/{reply_id}/stop"))
+            await wait_until(lambda: _waiting_on_locks(db, 2), REQUEST_BOUND_SECONDS, "the stop waits")
+            release.set()
+            async with asyncio.timeout(REQUEST_BOUND_SECONDS):
+                changed, stopped = await asyncio.gather(changing, stopping)
+    assert changed.status_code == (200 if action == "correct" else 204), changed.text
+    assert stopped.status_code == 200 and stopped.json()["status"] == "interrupted_by_user", stopped.text
+    assert await _deadlocks(db) == deadlocks
+    memory_use = "SELECT memory_use FROM turns WHERE id = CAST(:r AS uuid)"
+    assert await scalar(db, memory_use, r=reply_id) == "forgotten"

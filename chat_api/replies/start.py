@@ -453,9 +453,8 @@ async def _start_reply(
 async def _give_way_if_parked(session: AsyncSession, conversation: Conversation) -> uuid.UUID | None:
     """End the conversation's reply if it waits for an approval (under the conversation's lock).
 
-    Returns the reply when it is parked but a decision on it (an approval, a stop) holds its
-    turn now: the caller waits for that outside the conversation's lock (whoever holds the
-    turn may want the conversation next) and looks again.
+    Returns the reply when it is parked but a decision on it holds its turn now: the caller
+    waits for that outside the conversation's lock and looks again.
     """
     running = conversation.active_reply_id
     assert running is not None

@@ -108,7 +108,9 @@ SHOWN_DEPTH = 4
 # A reply still streaming is ended by locking its turn and then its conversation (end_reply), so
 # its turn is locked here before the conversations, in the same order (the other writers that lock
 # conversations and then turns refuse while a reply of that conversation streams). Taken after
-# them, a correction at the moment such a reply ended deadlocked with its ending.
+# them, a correction at the moment such a reply ended deadlocked with its ending. Only streaming
+# turns: a parked one (awaiting_approval) is taken after its conversation by every writer, its stop
+# too (end_parked_reply), and a user's deletion deletes it under the conversation locks.
 LOCK_STREAMING_REPLIES = text(
     "SELECT id FROM turns WHERE id = ANY(CAST(:ids AS uuid[])) AND status = :streaming"
     " ORDER BY id FOR NO KEY UPDATE"

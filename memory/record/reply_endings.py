@@ -36,7 +36,7 @@ from memory.record.outbox import record_finished_turn
 from memory.record.reply_state import notify_done
 from memory.record.tool_calls import ToolCall, settle_open_calls, settle_running_invocations, tool_calls_of
 from memory.record.turns import append_events, finish_turn, release_conversation
-from memory.storage.models import Turn
+from memory.storage.models import Conversation, Turn
 
 
 @dataclass(frozen=True)
@@ -188,9 +188,23 @@ async def end_parked_reply(
 ) -> Event | None:
     """Stop a reply that waits for approval (its undecided calls never run); None if it was not parked.
 
-    With `skip_locked`, also None when another transaction holds the parked turn (a decision
-    or a stop being written): the caller holds a lock that one may need next.
+    The conversation is locked before the parked turn, as by every writer but a streaming
+    reply's ending (ARCHITECTURE.md, lock order): a correction or a deletion holding the
+    conversation takes that turn next. With `skip_locked`, also None when another transaction
+    holds the parked turn (a decision being written).
     """
+    conversation = (
+        await session.execute(
+            select(Turn.conversation_id).where(
+                Turn.reply_id == reply_id, Turn.status == TurnStatus.AWAITING_APPROVAL
+            )
+        )
+    ).scalar_one_or_none()
+    if conversation is None:
+        return None
+    await session.execute(
+        select(Conversation.id).where(Conversation.id == conversation).with_for_update(key_share=True)
+    )
     parked = (await session.execute(_parked_turn(reply_id, skip_locked=skip_locked))).scalar_one_or_none()
     if parked is None:
         return None
