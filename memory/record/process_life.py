@@ -9,10 +9,20 @@ looks held and the reaper's timeout decides, as without it. So a free lock is po
 word that the owner is gone, without waiting the whole `HEARTBEAT_TIMEOUT_SECONDS` of
 silence the reaper needs when it has no such word.
 
-A free lock alone is not enough: a live process whose listening connection was lost
-(Postgres restarting) is without its lock until it reconnects. Its heartbeat goes on
-meanwhile, from other connections, once every checkpoint interval; so the owner counts
-as gone only when its lock is free and its heartbeat has been silent for a few intervals.
+A free lock alone is not enough: a live process whose listening connection was lost is
+without its lock until it reconnects. Its heartbeat goes on meanwhile, from other
+connections, once every checkpoint interval; so the owner counts as gone only when its lock
+is free and its heartbeat has been silent for a few intervals.
+
+A restart of Postgres ends every session at once: every life lock is free, and every
+heartbeat is as old as the outage until its process's next tick. A live process takes its
+lock again when its listening connection reconnects, which backs off up to
+`RECONNECT_MAX_SECONDS` between attempts; a request retried in that moment ended a reply
+still streaming as `process_died`. So silence is counted from the heartbeat, or from the
+moment Postgres has been up long enough for every live process to have its lock again
+(`LIFE_RETAKEN_SECONDS` after `pg_postmaster_start_time()`), whichever is later: until
+then a free lock says nothing. A process that died with the restart is still found gone a
+few seconds after it, not after the heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -29,9 +39,21 @@ LIFE_SEED = 0x6C696665  # "life"
 # asyncpg's placeholder: taken on the listening connection, which is raw asyncpg.
 HOLD_LIFE = f"SELECT pg_advisory_lock(hashtextextended($1, {LIFE_SEED}))"
 
+# The longest wait of a listening connection between two attempts to reconnect
+# (chat_api/replies/signals.py), and how soon after Postgres starts every live process holds
+# its life lock again: that wait, then a connection and the lock's statement.
+RECONNECT_MAX_SECONDS = 5.0
+LIFE_RETAKEN_SECONDS = RECONNECT_MAX_SECONDS + 1.0
+
+# Silent: since the last heartbeat, or since every live owner would hold its lock again after
+# Postgres started (negative until then), whichever is later.
 STREAMING_OWNER = text(
-    """
-    SELECT owner, EXTRACT(EPOCH FROM now() - heartbeat_at) AS silent
+    f"""
+    SELECT owner,
+           EXTRACT(EPOCH FROM now() - GREATEST(
+               heartbeat_at,
+               pg_postmaster_start_time() + make_interval(secs => {LIFE_RETAKEN_SECONDS})
+           )) AS silent
     FROM turns
     WHERE coalesce(reply_id, id) = :reply_id AND status = 'streaming' AND owner IS NOT NULL
     """
@@ -42,9 +64,10 @@ LOCK_IS_FREE = text(f"SELECT pg_try_advisory_xact_lock_shared(hashtextextended(:
 
 
 async def gone_owner_silence(session: AsyncSession, reply_id: uuid.UUID) -> float | None:
-    """How long (seconds) the heartbeat of the reply's streaming turn has been silent, if the
-    process that owns it holds no life lock; None while a live process holds it, or when no
-    turn of the reply streams.
+    """How long (seconds) the owner of the reply's streaming turn has been silent, if it holds
+    no life lock; None while a live process holds it, or when no turn of the reply streams.
+
+    Negative just after Postgres started: its owner may not have taken its lock again yet.
     """
     row = (await session.execute(STREAMING_OWNER, {"reply_id": reply_id})).first()
     if row is None:
