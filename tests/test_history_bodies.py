@@ -10,9 +10,15 @@ the real one: the openai SDK here, `ai` and @ag-ui/client in tests/js/long_histo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
+import itertools
 import json
 import os
+import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from sqlalchemy import event
 
 from tests.conftest import LiveServer, token_for
 from tests.support import run_node_tests
@@ -36,6 +43,8 @@ NODE = shutil.which("node")
 # A code answer of a few KB, as real chats have them.
 ANSWER = "def double(x):\n    return x * 2  # and why it works\n" * 70
 QUESTION = "Why does this fail, and how do I fix it? "
+# A page of a branch's history read oldest first (memory.record.branches.BRANCH_HISTORY_FROM).
+HISTORY_PAGE = re.compile(r"t\.seq > \$\d+ AND t\.seq <= l\.max_seq")
 HISTORY_DOORS = (
     "/v1/ai-sdk/chat",
     "/v1/ag-ui",
@@ -152,3 +161,102 @@ async def test_the_ai_sdk_and_ag_ui_clients_sending_a_whole_long_history_get_the
         "CHATMEM_OVER_HISTORY": str(OVER_HISTORY),
     }
     await run_node_tests(JS_DIR, "long_history.test.mjs", env, timeout=120)
+
+
+async def test_another_streams_events_keep_flowing_while_an_8_mb_chat_completions_history_is_matched(
+    start_server: Any,
+) -> None:
+    """A chat completions request sends its whole history; the door compares it with the stored
+    one to find the conversation, and again under its lock. Made into units and compared on the
+    event loop, an 8 MB history held up every other stream of the process for a fifth of a
+    second and more: the largest gap between another reply's events while such a request is
+    answered stays well below that."""
+    server: LiveServer = await start_server(import_turns_per_hour=0, demo_tokens_per_second=100.0)
+    messages = openai_history(7_300_000)
+    async with openai_client(server) as client:
+        # The chat so far: its whole history stored (imported by its first request).
+        raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+        first = raw.parse()
+        messages += [{"role": "assistant", "content": first.choices[0].message.content or ""}]
+        messages += [{"role": "user", "content": "and one more"}]
+        body = json.dumps({"model": MODEL, "messages": messages}).encode()
+        assert len(body) > 7_500_000
+        with frozen_startup_objects():
+            gap, conversation = await _largest_gap_while(server, client, body)
+    assert conversation == raw.headers["X-Chatmem-Conversation-Id"], "the chat went on: its history matched"
+    assert gap < 0.05, f"another stream waited {gap * 1000:.0f} ms for its next event"
+
+
+@contextlib.contextmanager
+def frozen_startup_objects() -> Iterator[None]:
+    """The collector as `chatmem serve` runs it: what the process loaded is frozen, out of reach
+    of a full collection (else one walks it all, a pause of its own, whatever triggers it)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+async def _largest_gap_while(server: LiveServer, client: AsyncOpenAI, body: bytes) -> tuple[float, str]:
+    """Stream a long reply in another conversation, send `body` once it streams, and return the
+    largest gap between that reply's events while `body` was answered, and the conversation
+    `body` went to."""
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "/long another chat" + " word" * 1000}],
+        stream=True,
+    )
+    loop = asyncio.get_running_loop()
+    arrivals: list[float] = []
+    async with stream, server.client() as api:
+        chunks = aiter(stream)
+        await anext(chunks)  # streaming
+        headers = {"Content-Type": "application/json"}
+        sending = asyncio.ensure_future(
+            api.post("/openai/v1/chat/completions", content=body, headers=headers)
+        )
+        started = loop.time()
+        while not sending.done():
+            await anext(chunks)  # the reply lasts longer than the request: it ends with an error if not
+            arrivals.append(loop.time())
+        answered = loop.time()
+        response = await sending
+    assert response.status_code == 200, response.text[:300]
+    during = [started, *[t for t in arrivals if t <= answered], answered]
+    return max(b - a for a, b in itertools.pairwise(during)), response.headers["X-Chatmem-Conversation-Id"]
+
+
+async def test_the_history_that_chose_a_chat_completions_conversation_is_not_read_again(
+    start_server: Any,
+) -> None:
+    """The stored history compared to choose the conversation was read again, and compared
+    again, under its lock: twice the work for the same answer when nothing happened in between."""
+    server: LiveServer = await start_server()
+    reads: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if HISTORY_PAGE.search(statement):
+            reads.append(statement)
+
+    engine = server.services.db.engine.sync_engine
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "the first question"}]
+    async with openai_client(server) as client:
+        first = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+        messages += [{"role": "assistant", "content": first.parse().choices[0].message.content or ""}]
+        messages += [{"role": "user", "content": "the second question"}]
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            second = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+    conversation = first.headers["X-Chatmem-Conversation-Id"]
+    assert second.headers["X-Chatmem-Conversation-Id"] == conversation  # chosen by its history
+    assert len(reads) == 1, f"the history was read {len(reads)} times"
+    async with server.client() as api:
+        turns = (await api.get(f"/v1/conversations/{conversation}/turns")).json()["items"]
+    assert [t["content"] for t in turns if t["role"] == "user"] == [
+        "the first question",
+        "the second question",
+    ]

@@ -20,6 +20,8 @@ from collections.abc import AsyncIterable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from anyio import to_thread
+
 from memory.events import INTERRUPTED_STATUSES, TurnStatus
 
 
@@ -173,14 +175,24 @@ async def shared_prefix(
     Reading stops at the first stored unit that differs, or once the stored history is
     longer than the sent one: the rest can change neither the count nor the units before
     it. A unit is final once the next one has begun, so only those are compared early.
+
+    Each page is made into units and compared in a worker thread: a history of megabytes
+    takes the CPU for a good part of a second, which on the event loop would freeze every
+    other stream of the process.
     """
     built = StoredUnits()
     matched = 0
-    async for page in pages:
+
+    def compare(page: Sequence[StoredTurn]) -> list[Unit]:
+        nonlocal matched
         built.add(page)
         final = built.final
         # The units compared already are final: only the new ones need comparing.
         matched += matched_prefix(sent[matched:], final[matched:])
+        return final
+
+    async for page in pages:
+        final = await to_thread.run_sync(compare, page)
         if matched < len(final):
             return matched, final
     units = built.units

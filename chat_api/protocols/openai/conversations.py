@@ -15,7 +15,8 @@ of the caller's conversations:
    key, so that a retry of the request lands in it; see below).
 
 In the chosen conversation, under its row lock (`chat_api.replies.start_reply`), the sent
-history is compared with the stored one (`memory.record.history_match`): the same history → the
+history is compared with the stored one (`memory.record.history_match`; the comparison that
+chose the conversation, when nothing has happened in it since, is not made again): the same history → the
 new message continues it; the new message already stored after the same history → its
 answer is generated again on a new branch (regenerate); a history that agrees only up
 to an earlier point → a new branch from there (edit), where the messages the client has
@@ -41,9 +42,11 @@ import contextlib
 import json
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
+from anyio import to_thread
 from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -67,7 +70,7 @@ from memory.record.branches import conversation_branch, fork_branch, history_old
 from memory.record.conversations import Owner, create_conversation, get_conversation
 from memory.record.history_match import Unit, sent_units, shared_prefix
 from memory.record.imports import import_turns
-from memory.storage.models import Branch, Conversation
+from memory.storage.models import Branch, Conversation, Turn
 
 # Chat keys name conversations through uuid5(namespace, tenant, user, key): no table needed,
 # and two callers' keys can never name the same conversation.
@@ -111,11 +114,47 @@ def chat_key_conversation(owner: Owner, key: str, namespace: uuid.UUID = CHAT_KE
 
 
 @dataclass(frozen=True, slots=True)
+class Seen:
+    """A conversation's history as compared when it was chosen: how much it shares with the
+    sent one, its units, and what shows that nothing has happened in it since."""
+
+    matched: int
+    stored: list[Unit]
+    branch_id: uuid.UUID
+    next_seq: int
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, conversation: Conversation, matched: int, stored: list[Unit]) -> Seen | None:
+        """What was seen, or None when a reply was running (its turns still change)."""
+        if conversation.active_reply_id is not None:
+            return None
+        return cls(
+            matched, stored, conversation.active_branch_id, conversation.next_seq, conversation.updated_at
+        )
+
+    def still(self, conversation: Conversation) -> bool:
+        """Whether the conversation (read again under its lock) has not changed since: every new
+        turn, finished reply and branch switch moves one of these."""
+        return (
+            conversation.active_reply_id is None
+            and conversation.active_branch_id == self.branch_id
+            and conversation.next_seq == self.next_seq
+            and conversation.updated_at == self.updated_at
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Target:
-    """The conversation a request goes to; `new`: not made yet (made once the request is admitted)."""
+    """The conversation a request goes to; `new`: not made yet (made once the request is admitted).
+
+    `sent`: the sent history as units (made once, in a worker thread); `seen`: the chosen
+    conversation's history as compared to choose it."""
 
     conversation_id: uuid.UUID | None
     new: bool = False
+    sent: list[Unit] | None = None
+    seen: Seen | None = None
 
 
 async def choose_conversation(
@@ -148,13 +187,15 @@ async def choose_conversation(
                     "the tool results answer no tool call of yours that chatmem knows", field="messages"
                 )
             return Target(found)
-        best = await _best_match(session, owner, chat)
+        sent = await sent_of(chat)
+        best = await _best_match(session, owner, chat, sent)
     if best is not None:
-        return Target(best)
+        return Target(best[0], sent=sent, seen=best[1])
     if idempotency_key is not None:
         keyed = chat_key_conversation(owner, idempotency_key, IDEMPOTENCY_NAMESPACE)
-        return await _target_of_key(services, owner, keyed)
-    return Target(None, new=True)
+        target = await _target_of_key(services, owner, keyed)
+        return replace(target, sent=sent)
+    return Target(None, new=True, sent=sent)
 
 
 def _title(chat: ChatRequest) -> str:
@@ -204,25 +245,27 @@ async def _conversation_of_call(
     return found if isinstance(found, uuid.UUID) else None
 
 
-async def _best_match(session: AsyncSession, owner: Owner, chat: ChatRequest) -> uuid.UUID | None:
-    """The conversation whose active history shares the longest prefix with the sent one."""
+async def _best_match(
+    session: AsyncSession, owner: Owner, chat: ChatRequest, sent: list[Unit]
+) -> tuple[uuid.UUID, Seen | None] | None:
+    """The conversation whose active history shares the longest prefix with the sent one, and
+    that history as compared."""
     first = next((m.text for m in chat.history if m.role == "user"), None)
     if first is None:
         return None  # a first message: nothing to continue
-    sent = _sent(chat)
     rows = await session.execute(
         CANDIDATE_CONVERSATIONS,
         {"tenant_id": owner.tenant_id, "user_id": owner.user_id, "first": first, "limit": CANDIDATES},
     )
-    best: tuple[int, uuid.UUID] | None = None
+    best: tuple[int, uuid.UUID, Seen | None] | None = None
     for conversation_id in rows.scalars():
         conversation = await get_conversation(session, owner, conversation_id)
         branch = await conversation_branch(session, conversation)
         matched, stored = await _shared_prefix(session, sent, branch)
         enough = matched >= MIN_MATCHED_UNITS or (matched == len(stored) and _ends_unanswered(stored))
         if enough and (best is None or matched > best[0]):
-            best = (matched, conversation_id)
-    return None if best is None else best[1]
+            best = (matched, conversation_id, Seen.of(conversation, matched, stored))
+    return None if best is None else best[1:]
 
 
 async def _shared_prefix(session: AsyncSession, sent: list[Unit], branch: Branch) -> tuple[int, list[Unit]]:
@@ -245,9 +288,11 @@ def _ends_unanswered(stored: list[Unit]) -> bool:
     return bool(stored) and stored[-1].role == "user" and stored[-1].last_seq > stored[-1].turn.seq
 
 
-def _sent(chat: ChatRequest) -> list[Unit]:
+async def sent_of(chat: ChatRequest) -> list[Unit]:
+    """The sent history and new message as units, made in a worker thread (megabytes of text to
+    normalise would hold up every other stream of the process)."""
     prompt = [ClientMessage("user", chat.prompt)] if chat.prompt is not None else []
-    return sent_units([*chat.history, *prompt])
+    return await to_thread.run_sync(sent_units, [*chat.history, *prompt])
 
 
 async def start_chat_reply(
@@ -269,7 +314,9 @@ async def start_chat_reply(
     transaction). With `idempotency_key`, a request already started reattaches to its reply.
     """
     history: AdmittedImport | None = None
-    rows = _turn_rows(_sent(chat)[:-1]) if target.new else []
+    if target.sent is None and not chat.tool_results:
+        target = replace(target, sent=await sent_of(chat))
+    rows = _turn_rows(target.sent[:-1]) if target.new and target.sent else []
     if rows:
         # A new conversation: all the client sent before its new message is history to import.
         history = await admission.admit_import(owner, rows)
@@ -279,7 +326,8 @@ async def start_chat_reply(
         if chat.tool_results:
             begin = _begin_tool_answer(services, chat, idempotency_key)
         else:
-            begin = _begin_prompt(services, admission, owner, chat, history, idempotency_key)
+            assert target.sent is not None
+            begin = _begin_prompt(services, admission, owner, chat, target, history, idempotency_key)
         accepted = await start_or_answer_retry(
             services,
             owner,
@@ -305,23 +353,31 @@ def _begin_prompt(
     admission: Admission,
     owner: Owner,
     chat: ChatRequest,
+    target: Target,
     history: AdmittedImport | None,
     idempotency_key: str | None = None,
 ) -> BeginReply:
     """Store the new message after the sent history; what chatmem lacks of it is imported.
 
     `history` is the new conversation's whole history, admitted before the conversation
-    was made; anything else lacking (an edit, a longer history) is admitted here.
+    was made; anything else lacking (an edit, a longer history) is admitted here. The
+    history compared to choose the conversation is read again only if it may have changed.
     """
     prompt = chat.prompt or ""
+    sent = target.sent
+    assert sent is not None
 
     async def begin(session: AsyncSession, conversation: Conversation, reply_id: uuid.UUID) -> Started:
         active = await conversation_branch(session, conversation)
-        sent = _sent(chat)
-        matched, stored = await _shared_prefix(session, sent, active)
+        seen = target.seen
+        if seen is not None and seen.still(conversation):
+            matched, stored = seen.matched, seen.stored
+        else:
+            matched, stored = await _shared_prefix(session, sent, active)
         if matched == len(sent):
             # The new message is already stored after the same history: answer it again.
-            user_turn = stored[matched - 1].turn
+            user_turn = await session.get(Turn, stored[matched - 1].turn.id)  # read by another session
+            assert user_turn is not None
             if matched < len(stored):
                 await fork_branch(session, conversation, parent=active, fork_seq=user_turn.seq)
             return await answer_again(services, session, conversation, reply_id, user_turn, idempotency_key)

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
+from anyio import to_thread
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -168,8 +169,7 @@ async def chat_completions(
     request: Request, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
 ) -> Response:
     """Answer with chatmem's reply: memory, the sanitized window, server tools; every turn stored."""
-    chat = parse_request(await request.json(), served_models(services))
-    check_texts(chat, services.settings.max_message_chars)
+    chat = await read_request(request, services)
     conversation_id, chat_key = chat_target(request, chat)
     key = idempotency_key(request)
     # Admitted before anything is stored, so a 429 leaves nothing behind.
@@ -222,6 +222,20 @@ async def chat_completions(
         )
     headers["X-Chatmem-Status"] = translator.status or TurnStatus.FAILED
     return JSONResponse(translator.completion(), headers=headers)
+
+
+async def read_request(request: Request, services: Services) -> ChatRequest:
+    """The request as a ChatRequest, made and checked in a worker thread: a body may hold a history
+    of megabytes, and reading it on the event loop would hold up every other stream of the process."""
+    document = await request.json()  # the door's checked parse (off the loop for a large body)
+    models, max_chars = served_models(services), services.settings.max_message_chars
+
+    def read() -> ChatRequest:
+        chat = parse_request(document, models)
+        check_texts(chat, max_chars)
+        return chat
+
+    return await to_thread.run_sync(read)
 
 
 def check_texts(chat: ChatRequest, max_chars: int) -> None:
