@@ -43,12 +43,15 @@ ADD_CHAT = text(
 # Two first requests of one new chat racing each other: the second waits, then finds the first's.
 LOCK_NEW_CHAT = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
 
-# The `memory.retrieved` payload of each reply, straight from the stored event log.
+# The `memory.retrieved` payloads of each reply, straight from the stored event log, in the
+# order they were sent (a reply that goes on after an approval recalls again: the last one is
+# what its stream's client shows).
 MEMORY_PAYLOADS = text(
     """
-    SELECT te.reply_id, e -> 2 AS payload
-    FROM turn_events te CROSS JOIN LATERAL jsonb_array_elements(te.events) AS e
-    WHERE te.reply_id = ANY(:reply_ids) AND e ->> 1 = :name
+    SELECT te.reply_id, e.event -> 2 AS payload
+    FROM turn_events te CROSS JOIN LATERAL jsonb_array_elements(te.events) WITH ORDINALITY AS e(event, n)
+    WHERE te.reply_id = ANY(:reply_ids) AND e.event ->> 1 = :name
+    ORDER BY te.first_id, e.n
     """
 )
 
@@ -109,7 +112,7 @@ async def chat_conversation(session: AsyncSession, owner: Owner, chat_id: str) -
 async def memory_payloads(
     session: AsyncSession, reply_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
-    """The `memory.retrieved` payload of each of these replies that recalled memory, by reply id."""
+    """The last `memory.retrieved` payload of each of these replies that recalled memory, by reply id."""
     if not reply_ids:
         return {}
     rows = await session.execute(
