@@ -267,7 +267,7 @@ def create_app(
             allow_origins=settings.cors_origins,
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=["Retry-After"],
+            expose_headers=["Retry-After", ai_sdk_routes.NEXT_CURSOR_HEADER],
         )
 
     for public in (health.router, page.router):

@@ -2,7 +2,8 @@
 
 The example is bundled and served by its own pinned esbuild on another origin (so
 CORS_ORIGINS is part of what is tested); the page talks to chatmem only through the AI
-SDK's transport and the stop endpoint: send, stop, reload-resume, approve.
+SDK's transport and the stop endpoint: send, stop, reload-resume, approve, and a long chat's
+earlier messages loaded a page at a time.
 """
 
 from __future__ import annotations
@@ -119,4 +120,34 @@ def test_send_stop_reload_resume_and_approve(browser: Browser, server: ChatmemUp
         context.close()
     outside = [u for u in requests if not u.startswith((example_url, server.base_url, "data:"))]
     assert outside == [], f"requests to other hosts: {outside}"
+    assert errors == [], f"page errors: {errors}"
+
+
+def test_a_long_chat_shows_its_newest_messages_and_loads_the_earlier_ones(
+    browser: Browser, server: ChatmemUp, example_url: str
+) -> None:
+    """The page loaded a chat's every message at once (1.45 MB at 5,000 turns); it loads the
+    newest page, and the earlier ones when asked, across origins (the cursor is a header)."""
+    count = 150
+    with server.client() as api:
+        chat = api.post("/v1/conversations", json={}).json()["id"]  # a conversation id is a chat id
+        turns = [{"role": ("user", "assistant")[i % 2], "content": f"message {i}"} for i in range(count)]
+        api.post(f"/v1/conversations/{chat}/import", json={"turns": turns}).raise_for_status()
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        page.goto(f"{example_url}/?api={server.base_url}&token={server.token}#chat={chat}")
+        _ready(page)
+        shown = page.locator("#messages > li")
+        expect_ui(shown).to_have_count(100)
+        expect_ui(shown.first).to_have_text("message 50")
+        page.click("#earlier")
+        expect_ui(shown).to_have_count(count)
+        expect_ui(shown.first).to_have_text("message 0")
+        expect_ui(shown.last).to_have_text(f"message {count - 1}")
+        expect_ui(page.locator("#earlier")).to_have_count(0)  # nothing earlier left
+    finally:
+        context.close()
     assert errors == [], f"page errors: {errors}"

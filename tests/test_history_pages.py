@@ -70,6 +70,81 @@ async def test_a_long_conversations_turns_come_in_bounded_pages_newest_first(ser
         assert bad.json()["error"]["code"] == "invalid_input"
 
 
+async def ui_messages_page(
+    client: httpx.AsyncClient, chat: str, **params: Any
+) -> tuple[list[dict[str, Any]], str | None]:
+    r = await client.get(f"/v1/ai-sdk/chat/{chat}/messages", params=params)
+    assert r.status_code == 200, r.text
+    return r.json(), r.headers.get("X-Chatmem-Next-Cursor")
+
+
+def texts(messages: list[dict[str, Any]]) -> list[str]:
+    return [" ".join(p["text"] for p in m["parts"] if p["type"] == "text") for m in messages]
+
+
+async def test_an_ai_sdk_chats_messages_come_in_bounded_pages_newest_first(server: LiveServer) -> None:
+    """`GET /v1/ai-sdk/chat/{id}/messages` answered every message of the chat: 1.45 MB at 5,000
+    turns, growing with every message. It pages as GET …/turns does, the cursor in a header so
+    that the body stays the `UIMessage[]` useChat takes."""
+    async with server.client() as client:
+        chat = await imported(client, TURNS)
+
+        newest, cursor = await ui_messages_page(client, chat)
+        assert texts(newest) == [f"message {i}" for i in range(TURNS - 100, TURNS)]
+        assert cursor is not None
+
+        pages: list[list[str]] = []
+        cursor = None
+        while True:
+            messages, cursor = await ui_messages_page(
+                client, chat, limit=500, **({"cursor": cursor} if cursor else {})
+            )
+            pages.insert(0, texts(messages))
+            if cursor is None:
+                break
+        assert [t for items in pages for t in items] == [f"message {i}" for i in range(TURNS)]
+        assert [len(items) for items in pages] == [200, 500, 500]
+
+        url = f"/v1/ai-sdk/chat/{chat}/messages"
+        for limit in (0, 501):
+            refused = await client.get(url, params={"limit": limit})
+            assert refused.status_code == 422, refused.text
+        bad = await client.get(url, params={"cursor": "bm90IGEgY3Vyc29y"})  # "not a cursor"
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["error"]["code"] == "invalid_input"
+
+
+async def test_a_reply_of_several_steps_is_one_message_on_a_page_of_ai_sdk_messages(
+    server: LiveServer,
+) -> None:
+    async with server.client() as client:
+        chat = await imported(client, 4)
+        # A reply with a tool step: an assistant turn with the call, the tool's turn, the answer.
+        body = {
+            "id": chat,
+            "trigger": "submit-message",
+            "messages": [
+                {"id": "ask-time", "role": "user", "parts": [{"type": "text", "text": "what time is it?"}]}
+            ],
+        }
+        async with client.stream("POST", "/v1/ai-sdk/chat", json=body) as response:
+            assert response.status_code == 200, await response.aread()
+            async for _ in iter_sse(response):
+                pass
+        turns = (await page(client, chat))["items"]
+        assert [t["role"] for t in turns[-3:]] == ["assistant", "tool", "assistant"]
+
+        reply, cursor = await ui_messages_page(client, chat, limit=1)
+        assert [m["role"] for m in reply] == ["assistant"]
+        assert {p["type"] for p in reply[0]["parts"]} >= {"tool-current_time", "text"}
+        asked, cursor = await ui_messages_page(client, chat, limit=1, cursor=cursor)
+        assert [m["id"] for m in asked] == ["ask-time"]
+        rest, cursor = await ui_messages_page(client, chat, limit=10, cursor=cursor)
+        assert texts(rest) == [f"message {i}" for i in range(4)] and cursor is None
+        whole, _ = await ui_messages_page(client, chat)
+        assert whole == [*rest, *asked, *reply]
+
+
 async def test_pages_of_an_edited_branch_and_of_a_fork_follow_their_own_history(server: LiveServer) -> None:
     async with server.client() as client:
         conversation = await imported(client, 300)

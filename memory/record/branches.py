@@ -256,11 +256,12 @@ async def branch_history_page(
 
 
 async def history_newest_first(
-    session: AsyncSession, branch: Branch, *, page: int = 50
+    session: AsyncSession, branch: Branch, *, page: int = 50, below_seq: int = NO_LIMIT
 ) -> AsyncGenerator[Turn, None]:
-    """The branch's history newest turn first, read a page at a time: a caller that stops early
-    (what it looks for is nearly always among the newest) never reads a long history whole."""
-    below = NO_LIMIT
+    """The branch's history (below `below_seq`) newest turn first, read a page at a time: a caller
+    that stops early (what it looks for is nearly always among the newest) never reads a long
+    history whole."""
+    below = below_seq
     while True:
         turns, first_seq = await branch_history_page(session, branch, limit=page, below_seq=below)
         for turn in reversed(turns):

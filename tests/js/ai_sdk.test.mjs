@@ -215,6 +215,41 @@ test('a chat id never used resumes to nothing, and lists no messages', BOUND, as
   assert.deepEqual(chat.messages, []);
 });
 
+// A page of the stored messages, validated by the SDK, and the cursor of the older ones.
+async function messagesPage(chatId, query) {
+  const response = await fetch(`${API}/${chatId}/messages?${query}`, { headers: { Authorization: `Bearer ${TOKEN}` } });
+  assert.equal(response.status, 200);
+  const messages = await response.json();
+  await validateUIMessages({ messages });
+  return { messages, older: response.headers.get('x-chatmem-next-cursor') };
+}
+
+test('the stored messages come a page at a time; a chat given the newest page goes on from it', BOUND, async () => {
+  const chat = newChat();
+  for (const text of ['first question', 'second question', 'third question']) await chat.sendMessage({ text });
+  const all = await stored(chat.id);
+  assert.equal(all.length, 6);
+  // What a page gives useChat on a reload: the newest messages, a UIMessage[] the SDK accepts.
+  const newest = await messagesPage(chat.id, 'limit=2');
+  assert.deepEqual(newest.messages, all.slice(-2));
+  // The older ones, by the cursor in the header, each page a UIMessage[] too.
+  const older = [];
+  for (let cursor = newest.older; cursor; ) {
+    const page = await messagesPage(chat.id, `limit=2&cursor=${encodeURIComponent(cursor)}`);
+    older.unshift(...page.messages);
+    cursor = page.older;
+  }
+  assert.deepEqual([...older, ...newest.messages], all);
+  // A chat that loaded only the newest page sends its next message as any other.
+  const reloaded = new Chat({ id: chat.id, messages: newest.messages, transport: transport() });
+  await reloaded.sendMessage({ text: 'fourth question' });
+  assert.equal(reloaded.status, 'ready');
+  assert.equal(reloaded.error, undefined);
+  const after = await stored(chat.id);
+  assert.equal(after.length, 8);
+  assert.deepEqual(comparable(after.slice(-4)), comparable(reloaded.messages));
+});
+
 test('edit: sending a user message again under its id branches there, for the last and an earlier one', BOUND, async () => {
   const chat = newChat();
   await chat.sendMessage({ text: 'first message' });

@@ -4,7 +4,9 @@
   answered as a UI message stream (`chat_api/protocols/ai_sdk/stream.py` translates).
 - `GET /v1/ai-sdk/chat/{id}/stream`: the streaming reply from its start (204: none).
 - `POST /v1/ai-sdk/chat/{id}/stop`: stop it, once the ending is stored.
-- `GET /v1/ai-sdk/chat/{id}/messages`: the active branch as `UIMessage[]`.
+- `GET /v1/ai-sdk/chat/{id}/messages`: the active branch as `UIMessage[]`, the newest
+  `limit` messages; the `X-Chatmem-Next-Cursor` header, when there are older ones, is the
+  `cursor` that reads them (the body stays a plain `UIMessage[]` for `useChat`).
 
 The stored history is the truth: of the `messages` the SDK sends, only the last one (and
 the ids it names) is read. Everything that can be refused is refused before the stream
@@ -18,7 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
-from fastapi import Path, Response
+from fastapi import Path, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -36,6 +38,7 @@ from chat_api.protocols.ai_sdk.stream import (
     approval_responses,
     encode,
     message_id_of,
+    message_key,
     text_of,
     ui_messages,
 )
@@ -51,8 +54,10 @@ from memory.record.ai_sdk_chats import (
 )
 from memory.record.approvals import Decision
 from memory.record.branches import (
-    branch_history,
+    NO_LIMIT,
     conversation_branch,
+    decode_history_cursor,
+    encode_history_cursor,
     fork_branch,
     history_newest_first,
     load_branch,
@@ -61,7 +66,7 @@ from memory.record.branches import (
 )
 from memory.record.conversations import Owner
 from memory.record.turns import get_turn
-from memory.storage.models import Conversation, Turn
+from memory.storage.models import Branch, Conversation, Turn
 
 # isort: split
 # The reply lifecycle's public seam (start, follow, stop and approve a reply), in this one
@@ -83,6 +88,8 @@ from chat_api.replies import (
 router = door_router(prefix="/v1/ai-sdk/chat", tags=["ai-sdk"])
 
 ChatId = Annotated[str, Path(min_length=1, max_length=128, pattern=CHAT_ID.pattern)]
+# The `cursor` of a messages page's older messages: a header, so that the body stays `UIMessage[]`.
+NEXT_CURSOR_HEADER = "X-Chatmem-Next-Cursor"
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "UI message stream v1 (SSE: `data: {chunk}` … `data: [DONE]`)",
@@ -428,18 +435,72 @@ async def stop(
     return StopResult(success=True)
 
 
-@router.get("/{chat_id}/messages", response_model=list[dict[str, Any]])
-async def messages(chat_id: ChatId, owner: OwnerDep, services: ServicesDep) -> list[dict[str, Any]]:
-    """The chat's active branch as `UIMessage[]` (empty for a chat id never used)."""
+@router.get(
+    "/{chat_id}/messages",
+    response_model=list[dict[str, Any]],
+    responses={
+        200: {
+            "description": "`UIMessage[]`, oldest first",
+            "headers": {
+                NEXT_CURSOR_HEADER: {
+                    "description": "The `cursor` of the older messages (absent: these start the chat).",
+                    "schema": {"type": "string"},
+                }
+            },
+        }
+    },
+)
+async def messages(
+    chat_id: ChatId,
+    owner: OwnerDep,
+    services: ServicesDep,
+    response: Response,
+    limit: int = Query(100, ge=1, le=500, description="Most messages in the page."),
+    cursor: str | None = Query(
+        None, max_length=512, description=f"`{NEXT_CURSOR_HEADER}` of the newer page."
+    ),
+) -> list[dict[str, Any]]:
+    """The chat's active branch as `UIMessage[]` (empty for a chat id never used), a page at a
+    time: the newest `limit` messages (before the cursor), oldest first, each whole (a reply is
+    one message however many steps it took). `X-Chatmem-Next-Cursor`, when older messages
+    exist, reads them: as `GET …/turns` pages with `next_cursor`, with the body left a plain
+    `UIMessage[]` that `useChat({messages})` takes as it is."""
+    below = decode_history_cursor(cursor) if cursor else NO_LIMIT
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, chat_id)
         if conversation is None:
             return []
         branch = await conversation_branch(session, conversation)
-        turns = await branch_history(session, branch)
+        turns, first_seq = await _newest_messages(session, branch, limit=limit, below_seq=below)
         reply_ids = sorted({t.reply_id for t in turns if t.reply_id is not None and t.role != "user"})
         memories = await memory_payloads(session, reply_ids)
+    if first_seq is not None:
+        response.headers[NEXT_CURSOR_HEADER] = encode_history_cursor(first_seq)
     return ui_messages(turns, memories)
+
+
+async def _newest_messages(
+    session: AsyncSession, branch: Branch, *, limit: int, below_seq: int
+) -> tuple[list[Turn], int | None]:
+    """The turns of the branch's newest `limit` UIMessages below `below_seq`, oldest first, and
+    the seq to read the messages before them from (None: they start the history)."""
+    turns: list[Turn] = []
+    last: tuple[str, uuid.UUID] | None = None
+    count = 0
+    # A message is whole once the turn before it (another message's) is read.
+    async with aclosing(
+        history_newest_first(session, branch, page=2 * limit + 1, below_seq=below_seq)
+    ) as history:
+        async for turn in history:
+            key = message_key(turn)
+            if key != last:
+                if count == limit:
+                    turns.reverse()
+                    return turns, turns[0].seq
+                count, last = count + 1, key
+            turns.append(turn)
+    turns.reverse()
+    return turns, None
 
 
 async def _existing_chat(services: Services, owner: Owner, chat_id: str) -> Conversation:

@@ -29,6 +29,7 @@ part left `input-streaming` would spin forever in a UI.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
@@ -342,6 +343,14 @@ def message_id_of(turn: StoredTurn) -> str:
     return str(client_id) if isinstance(client_id, str) and client_id else str(turn.id)
 
 
+def message_key(turn: StoredTurn) -> tuple[str, uuid.UUID]:
+    """Which UIMessage a turn is part of: a user turn is one; the turns of a reply, next to each
+    other (its assistant turns, one per model step, and its tool turns), are one."""
+    if turn.role == "user":
+        return ("user", turn.id)
+    return ("reply", turn.reply_id) if turn.reply_id is not None else ("turn", turn.id)
+
+
 def ui_messages(
     turns: Sequence[StoredTurn], memories: dict[uuid.UUID, dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -351,25 +360,14 @@ def ui_messages(
     assistant message whose id is the reply id, as the stream's `start` said.
     """
     messages: list[dict[str, Any]] = []
-    group: list[StoredTurn] = []
-
-    def flush() -> None:
-        if group:
-            messages.append(_assistant_message(group, memories))
-            group.clear()
-
-    for turn in turns:
-        if turn.role == "user":
-            flush()
+    for (kind, _), run in itertools.groupby(turns, key=message_key):
+        if kind == "user":
+            turn = next(run)
             messages.append(
                 {"id": message_id_of(turn), "role": "user", "parts": [{"type": "text", "text": turn.content}]}
             )
-        elif group and (turn.reply_id is None or turn.reply_id != group[0].reply_id):
-            flush()
-            group.append(turn)
         else:
-            group.append(turn)
-    flush()
+            messages.append(_assistant_message(list(run), memories))
     return messages
 
 

@@ -1,5 +1,6 @@
 // A useChat frontend on chatmem: messages with tool parts, Stop (a real stop), resume after a
-// reload, Approve/Deny for tools that wait for a person, and the memories of each reply.
+// reload, Approve/Deny for tools that wait for a person, the memories of each reply, and a
+// long chat's earlier messages a page at a time.
 //
 // Configuration is in the page's query string: ?api=<chatmem URL>&token=<JWT>. The chat id
 // lives in the hash (#chat=<id>), so a reload finds the same chat and resumes its stream.
@@ -34,22 +35,29 @@ const transport = new DefaultChatTransport({
   }),
 });
 
+// A page of the stored messages (a UIMessage[]): the newest ones, or those before `cursor`;
+// `older` is the cursor of the messages before these (null: these start the chat).
+async function loadMessages(chatId, cursor = null) {
+  const query = cursor ? `?cursor=${encodeURIComponent(cursor)}` : '';
+  const response = await fetch(`${API}/v1/ai-sdk/chat/${chatId}/messages${query}`, { headers });
+  if (!response.ok) throw new Error(`messages: HTTP ${response.status}`);
+  return { messages: await response.json(), older: response.headers.get('X-Chatmem-Next-Cursor') };
+}
+
 function App() {
   const [chatId] = useState(chatIdFromHash);
   const [initial, setInitial] = useState(null);
   const [loadError, setLoadError] = useState(null);
   useEffect(() => {
-    fetch(`${API}/v1/ai-sdk/chat/${chatId}/messages`, { headers })
-      .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`messages: HTTP ${r.status}`))))
-      .then(setInitial, setLoadError);
+    loadMessages(chatId).then(setInitial, setLoadError);
   }, [chatId]);
   if (loadError) return <p role="alert">{String(loadError.message)}</p>;
   if (initial === null) return <p>Loading…</p>;
-  return <Chat chatId={chatId} initial={initial} />;
+  return <Chat chatId={chatId} initial={initial.messages} initialOlder={initial.older} />;
 }
 
-function Chat({ chatId, initial }) {
-  const { messages, sendMessage, status, error, addToolApprovalResponse } = useChat({
+function Chat({ chatId, initial, initialOlder }) {
+  const { messages, setMessages, sendMessage, status, error, addToolApprovalResponse } = useChat({
     id: chatId,
     messages: initial,
     transport,
@@ -57,7 +65,15 @@ function Chat({ chatId, initial }) {
     sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
   });
   const [input, setInput] = useState('');
+  const [older, setOlder] = useState(initialOlder);
   const busy = status === 'submitted' || status === 'streaming';
+
+  // A long chat loads its newest messages; the earlier ones come a page at a time.
+  const loadEarlier = async () => {
+    const page = await loadMessages(chatId, older);
+    setMessages((current) => [...page.messages, ...current]);
+    setOlder(page.older);
+  };
 
   // useChat's own stop() only drops the connection (chatmem would go on and could be
   // resumed); this ends the reply, and its stream ends with `abort`.
@@ -78,6 +94,11 @@ function Chat({ chatId, initial }) {
   return (
     <main data-status={status}>
       <h1>chatmem × AI SDK</h1>
+      {older && (
+        <button type="button" id="earlier" onClick={loadEarlier}>
+          Load earlier messages
+        </button>
+      )}
       <ol id="messages">
         {messages.map((message) => (
           <li key={message.id} className={`message ${message.role}`} data-id={message.id}>
