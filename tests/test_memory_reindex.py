@@ -290,3 +290,65 @@ async def test_the_indexer_worker_records_its_encoder_not_its_timing_wrapper_as_
         ).scalar()
     assert key == spec_key(spec_of(NEW))
     assert (await MemoryIndex(db, NEW).start()).id == (await index.generation()).id  # a restart takes it
+
+
+async def generation_states(db: Database) -> dict[int, str]:
+    async with db.session() as session:
+        result = await session.execute(text("SELECT id, state FROM memory_indexes ORDER BY id"))
+        return {int(r.id): r.state for r in result}
+
+
+async def test_a_second_reindex_run_ending_after_the_first_switched_keeps_the_active_index(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: the same command run twice joins one build; the run that came second went on
+    # copying the retired generation over the active one: the memories indexed since the switch
+    # were deleted as orphans and a memory forgotten since came back (after the first run's
+    # grace period, with the retired rows gone, the whole active index was deleted).
+    serving = MemoryIndex(db, OLD, loader=loader, check_seconds=0.0)
+    await serving.start()
+    pipeline = IndexPipeline(db, serving, test_settings(pg_url))
+    before = await index_turns(db, pipeline, [fact(i) for i in range(6)])
+    first = await reindex.begin(db, NEW)
+    second = await reindex.begin(db, NEW)  # started while the first one runs: the same build
+    assert first == second == (1, 2)
+    old, new = first or (0, 0)
+    assert (await reindex.build(db, NEW, old, new)).switched
+    # Served from the new generation now: memory keeps arriving and a user forgets an item.
+    after = await index_turns(db, pipeline, [fact(100 + i) for i in range(4)])
+    assert (await serving.generation()).id == new
+    async with db.transaction() as session:
+        item = (await items_by_key(session, OWNER, [(before[2], 0)]))[(before[2], 0)]
+        await forget_item(session, OWNER, item.id)
+    kept = await rows(db, new)
+
+    # The second run gets to its next pass only now.
+    progress = await reindex.build(db, NEW, old, new)
+    assert progress.switched and progress.generation == new
+    assert await rows(db, new) == kept
+    assert {r[0] for r in kept} >= {*before, *after}
+    assert (before[2], 0, "", False) in kept  # still forgotten
+    assert await generation_states(db) == {old: "retired", new: "active"}
+    assert (await found_turns(db, serving, "locker code climbing gym number 100"))[0] == after[0]
+
+
+async def test_a_reindex_replaced_by_another_run_stops_saying_so_not_with_a_traceback(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: `reindex --replace` dropped the building generation under a run still building
+    # it; that run's next batch failed on the missing generation row (NoResultFound, a traceback
+    # and its batch rolled back) instead of saying that its build was abandoned.
+    serving = MemoryIndex(db, OLD, loader=loader, check_seconds=0.0)
+    await serving.start()
+    before = await index_turns(
+        db, IndexPipeline(db, serving, test_settings(pg_url)), [fact(i) for i in range(6)]
+    )
+    old, abandoned = await reindex.begin(db, NEW) or (0, 0)
+    third = HashEmbedder(seed=2)
+    assert await reindex.begin(db, third, replace=True) == (old, abandoned + 1)
+
+    with pytest.raises(reindex.ReindexRefused, match="abandoned"):
+        await reindex.build(db, NEW, old, abandoned)
+    assert await rows(db, abandoned) == set()
+    assert await generation_states(db) == {old: "active", abandoned + 1: "building"}
+    assert (await found_turns(db, serving, "locker code climbing gym number 4"))[0] == before[4]
