@@ -91,7 +91,10 @@ async def _reindex(args: argparse.Namespace, settings: Any, database_url: str) -
             line += ", switched" if p.switched else f", about {eta:.0f} s left"
             print(line, end="\n" if p.switched else "", file=sys.stdout, flush=True)
 
-        await reindex.build(db, encoder, old, new, batch=args.batch, on_progress=progress)
+        try:
+            await reindex.build(db, encoder, old, new, batch=args.batch, on_progress=progress)
+        except reindex.ReindexRefused as exc:
+            raise CommandError(str(exc)) from None
         print(
             f"generation {new} is active; generation {old} is kept {args.grace_seconds:.0f} s, then deleted"
         )

@@ -42,7 +42,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger, Text
 
 from memory.recall.embeddings import Embedder
-from memory.recall.index import LOCK_EXCLUSIVE, describe, spec_key, spec_of
+from memory.recall.index import LOCK_EXCLUSIVE, LOCK_SHARED, describe, spec_key, spec_of
 from memory.recall.keywords import memory_text, photo_caption
 from memory.recall.sentence_keys import sentence_keys
 from memory.storage.db import Database
@@ -158,12 +158,40 @@ PROGRESS = text(
     "rows_total = (SELECT count(*) FROM memory_items WHERE index_id = :old AND kind = 'chunk') "
     "WHERE id = :new"
 )
+STATES = text("SELECT id, state FROM memory_indexes WHERE id IN (:old, :new)")
+CHUNKS = text("SELECT count(*) FROM memory_items WHERE index_id = :id AND kind = 'chunk'")
 RETIRE = text("UPDATE memory_indexes SET state = 'retired', retired_at = now() WHERE id = :old")
 ACTIVATE = text("UPDATE memory_indexes SET state = 'active', activated_at = now() WHERE id = :new")
 
 
 class ReindexRefused(RuntimeError):
-    """Another build is under way for another encoder."""
+    """Another build is under way for another encoder (or replaced this one)."""
+
+
+class _BuildOver(Exception):
+    """The generation is no longer being built beside the active one: another run switched to it
+    (``state`` 'active'), or abandoned it (``--replace``: gone)."""
+
+    def __init__(self, state: str | None) -> None:
+        super().__init__(state)
+        self.state = state
+
+
+async def _hold_building(session: Any, old: int, new: int) -> None:
+    """In a transaction that writes ``new``: the index lock shared, and ``new`` still being built."""
+    await session.execute(LOCK_SHARED)
+    await _still_building(session, old, new)
+
+
+async def _still_building(session: Any, old: int, new: int) -> None:
+    """Raise _BuildOver unless ``new`` is still being built beside the active ``old``.
+
+    Called under the index lock (shared for a batch, exclusive for the switch), so no switch or
+    replacement by another run of the command can come between this check and the writes after it.
+    """
+    states = {int(r.id): r.state for r in await session.execute(STATES, {"old": old, "new": new})}
+    if states.get(old) != "active" or states.get(new) != "building":
+        raise _BuildOver(states.get(new))
 
 
 @dataclass(slots=True)
@@ -232,11 +260,16 @@ async def _drop_rows(db: Database, generation: int, batch: int = 5000) -> int:
 
 
 async def _copy_batch(
-    session: Any, encoder: Embedder, old: int, new: int, after: int, batch: int
+    session: Any, encoder: Embedder, old: int, new: int, after: int, batch: int, *, locked: bool = False
 ) -> int | None:
-    """Copy the next ``batch`` stale rows after id ``after``: the last id copied, None if none was left."""
+    """Copy the next ``batch`` stale rows after id ``after``: the last id copied, None if none was left.
+
+    ``locked``: the caller holds the index lock exclusively (the switch) and checked the states.
+    """
     rows = (await session.execute(STALE, {"old": old, "new": new, "after": after, "batch": batch})).all()
     if not rows:
+        if not locked:
+            await _hold_building(session, old, new)  # the pass's progress is written next
         return None
     live = [r for r in rows if not r.tombstone]
     keys = [
@@ -255,6 +288,9 @@ async def _copy_batch(
     vectors = [_vector_literal(list(v)) for v in await encoder.embed(texts)] if texts else []
     by_id = dict(zip((r.id for r in live), vectors, strict=False))
     ids = [r.id for r in rows]
+    if not locked:
+        # Only now, after the encoding: a switch waits for this batch's writes, never its encoder.
+        await _hold_building(session, old, new)
     await session.execute(COPY, {"new": new, "ids": ids, "embeddings": [by_id.get(i) for i in ids]})
     await session.execute(DELETE_KEYS, {"new": new, "ids": ids})
     if keys:
@@ -303,7 +339,7 @@ async def _pass(
     after: int | None = 0
     while after is not None:
         if session is not None:
-            after = await _copy_batch(session, encoder, old, new, after, batch)
+            after = await _copy_batch(session, encoder, old, new, after, batch, locked=True)
             done, total = await _counts(session, old, new)
         else:
             async with db.transaction() as own:
@@ -318,6 +354,7 @@ async def _pass(
         await session.execute(ORPHANS, {"old": old, "new": new})
     else:
         async with db.transaction() as own:
+            await _hold_building(own, old, new)
             await own.execute(ORPHANS, {"old": old, "new": new})
     return copied
 
@@ -332,18 +369,37 @@ async def build(
     settle_batches: int = 4,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> Progress:
-    """Fill generation ``new`` from ``old`` and switch when complete (see the module docstring)."""
-    await _pass(db, encoder, old, new, batch, on_progress)
-    # Passes until little changed meanwhile, then the last one under the exclusive lock.
-    for _ in range(5):
-        if await _pass(db, encoder, old, new, batch, on_progress) <= settle_batches:
-            break
-    async with db.transaction() as session:
-        await session.execute(LOCK_EXCLUSIVE)
-        await _pass(db, encoder, old, new, batch, session=session)
-        await session.execute(RETIRE, {"old": old})
-        await session.execute(ACTIVATE, {"new": new})
-        done, total = await _counts(session, old, new)
+    """Fill generation ``new`` from ``old`` and switch when complete (see the module docstring).
+
+    Two runs of the command for one encoder build the same generation together; the one that
+    gets to the switch second finds it made and stops (it must not copy the retired generation
+    over the active one). A run whose generation another run abandoned (``--replace``) raises
+    ReindexRefused.
+    """
+    try:
+        await _pass(db, encoder, old, new, batch, on_progress)
+        # Passes until little changed meanwhile, then the last one under the exclusive lock.
+        for _ in range(5):
+            if await _pass(db, encoder, old, new, batch, on_progress) <= settle_batches:
+                break
+        async with db.transaction() as session:
+            await session.execute(LOCK_EXCLUSIVE)
+            await _still_building(session, old, new)
+            await _pass(db, encoder, old, new, batch, session=session)
+            await session.execute(RETIRE, {"old": old})
+            await session.execute(ACTIVATE, {"new": new})
+            done, total = await _counts(session, old, new)
+    except _BuildOver as over:
+        if over.state != "active":
+            why = "another run of the command abandoned it (--replace)" if over.state is None else over.state
+            raise ReindexRefused(f"generation {new} is no longer being built: {why}") from None
+        async with db.session() as session:
+            done = int((await session.execute(CHUNKS, {"id": new})).scalar_one())
+        log.info("memory index generation %d was switched to by another run of the command", new)
+        progress = Progress(new, done, done, switched=True)
+        if on_progress is not None:
+            on_progress(progress)
+        return progress
     progress = Progress(new, done, total, switched=True)
     if on_progress is not None:
         on_progress(progress)
