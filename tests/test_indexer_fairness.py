@@ -9,10 +9,13 @@ live turn waits).
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import text
 
 from indexer.kafka_transport import KafkaQueueConsumer
+from indexer.pg_queue import PgQueueConsumer
 from indexer.relay import OutboxRelay
 from indexer.worker import IndexerWorker
+from memory.recall.embeddings import HashEmbedder
 from memory.record.conversations import Owner, create_conversation
 from memory.record.imports import ImportTurn, import_turns
 from memory.storage.db import Database
@@ -77,3 +80,35 @@ async def _started(db: Database, owner: Owner) -> bool:
 
 async def _indexed(db: Database, owner: Owner) -> bool:
     return await _memory_rows(db, owner) >= 1
+
+
+async def test_a_live_turn_queued_behind_its_conversations_import_did_not_move_the_watermark_past_it(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: live turns were claimed before imported history also within one conversation,
+    # so the live turn's batch moved the conversation's indexed_seq past the import still queued.
+    # GET /v1/conversations/{id} (and `chatmem import`, which waits on it) then said the import was
+    # searchable, and recall, which reads only turns above the watermark as not yet indexed, found
+    # none of the import until the indexer got to it behind every other user's backlog.
+    owner = Owner("t1", "u1")
+    async with db.transaction() as session:
+        conversation = await create_conversation(session, owner)
+        items = [
+            ImportTurn(role="user" if i % 2 == 0 else "assistant", content=memorable(i)) for i in range(40)
+        ]
+        imported = await import_turns(session, owner, conversation.id, items)
+    await chat_turns(db, [memorable(99)], owner=owner, conversation_id=conversation.id)
+    settings = test_settings(pg_url, indexer_batch_size=8)
+    consumer = PgQueueConsumer(db, settings)
+    worker = IndexerWorker(db, settings, HashEmbedder(dim=384), consumer=consumer)
+    await consumer.start()
+    try:
+        await worker.process(await consumer.poll_batch(8, 0.1))  # one batch, the rest still queued
+    finally:
+        await consumer.stop()
+    watermark = await scalar(db, "SELECT indexed_seq FROM conversations WHERE id = :id", id=conversation.id)
+    assert 0 < watermark < imported.last_seq
+    async with db.session() as session:
+        indexed = set((await session.execute(text("SELECT DISTINCT turn_id FROM memory_items"))).scalars())
+    # Every imported turn is in the index or above the watermark, where recall reads it unindexed.
+    assert all(item.turn_id in indexed or item.seq > watermark for item in imported.items)
