@@ -14,7 +14,10 @@ renews its leases while it works (`LeaseKeeper`), so a slow batch is not taken t
 
 Fairness: within each priority (0 live turns, 1 imported history; every live turn first),
 rows are taken round-robin over (tenant, user), oldest first within each: a 5,000-turn
-import of one user takes one place per round, like everybody else. The ranking reads the
+import of one user takes one place per round, like everybody else. A conversation's turns still
+go in order: a live turn behind its own conversation's queued history takes its place with
+that history (the indexer's watermark, every turn up to it indexed, must not pass a queued
+turn; the relay sends such a turn to the history topic behind it). The ranking reads the
 pending rows through the partial index ``ix_outbox_pending_fair``; for a backlog of
 millions it is a full pass per claim, which the batch size amortises.
 
@@ -49,16 +52,26 @@ _CLAIMABLE = "({t}claimed_until IS NULL OR {t}claimed_until < now())"
 def _fair_claim(pending: str) -> TextClause:
     # The conditions are repeated on the locked row: a row claimed and committed by another
     # consumer after this statement's snapshot is re-checked on its newest version and skipped.
+    # A row's place is taken at the priority of its conversation's earlier rows still pending (the
+    # highest of them): a live turn behind its conversation's queued import waits with that import,
+    # so one consumer sees a conversation's turns in order and the indexer's watermark (every turn
+    # up to it indexed) never passes a turn still queued.
     return text(
         f"""
-        WITH ranked AS (
+        WITH queued AS (
+            SELECT id, tenant_id, user_id, claimed_until,
+                   max(priority) OVER (PARTITION BY conversation_id ORDER BY id) AS priority
+            FROM outbox
+            WHERE {pending.format(t="")}
+        ),
+        ranked AS (
             SELECT id, priority,
                    row_number() OVER (PARTITION BY tenant_id, user_id, priority ORDER BY id) AS place
-            FROM outbox
-            WHERE {pending.format(t="")} AND {_CLAIMABLE.format(t="")}
+            FROM queued
+            WHERE {_CLAIMABLE.format(t="")}
         ),
         chosen AS (
-            SELECT o.id FROM ranked r JOIN outbox o ON o.id = r.id
+            SELECT o.id, r.priority FROM ranked r JOIN outbox o ON o.id = r.id
             WHERE {pending.format(t="o.")} AND {_CLAIMABLE.format(t="o.")}
             ORDER BY r.priority, r.place, r.id
             LIMIT :limit
@@ -69,7 +82,7 @@ def _fair_claim(pending: str) -> TextClause:
             claim_token = CAST(:token AS uuid),
             attempts = o.attempts + 1
         FROM chosen c WHERE o.id = c.id
-        RETURNING o.id, o.conversation_id, o.payload, o.priority, o.attempts - 1 AS attempts
+        RETURNING o.id, o.conversation_id, o.payload, c.priority, o.attempts - 1 AS attempts
         """
     )
 
@@ -98,7 +111,7 @@ class ClaimedRow:
     id: int
     conversation_id: uuid.UUID
     payload: dict[str, Any]
-    # 0: a live turn; 1: imported history.
+    # 0: a live turn; 1: imported history, or a live turn behind its conversation's queued history.
     priority: int
     # Claims of this row before this one (crashes, abandoned batches).
     attempts: int
