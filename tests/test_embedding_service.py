@@ -271,3 +271,42 @@ async def test_moving_a_local_index_to_the_service_is_a_reindex_and_never_mixes_
     # And the local encoder, now the one that differs, is refused in turn.
     with pytest.raises(RuntimeError, match="memory reindex"):
         await MemoryIndex(db, local_encoder).start()
+
+
+async def test_a_reindex_through_the_service_waits_when_it_dies_mid_build_and_switches_once_it_is_back(
+    db: Database, pg_url: str, running: EmbeddingServer, local_encoder: SentenceTransformerEmbedder
+) -> None:
+    # Regression: the service killed in the middle of `chatmem memory reindex` ended the build with
+    # EmbeddingUnavailable (a traceback, the generation half built) although the indexer waits for
+    # the service; the build now waits too, and goes on where it was.
+    local = MemoryIndex(db, local_encoder)
+    await local.start()
+    _, turns = await chat_turns(db, [memorable(i) for i in range(24)])
+    await IndexPipeline(db, local, test_settings(pg_url)).index([turn_payload(t) for t in turns])
+    embedder = service(running, batch_size=4, retries=1)
+    old, new = await reindex.begin(db, embedder) or (0, 0)
+    killed_at: list[int] = []
+
+    def kill_after_the_first_batch(progress: reindex.Progress) -> None:
+        if not killed_at and 0 < progress.done < progress.total:
+            running.kill()
+            killed_at.append(embedder.requests)
+
+    build = asyncio.create_task(
+        reindex.build(db, embedder, old, new, batch=4, on_progress=kill_after_the_first_batch)
+    )
+    try:
+        await wait_until(lambda: bool(killed_at), 120, "the build to be under way")
+        # It keeps asking the service (each attempt one request and one retry) instead of ending.
+        await wait_until(
+            lambda: build.done() or embedder.requests >= killed_at[0] + 4, 60, "attempts at the service"
+        )
+        assert not build.done()
+        await running.start()
+        progress = await asyncio.wait_for(build, 120)
+    finally:
+        build.cancel()
+    assert progress.switched
+    assert await scalar(db, "SELECT state FROM memory_indexes WHERE id = :id", id=new) == "active"
+    chunks = "SELECT count(*) FROM memory_items WHERE index_id = :id AND kind = 'chunk'"
+    assert await scalar(db, chunks, id=new) == await scalar(db, chunks, id=old) > 0
