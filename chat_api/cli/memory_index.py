@@ -57,6 +57,7 @@ def _print_generations(rows: list[dict[str, Any]]) -> None:
 
 async def _reindex(args: argparse.Namespace, settings: Any, database_url: str) -> None:
     from memory.recall import reindex
+    from memory.recall.embedding_service import EmbeddingRefused
     from memory.recall.embeddings import load_embedder
     from memory.recall.index import describe, spec_of
     from memory.storage.db import Database
@@ -93,7 +94,7 @@ async def _reindex(args: argparse.Namespace, settings: Any, database_url: str) -
 
         try:
             await reindex.build(db, encoder, old, new, batch=args.batch, on_progress=progress)
-        except reindex.ReindexRefused as exc:
+        except (reindex.ReindexRefused, EmbeddingRefused) as exc:
             raise CommandError(str(exc)) from None
         print(
             f"generation {new} is active; generation {old} is kept {args.grace_seconds:.0f} s, then deleted"

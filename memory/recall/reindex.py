@@ -31,6 +31,7 @@ turns; that is not built.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger, Text
 
+from memory.recall.embedding_service import EmbeddingUnavailable
 from memory.recall.embeddings import Embedder
 from memory.recall.index import LOCK_EXCLUSIVE, LOCK_SHARED, describe, spec_key, spec_of
 from memory.recall.keywords import memory_text, photo_caption
@@ -368,6 +370,8 @@ async def build(
     batch: int = 64,
     settle_batches: int = 4,
     on_progress: Callable[[Progress], None] | None = None,
+    backoff_seconds: float = 1.0,
+    backoff_max_seconds: float = 30.0,
 ) -> Progress:
     """Fill generation ``new`` from ``old`` and switch when complete (see the module docstring).
 
@@ -375,7 +379,30 @@ async def build(
     gets to the switch second finds it made and stops (it must not copy the retired generation
     over the active one). A run whose generation another run abandoned (``--replace``) raises
     ReindexRefused.
+
+    An embedding service that does not answer is waited for, as the indexer waits for it: the
+    batch in hand rolls back (the switch's exclusive lock with it), and the build goes on where
+    it was once the service answers (a refusal, such as a wrong key, still ends it).
     """
+    delay = backoff_seconds
+    while True:
+        try:
+            return await _build(db, encoder, old, new, batch, settle_batches, on_progress)
+        except EmbeddingUnavailable as exc:
+            log.warning("memory reindex: %s; trying again in %.0f s", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, backoff_max_seconds)
+
+
+async def _build(
+    db: Database,
+    encoder: Embedder,
+    old: int,
+    new: int,
+    batch: int,
+    settle_batches: int,
+    on_progress: Callable[[Progress], None] | None,
+) -> Progress:
     try:
         await _pass(db, encoder, old, new, batch, on_progress)
         # Passes until little changed meanwhile, then the last one under the exclusive lock.
