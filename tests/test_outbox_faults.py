@@ -303,3 +303,44 @@ async def test_undecodable_kafka_message_is_dead_lettered_and_the_rest_indexed(
 
 async def _count_is(db: Database, sql: str, expected: int) -> bool:
     return await scalar(db, sql) == expected
+
+
+async def test_a_claim_failing_while_a_batch_fills_does_not_keep_the_rows_already_leased_forever(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: the Postgres consumer fills a batch with several claims; when a later claim
+    # failed (here its lock timeout, as with any database error), the rows of the earlier ones
+    # were dropped from the batch but stayed in the consumer's leases, renewed for as long as the
+    # process lived: those turns never reached memory until the indexer was restarted.
+    settings = test_settings(
+        pg_url,
+        indexer_batch_size=64,
+        indexer_batch_wait_ms=10_000,  # the batch is still filling when the table is locked
+        background_lock_timeout_ms=300,
+        outbox_lease_seconds=3,
+    )
+    await chat_turns(db, [memorable(i) for i in range(3)])
+    worker = IndexerWorker(db, settings, HashEmbedder(dim=384), backoff_base_seconds=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await wait_until(
+            lambda: scalar(db, "SELECT count(*) = 3 FROM outbox WHERE claimed_until IS NOT NULL"),
+            30,
+            "the first claim of the batch",
+        )
+        async with db.transaction() as session:
+            # The next claim of the filling batch waits on the table and gives up (lock timeout).
+            await session.execute(text("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE"))
+            await wait_until(lambda: worker.stats["retried_batches"] >= 1, 30, "the lock to stop the worker")
+
+        async def all_consumed() -> bool:
+            if task.done():
+                task.result()
+            return bool(await scalar(db, "SELECT count(*) = 0 FROM outbox WHERE consumed_at IS NULL"))
+
+        await wait_until(all_consumed, 20, "the three turns to be indexed")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert await scalar(db, "SELECT count(DISTINCT turn_id) FROM memory_items") == 3
