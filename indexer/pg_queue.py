@@ -125,7 +125,15 @@ class PgQueueConsumer:
         deadline = time.monotonic() + timeout
         claimed: list[Message] = []
         while True:
-            rows = await self._claims.claim(CLAIM_FOR_INDEXER, max_records - len(claimed))
+            try:
+                rows = await self._claims.claim(CLAIM_FOR_INDEXER, max_records - len(claimed))
+            except Exception:
+                if not claimed:
+                    raise
+                # The rows leased so far go out as the batch: dropped here, they stayed in the
+                # leases this consumer renews, and were never delivered while it lived.
+                log.warning("indexer: claiming more outbox rows failed; going on with %d", len(claimed))
+                return claimed
             self._leases.held.update(row.id for row in rows)
             claimed.extend(
                 Message(
