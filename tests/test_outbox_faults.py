@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -344,3 +344,31 @@ async def test_a_claim_failing_while_a_batch_fills_does_not_keep_the_rows_alread
         stop.set()
         await asyncio.wait_for(task, 30)
     assert await scalar(db, "SELECT count(DISTINCT turn_id) FROM memory_items") == 3
+
+
+async def test_a_relay_whose_mark_failed_does_not_keep_the_published_rows_leased_forever(
+    db: Database, pg_url: str, slow_kafka_bootstrap: str
+) -> None:
+    # Regression: when marking a published batch failed (here its lock timeout, as with any
+    # database error), the relay kept the rows in the leases it renews: they stayed unpublished
+    # for as long as it lived, never sent again, and /metrics showed them as a backlog growing older.
+    settings = kafka_test_settings(
+        pg_url, slow_kafka_bootstrap, background_lock_timeout_ms=300, outbox_lease_seconds=3
+    )
+    await chat_turns(db, [memorable(i) for i in range(10)])
+    async with running(OutboxRelay(db, settings)):
+        await wait_until(lambda: _claimed(db, 10), 60, "the relay's lease on every row")
+        async with table_locked(db, "outbox"):
+            # The brokers answer 1.5 s late: the mark comes after the lock, waits, and gives up.
+            await wait_until(
+                lambda: waiting_on_lock(db, "UPDATE outbox SET published_at"), 60, "the relay's mark"
+            )
+            await wait_until(
+                lambda: _not(waiting_on_lock(db, "UPDATE outbox SET published_at")), 30, "its lock timeout"
+            )
+        await wait_until(lambda: _none_unpublished(db), 30, "the rows published again and marked")
+    assert await topic_size(slow_kafka_bootstrap, settings.kafka_topic) == 20  # each sent twice
+
+
+async def _not(condition: Awaitable[bool]) -> bool:
+    return not await condition
