@@ -4,10 +4,11 @@ Rows are claimed as leases (see `indexer/outbox_claims.py`: fair across users, l
 before imported history, committed at once), so no transaction is open while the batch
 is published and a user's erasure never waits on the broker. The rows are marked
 published in a short transaction once the broker acknowledged every record (idempotent
-producer, ``acks=all``); a relay that dies after the acks and before the mark leaves the
-rows unmarked, they are published again when the lease runs out, and the indexer's upsert
-absorbs the duplicate. When Kafka is unreachable the lease is given back, chat goes on
-writing rows, and the relay retries with exponential backoff until the backlog drains.
+producer, ``acks=all``); a relay that dies after the acks and before the mark (or whose
+mark fails) leaves the rows unmarked, they are published again when the lease runs out,
+and the indexer's upsert absorbs the duplicate. When Kafka is unreachable the lease is
+given back, chat goes on writing rows, and the relay retries with exponential backoff until
+the backlog drains.
 
 Imported history goes to its own topic (``KAFKA_HISTORY_TOPIC``), which the indexer reads
 only while the topic of live turns has nothing waiting: a big import never delays a live turn.
@@ -120,9 +121,15 @@ class OutboxRelay:
             with contextlib.suppress(Exception):
                 await self._claims.release(ids)
             raise
-        async with self._db.transaction(lock_timeout_ms=self._settings.background_lock_timeout_ms) as session:
-            await session.execute(MARK_PUBLISHED, {"ids": ids})
-        self._leases.held.difference_update(ids)
+        try:
+            async with self._db.transaction(
+                lock_timeout_ms=self._settings.background_lock_timeout_ms
+            ) as session:
+                await session.execute(MARK_PUBLISHED, {"ids": ids})
+        finally:
+            # Marked, or not (the database away): either way no longer renewed. Unmarked rows come
+            # back when their lease runs out and are sent again; the indexer absorbs the duplicate.
+            self._leases.held.difference_update(ids)
         self.published += len(rows)
         metrics.RELAY_PUBLISHED.inc(len(rows))
         return len(rows)
