@@ -11,7 +11,8 @@ given back, chat goes on writing rows, and the relay retries with exponential ba
 the backlog drains.
 
 Imported history goes to its own topic (``KAFKA_HISTORY_TOPIC``), which the indexer reads
-only while the topic of live turns has nothing waiting: a big import never delays a live turn.
+only while the topic of live turns has nothing waiting: a big import never delays a live turn
+of another conversation (one behind its own conversation's unpublished history follows it there).
 
 Ordering: one relay publishes rows in id order per user with key = conversation id, so a
 conversation's turns land in one partition in order. With several relays, turns of one
