@@ -352,3 +352,70 @@ async def test_a_reindex_replaced_by_another_run_stops_saying_so_not_with_a_trac
     assert await rows(db, abandoned) == set()
     assert await generation_states(db) == {old: "active", abandoned + 1: "building"}
     assert (await found_turns(db, serving, "locker code climbing gym number 4"))[0] == before[4]
+
+
+def test_a_generation_left_by_a_reindex_interrupted_in_its_grace_period_is_deleted_by_the_next_run(
+    pg_url: str,
+) -> None:
+    # Regression: the command deletes the retired generation at the end of its grace period, and
+    # nothing else does. Interrupted while it waited (Ctrl-C after "generation 2 is active"), it
+    # left every row of the old generation in memory_items for good: a run after found the index
+    # built and returned before deleting anything.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from memory.recall.encoder_cache import PACKAGED_WEIGHTS_SHA256
+    from memory.recall.index import PIPELINE
+
+    built_by = {
+        "runtime": "torch",
+        "source_sha256": PACKAGED_WEIGHTS_SHA256,
+        "dim": 384,
+        "pipeline": PIPELINE,
+    }
+
+    async def seed() -> None:
+        db = Database(pg_url, pool_size=2)
+        try:
+            from tests.conftest import truncate_all
+
+            await truncate_all(db)
+            index = MemoryIndex(db, OLD)
+            await index.start()
+            await index_turns(
+                db, IndexPipeline(db, index, test_settings(pg_url)), [fact(i) for i in range(3)]
+            )
+            # The switch happened an hour ago; the command that made it was stopped in its grace period.
+            async with db.transaction() as session:
+                await session.execute(
+                    text(
+                        "UPDATE memory_indexes SET state = 'retired', retired_at = now() - interval '1 hour'"
+                    )
+                )
+                await session.execute(
+                    text(
+                        "INSERT INTO memory_indexes (spec, spec_key, state, activated_at) "
+                        "VALUES (CAST(:s AS jsonb), :k, 'active', now() - interval '1 hour')"
+                    ),
+                    {"s": json.dumps(built_by), "k": spec_key(built_by)},
+                )
+        finally:
+            await db.dispose()
+
+    async def rows_of_generation_1() -> int:
+        db = Database(pg_url, pool_size=2)
+        try:
+            return len(await rows(db, 1))
+        finally:
+            await db.dispose()
+
+    asyncio.run(seed())
+    assert asyncio.run(rows_of_generation_1()) > 0
+    env = {**os.environ, "DATABASE_URL": pg_url, "EMBEDDING_RUNTIME": "torch", "LOG_LEVEL": "WARNING"}
+    command = [sys.executable, "-m", "chat_api.cli", "memory", "reindex"]
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "already built by torch" in again.stdout
+    assert asyncio.run(rows_of_generation_1()) == 0
