@@ -79,6 +79,9 @@ async def _reindex(args: argparse.Namespace, settings: Any, database_url: str) -
             raise CommandError(str(exc)) from None
         if ids is None:
             print(f"the memory index is already built by {describe(spec_of(encoder))}")
+            # A run stopped in its grace period left the retired generation: nothing else deletes it.
+            if deleted := await reindex.purge_retired(db, older_than_seconds=args.grace_seconds):
+                print(f"deleted {deleted} rows of a retired generation")
             return
         old, new = ids
         encoder_name = describe(spec_of(encoder))
