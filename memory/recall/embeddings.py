@@ -284,16 +284,27 @@ class SentenceTransformerEmbedder:
         vectors: list[list[float]] = [[] for _ in texts]
         with self._encode_lock:
             for batch in padded_batches(texts, max_texts=self.batch_size):
-                encoded = self._model.encode(
-                    [texts[i] for i in batch],
-                    batch_size=len(batch),
-                    normalize_embeddings=True,
-                    convert_to_numpy=True,
-                    show_progress_bar=False,
-                )
-                for i, row in zip(batch, encoded, strict=True):
-                    vectors[i] = [float(x) for x in row]
+                encoded = self._encode_batch([texts[i] for i in batch])
+                for i, row in zip(batch, encoded.tolist(), strict=True):
+                    vectors[i] = row
         return vectors
+
+    def _encode_batch(self, texts: list[str]) -> Any:
+        """The normalised vectors of one batch: ``model.encode(texts, normalize_embeddings=True)``.
+
+        The steps of sentence-transformers' (pinned) ``encode`` for one batch of text, without
+        its per-call setup (argument checks, prompt and device resolution, length sort, progress
+        bar), which cost ~1 ms of the ~7 ms a query takes. Same preprocessing, forward pass and
+        normalisation, so the same vectors bit for bit.
+        """
+        import torch
+        from sentence_transformers.util import batch_to_device
+
+        model = self._model
+        with torch.inference_mode():
+            features = batch_to_device(model.preprocess(texts), model.device)
+            embeddings = model(features)["sentence_embedding"]
+            return torch.nn.functional.normalize(embeddings, p=2, dim=1).cpu().numpy()
 
     @property
     def encode_calls(self) -> int:
