@@ -19,16 +19,15 @@ from memory.prompt.context import (
     BuiltContext,
     ContextBudget,
     PromptWindow,
-    memories_still_shown,
     prompt_from_window,
     read_window,
+    unless_still_shown,
 )
 from memory.prompt.templates import PromptSet
 from memory.prompt.tokens import count_tokens
 from memory.recall.forgetting import lock_shown_memories
 from memory.recall.found import FoundMemory
 from memory.recall.recaller import Recaller
-from memory.recall.remembering import FORGOTTEN
 from memory.record.turns import note_reply_memory
 from memory.storage.db import Database
 
@@ -88,18 +87,25 @@ class Prompter:
         first_step = reply.turn_id == reply.id
         shown = built.new_part if first_step else None
         async with self.db.transaction() as session:
-            memory_use = reply.memory_use
+            unless_shown = None
             if shown is not None and shown.memories:
                 # Recalled before a correction or forget of one of them committed, and stored after
                 # it looked for the replies shown it: not remembered (memory/recall/forgetting.py).
+                # Checked under the lock by the note itself (one statement fewer before the token).
                 await lock_shown_memories(session, reply.owner, changing=False)
-                if not await memories_still_shown(session, shown.memories):
-                    memory_use = FORGOTTEN
+                unless_shown = unless_still_shown(shown.memories)
             # The searched query is stored for auditing with this write, not in the search (fewer
             # statements before the first token).
             query = reply.rewritten_query if first_step else None
             part = shown.to_json() if shown is not None else None
-            await note_reply_memory(session, reply.turn_id, memory_use, part, rewritten_query=query)
+            await note_reply_memory(
+                session,
+                reply.turn_id,
+                reply.memory_use,
+                part,
+                rewritten_query=query,
+                forgotten_if=unless_shown,
+            )
         messages = built.messages
         reply.shown_to_model = "\n".join(_user_text(m) for m in messages if m.get("role") == "user")
         if reply.instructions:

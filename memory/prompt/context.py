@@ -725,8 +725,7 @@ def _already_shown(memory: PromptMemory, shown: Mapping[str, frozenset[str]]) ->
 # it was indexed, once its row is there, while that row is neither gone nor corrected (the part
 # holds the old text), and until then while its turn is there and not forgotten (nor a reply
 # shown a memory forgotten since: memory/recall/forgetting.py).
-LIVE_SHOWN_MEMORIES = sql_text(
-    """
+_LIVE_SHOWN = """
     SELECT s.turn_id::text AS turn_id, s.chunk_index
     FROM unnest(CAST(:turn_ids AS uuid[]), CAST(:chunks AS int[]), CAST(:texts AS text[]),
                 CAST(:indexed AS boolean[])) AS s(turn_id, chunk_index, text, indexed)
@@ -745,25 +744,30 @@ LIVE_SHOWN_MEMORIES = sql_text(
           AND c.memory_mode <> 'none'
           AND t.seq > c.memory_forgotten_seq AND t.memory_use IS DISTINCT FROM :forgotten
     ))
-    """
-)
+"""
+LIVE_SHOWN_MEMORIES = sql_text(_LIVE_SHOWN)
+# The same as a condition of the reply's own write (memory.record.turns.note_reply_memory): one
+# statement, not a read and then the write, before every first token that shows memories.
+NOT_ALL_STILL_SHOWN = f"(SELECT count(*) FROM ({_LIVE_SHOWN}) AS live) < :shown_count"
+
+
+def _shown_params(shown: Sequence[ShownMemory]) -> dict[str, Any]:
+    """LIVE_SHOWN_MEMORIES's parameters: each distinct memory once (by its key)."""
+    memories = {m.key: m for m in shown}
+    return {
+        "turn_ids": [m.turn_id for m in memories.values()],
+        "chunks": [m.chunk_index for m in memories.values()],
+        "texts": [m.text for m in memories.values()],
+        "indexed": [m.indexed for m in memories.values()],
+        "forgotten": FORGOTTEN,
+    }
 
 
 async def _live(session: AsyncSession, shown: Sequence[ShownMemory]) -> set[tuple[str, int]]:
     """The keys of the shown memories that still exist as they were shown (LIVE_SHOWN_MEMORIES)."""
-    memories = {m.key: m for m in shown}
-    if not memories:
+    if not shown:
         return set()
-    found = await session.execute(
-        LIVE_SHOWN_MEMORIES,
-        {
-            "turn_ids": [m.turn_id for m in memories.values()],
-            "chunks": [m.chunk_index for m in memories.values()],
-            "texts": [m.text for m in memories.values()],
-            "indexed": [m.indexed for m in memories.values()],
-            "forgotten": FORGOTTEN,
-        },
-    )
+    found = await session.execute(LIVE_SHOWN_MEMORIES, _shown_params(shown))
     return {(row.turn_id, row.chunk_index) for row in found}
 
 
@@ -774,6 +778,14 @@ async def memories_still_shown(session: AsyncSession, memories: Sequence[ShownMe
     ``lock_shown_memories`` (memory/recall/forgetting.py).
     """
     return await _live(session, memories) >= {m.key for m in memories}
+
+
+def unless_still_shown(memories: Sequence[ShownMemory]) -> tuple[str, dict[str, Any]]:
+    """``memories_still_shown`` as a condition of a reply's note (memory.record.turns.note_reply_memory):
+    true when one of them no longer exists as it was shown. Asked under ``lock_shown_memories`` too.
+    """
+    params = _shown_params(memories)
+    return NOT_ALL_STILL_SHOWN, {**params, "shown_count": len(params["turn_ids"])}
 
 
 async def read_window(

@@ -100,18 +100,20 @@ NOTE_MEMORY_USE = """
             SELECT 1 FROM turns AS first JOIN conversations AS c ON c.id = first.conversation_id
             WHERE first.id = turns.reply_id
               AND (first.memory_use = :forgotten OR first.seq <= c.memory_forgotten_seq)
-        ) THEN :forgotten
+        ) THEN :forgotten{also}
         ELSE :memory_use
     END"""
 
 
 @cache
-def _note_statement(with_part: bool, with_query: bool) -> TextClause:
+def _note_statement(with_part: bool, with_query: bool, forgotten_if: str | None = None) -> TextClause:
     """The UPDATE of a reply's turn that sets memory_use, and the part and query when given.
 
-    Built once per shape: it runs before every first token and at endings.
+    Built once per shape: it runs before every first token and at endings. ``forgotten_if``: a
+    condition (with its own parameters) that makes the reply forgotten as well.
     """
-    columns = [NOTE_MEMORY_USE]
+    also = f"\n        WHEN {forgotten_if} THEN :forgotten" if forgotten_if is not None else ""
+    columns = [NOTE_MEMORY_USE.format(also=also)]
     if with_part:
         columns.append("prompt_part = CAST(:prompt_part AS jsonb)")
     if with_query:
@@ -126,6 +128,7 @@ async def note_reply_memory(
     prompt_part: dict[str, Any] | None = None,
     *,
     rewritten_query: str | None = None,
+    forgotten_if: tuple[str, dict[str, Any]] | None = None,
 ) -> None:
     """Record on an assistant turn whether its reply used memory, and (first turn) the part it showed
     and the query its recall searched.
@@ -133,13 +136,19 @@ async def note_reply_memory(
     Later prompts show the reply's user message with that part (`memory.prompt.context`), so
     the conversation's prompt only grows at its end and a model server's cache holds; the
     remembering rule reads `memory_use` (`memory.record.outbox`, the not-yet-indexed search).
+    ``forgotten_if``: a condition and its parameters (e.g. ``memory.prompt.context.unless_still_shown``)
+    under which the reply is noted forgotten instead, checked by the same statement.
     """
     params: dict[str, Any] = {"turn_id": turn_id, "memory_use": memory_use, "forgotten": FORGOTTEN}
     if prompt_part is not None:
         params["prompt_part"] = json.dumps(prompt_part, ensure_ascii=False)
     if rewritten_query is not None:
         params["rewritten_query"] = rewritten_query
-    statement = _note_statement(prompt_part is not None, rewritten_query is not None)
+    condition = None
+    if forgotten_if is not None:
+        condition, extra = forgotten_if
+        params |= extra
+    statement = _note_statement(prompt_part is not None, rewritten_query is not None, condition)
     await session.execute(statement, params)
 
 
