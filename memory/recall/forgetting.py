@@ -21,8 +21,9 @@ Neither would see the other, and the reply stayed remembered: replies started af
 change recalled it, old words and all. So the two are serialized per user
 (``lock_shown_memories``): the change holds the lock while it looks, and a reply storing its
 part holds it shared and checks, under it, that every memory it lists is still there as it
-was shown (memory/prompt/context.py ``memories_still_shown``); one that is not makes the reply
-``forgotten``. The lock comes first in both transactions, before any row lock.
+was shown (memory/prompt/context.py ``memories_still_shown``, or ``unless_still_shown`` inside
+the prompt part's own note); one that is not makes the reply ``forgotten``. The lock comes
+first in both transactions, before any row lock.
 """
 
 from __future__ import annotations
