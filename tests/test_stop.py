@@ -434,6 +434,26 @@ async def test_a_retry_leaves_a_reply_whose_heartbeat_is_late_running_while_its_
     assert again.json()["turns"][-1]["reply_id"] == reply_id
 
 
+def embedded_postgres(pg_url: str) -> PostgresServer:
+    """The test session's embedded Postgres, to restart; skips the test with TEST_DATABASE_URL."""
+    embedded = next(
+        (s for s in PostgresServer._instances.values() if s.get_uri(driver="asyncpg") == pg_url), None
+    )
+    if embedded is None:
+        pytest.skip("restarts the embedded Postgres of the test session only")
+    return embedded
+
+
+async def restart_postgres(embedded: PostgresServer, db: Database, outage_seconds: float) -> None:
+    """Stop Postgres (every session ends, every life lock with it), keep it down, start it again."""
+    await asyncio.to_thread(embedded.stop)
+    try:
+        await asyncio.sleep(outage_seconds)  # how long Postgres is down, not a wait for a condition
+    finally:
+        await asyncio.to_thread(embedded.ensure_postgres_running)
+    await db.dispose()  # the test's own connections died with the old server
+
+
 # Long enough for the owner's listening connection to back off past it (0.2 s, doubling, up to 5 s
 # between attempts): the restarted Postgres is up well before the owner takes its life lock again.
 OUTAGE_SECONDS = 3.5
@@ -447,11 +467,7 @@ async def test_a_retry_just_after_postgres_restarted_follows_the_live_reply_inst
     its next tick; a retry (same Idempotency-Key) at that moment ended its still-running reply
     `process_died`. A free life lock is word of a death only once Postgres has been up longer
     than a listener takes to reconnect."""
-    embedded = next(
-        (s for s in PostgresServer._instances.values() if s.get_uri(driver="asyncpg") == pg_url), None
-    )
-    if embedded is None:
-        pytest.skip("restarts the embedded Postgres of the test session only")
+    embedded = embedded_postgres(pg_url)
     # Heartbeats far apart (the owner's first one after the restart comes after the retry), a dead
     # owner's silence shorter than the outage (1.5 s), reapers far off.
     settings = {
@@ -474,12 +490,7 @@ async def test_a_retry_just_after_postgres_restarted_follows_the_live_reply_inst
             seen: list[SSEEvent] = []
             await read_until(events, lambda e: e.event == EventName.MESSAGE_DELTA, seen)
             reply_id = seen[0].data["reply_id"]
-            await asyncio.to_thread(embedded.stop)  # every session ends, the owner's life lock with it
-            try:
-                await asyncio.sleep(OUTAGE_SECONDS)  # how long Postgres is down, not a wait for a condition
-            finally:
-                await asyncio.to_thread(embedded.ensure_postgres_running)
-            await db.dispose()  # the test's own connections died with the old server
+            await restart_postgres(embedded, db, OUTAGE_SECONDS)
 
             async def answers() -> bool:  # the retrying process's pool has let go of its dead connections
                 return (await retrying.get(f"/v1/conversations/{cid}")).status_code == 200
@@ -497,6 +508,43 @@ async def test_a_retry_just_after_postgres_restarted_follows_the_live_reply_inst
     assert again.json()["turns"][-1]["reply_id"] == reply_id
     assert rest[-1].event == EventName.TURN_COMPLETED
     assert text_of([*seen, *rest]) == again.json()["turns"][-1]["content"]
+
+
+async def test_a_reaper_pass_just_after_a_postgres_outage_leaves_live_replies_running(
+    db: Database, pg_url: str, start_server: Any
+) -> None:
+    """Found: an outage of Postgres longer than the heartbeat timeout leaves every streaming turn's
+    heartbeat as old as the outage until its process's next tick; the first reaper pass after
+    Postgres came back, on any replica, ended every live reply `process_died`. Silence counts from
+    the heartbeat or from when every live process is back after Postgres started, whichever is
+    later, in the reaper as in a retry."""
+    embedded = embedded_postgres(pg_url)
+    # Heartbeats well within the timeout, so only the outage makes them late; the other replica's
+    # reaper looks every 50 ms, so its first pass after the restart comes before the owner's tick.
+    settings = {
+        "checkpoint_interval_ms": 1000,
+        "checkpoint_chars": 100_000,
+        "heartbeat_timeout_seconds": 1.5,
+        "reaper_interval_seconds": 0.05,
+    }
+    # About 12 s of reply: it streams through the outage and on after Postgres is back, also when
+    # stopping and starting Postgres takes seconds (a reply ending in the outage is another case).
+    owner: LiveServer = await start_server(demo_tokens_per_second=20, **settings)
+    await start_server(**settings)  # another replica: its reaper spares none of the owner's replies
+    async with owner.client() as client:
+        cid = await new_conversation(client)
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
+            events = iter_sse(r)
+            seen: list[SSEEvent] = []
+            await read_until(events, lambda e: e.event == EventName.MESSAGE_DELTA, seen)
+            reply_id = seen[0].data["reply_id"]
+            # Longer than the heartbeat timeout: every heartbeat is stale when Postgres is back.
+            await restart_postgres(embedded, db, 2.0)
+            rest = [event async for event in events]
+        turn = (await client.get(f"/v1/turns/{reply_id}")).json()
+    assert rest[-1].event == EventName.TURN_COMPLETED, rest[-1]
+    assert turn["status"] == "completed", turn
+    assert turn["content"] == text_of([*seen, *rest])
 
 
 async def _parse(response: httpx.Response) -> list[SSEEvent]:

@@ -2,7 +2,9 @@
 
 Any number of API processes run this safely at once: the ending is
 `memory.record.reply_endings.end_stale_replies`, which claims rows with `FOR UPDATE SKIP LOCKED`
-and touches only turns whose heartbeat is older than the timeout. It spares the replies its
+and touches only turns whose owner has been silent longer than the timeout (silent since its
+heartbeat, or since every live process is back after Postgres started, whichever is later:
+`memory.record.process_life.silent_longer_than`). It spares the replies its
 own process is running (the registry), not every turn the process owns: a reply whose
 ending could not be stored (Postgres down for a moment) has left the registry, and on a
 one-process deployment this reaper is the only one that can end it. The turn keeps its last

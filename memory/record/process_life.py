@@ -23,14 +23,22 @@ moment Postgres has been up long enough for every live process to have its lock 
 (`LIFE_RETAKEN_SECONDS` after `pg_postmaster_start_time()`), whichever is later: until
 then a free lock says nothing. A process that died with the restart is still found gone a
 few seconds after it, not after the heartbeat timeout.
+
+The reaper, which has no lock to look at, counts silence the same way (`silent_longer_than`):
+an outage of Postgres longer than the heartbeat timeout leaves every heartbeat stale when it
+comes back, and its first pass ended every live reply on every replica before their next tick.
 """
 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
-from sqlalchemy import text
+from sqlalchemy import ColumnElement, Select, and_, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from memory.events import TurnStatus
+from memory.storage.models import Turn
 
 # The lock's key: the process's name hashed into advisory-lock space, with a seed of its
 # own so that no other advisory key of chatmem (hashed names too) can be the same lock.
@@ -45,19 +53,38 @@ HOLD_LIFE = f"SELECT pg_advisory_lock(hashtextextended($1, {LIFE_SEED}))"
 RECONNECT_MAX_SECONDS = 5.0
 LIFE_RETAKEN_SECONDS = RECONNECT_MAX_SECONDS + 1.0
 
-# Silent: since the last heartbeat, or since every live owner would hold its lock again after
-# Postgres started (negative until then), whichever is later.
-STREAMING_OWNER = text(
-    f"""
-    SELECT owner,
-           EXTRACT(EPOCH FROM now() - GREATEST(
-               heartbeat_at,
-               pg_postmaster_start_time() + make_interval(secs => {LIFE_RETAKEN_SECONDS})
-           )) AS silent
-    FROM turns
-    WHERE coalesce(reply_id, id) = :reply_id AND status = 'streaming' AND owner IS NOT NULL
+# When every live process is back after Postgres started: holding its life lock again, and
+# heartbeating again (its first tick after reconnecting comes well before the lock).
+OWNERS_BACK_AT = func.pg_postmaster_start_time() + func.make_interval(0, 0, 0, 0, 0, 0, LIFE_RETAKEN_SECONDS)
+
+
+def silent_since() -> ColumnElement[datetime]:
+    """Since when the owner of a streaming turn has been silent: its last heartbeat, or the
+    moment every live owner is back after Postgres started, whichever is later."""
+    return func.greatest(Turn.heartbeat_at, OWNERS_BACK_AT)
+
+
+def silent_longer_than(seconds: float) -> ColumnElement[bool]:
+    """Whether the owner of a streaming turn has been silent (`silent_since`) for longer than
+    `seconds`: the reaper's test of a dead owner, for a whole table of turns.
+
+    Written as two comparisons, not one on GREATEST: the index on `heartbeat_at` serves the
+    first, and the second is one value for the whole statement (a one-time filter).
     """
-)
+    cutoff = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+    return and_(Turn.heartbeat_at < cutoff, OWNERS_BACK_AT < cutoff)
+
+
+def _streaming_owner(reply_id: uuid.UUID) -> Select[str | None, int]:
+    """The owner of the reply's streaming turn and how long (seconds) it has been silent
+    (negative just after Postgres started)."""
+    return select(Turn.owner, func.extract("epoch", func.now() - silent_since()).label("silent")).where(
+        func.coalesce(Turn.reply_id, Turn.id) == reply_id,
+        Turn.status == TurnStatus.STREAMING,
+        Turn.owner.is_not(None),
+    )
+
+
 # Free when this transaction can take it shared (until its commit): the owner holds it
 # exclusively while it lives, and any number of lookers take it shared at once.
 LOCK_IS_FREE = text(f"SELECT pg_try_advisory_xact_lock_shared(hashtextextended(:owner, {LIFE_SEED}))")
@@ -69,7 +96,7 @@ async def gone_owner_silence(session: AsyncSession, reply_id: uuid.UUID) -> floa
 
     Negative just after Postgres started: its owner may not have taken its lock again yet.
     """
-    row = (await session.execute(STREAMING_OWNER, {"reply_id": reply_id})).first()
+    row = (await session.execute(_streaming_owner(reply_id))).first()
     if row is None:
         return None
     if not (await session.execute(LOCK_IS_FREE, {"owner": row.owner})).scalar_one():

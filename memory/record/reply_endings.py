@@ -33,6 +33,7 @@ from memory.events import TERMINAL_EVENT, TERMINAL_STATUSES, Event, TurnStatus
 from memory.json_values import JsonObject
 from memory.record.conversations import Owner
 from memory.record.outbox import record_finished_turn
+from memory.record.process_life import silent_longer_than
 from memory.record.reply_state import notify_done
 from memory.record.tool_calls import ToolCall, settle_open_calls, settle_running_invocations, tool_calls_of
 from memory.record.turns import append_events, finish_turn, release_conversation
@@ -155,10 +156,9 @@ async def end_stale_replies(
     A turn the process owns but no longer runs (its ending could not be stored) is not
     spared: on a one-process deployment nobody else would ever end it.
     """
-    cutoff = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than_seconds)
     query = (
         select(Turn.id)
-        .where(Turn.status == TurnStatus.STREAMING, Turn.heartbeat_at < cutoff)
+        .where(Turn.status == TurnStatus.STREAMING, silent_longer_than(older_than_seconds))
         .order_by(Turn.heartbeat_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
