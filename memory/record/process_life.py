@@ -24,6 +24,10 @@ moment Postgres has been up long enough for every live process to have its lock 
 then a free lock says nothing. A process that died with the restart is still found gone a
 few seconds after it, not after the heartbeat timeout.
 
+A crash of one backend ends every session too (Postgres reinitialises) without changing
+`pg_postmaster_start_time()`; the start of its checkpointer, started anew each time, counts
+as well (`POSTGRES_STARTED_AT`) where the role may see it.
+
 The reaper, which has no lock to look at, counts silence the same way (`silent_longer_than`):
 an outage of Postgres longer than the heartbeat timeout leaves every heartbeat stale when it
 comes back, and its first pass ended every live reply on every replica before their next tick.
@@ -53,9 +57,20 @@ HOLD_LIFE = f"SELECT pg_advisory_lock(hashtextextended($1, {LIFE_SEED}))"
 RECONNECT_MAX_SECONDS = 5.0
 LIFE_RETAKEN_SECONDS = RECONNECT_MAX_SECONDS + 1.0
 
-# When every live process is back after Postgres started: holding its life lock again, and
-# heartbeating again (its first tick after reconnecting comes well before the lock).
-OWNERS_BACK_AT = func.pg_postmaster_start_time() + func.make_interval(0, 0, 0, 0, 0, 0, LIFE_RETAKEN_SECONDS)
+# When Postgres last started, or last reinitialised after one of its backends crashed: both end
+# every session, but a crash leaves pg_postmaster_start_time() as it was. The checkpointer is
+# started anew each time; its start is visible to a superuser or a member of pg_read_all_stats
+# (pg_monitor), NULL to other roles, for whom only a restart counts (GREATEST skips NULL).
+POSTGRES_STARTED_AT = func.greatest(
+    func.pg_postmaster_start_time(),
+    select(text("backend_start"))
+    .select_from(text("pg_stat_activity"))
+    .where(text("backend_type = 'checkpointer'"))
+    .scalar_subquery(),
+)
+# When every live process is back after that: holding its life lock again, and heartbeating
+# again (its first tick after reconnecting comes well before the lock).
+OWNERS_BACK_AT = POSTGRES_STARTED_AT + func.make_interval(0, 0, 0, 0, 0, 0, LIFE_RETAKEN_SECONDS)
 
 
 def silent_since() -> ColumnElement[datetime]:
