@@ -112,3 +112,55 @@ async def test_a_live_turn_queued_behind_its_conversations_import_did_not_move_t
         indexed = set((await session.execute(text("SELECT DISTINCT turn_id FROM memory_items"))).scalars())
     # Every imported turn is in the index or above the watermark, where recall reads it unindexed.
     assert all(item.turn_id in indexed or item.seq > watermark for item in imported.items)
+
+
+async def test_a_live_turn_consumed_before_its_published_import_did_not_move_the_watermark_past_it(
+    db: Database, pg_url: str, kafka_bootstrap: str
+) -> None:
+    # Regression: with Kafka, the import was already on the history topic when the conversation's
+    # next live turn went to the live topic; the indexer reads live turns first, and that turn's
+    # batch moved indexed_seq past the imported turns published but not yet consumed. The
+    # conversation said they were searchable and recall, which reads only turns above the
+    # watermark as not yet indexed, missed them.
+    owner = Owner("t1", "u1")
+    async with db.transaction() as session:
+        conversation = await create_conversation(session, owner)
+        items = [
+            ImportTurn(role="user" if i % 2 == 0 else "assistant", content=memorable(i)) for i in range(40)
+        ]
+        imported = await import_turns(session, owner, conversation.id, items)
+    settings = kafka_test_settings(pg_url, kafka_bootstrap, indexer_batch_size=8)
+    relay = OutboxRelay(db, settings)
+    producer = await relay._open_producer()
+    try:
+        while await relay.publish_once(producer):
+            pass  # the whole import is on the history topic
+        await chat_turns(db, [memorable(99)], owner=owner, conversation_id=conversation.id)
+        assert await relay.publish_once(producer) == 1  # the live turn, on the live topic
+    finally:
+        await producer.stop()
+    consumer = KafkaQueueConsumer(settings)
+    worker = IndexerWorker(db, settings, HashEmbedder(dim=384), consumer=consumer)
+    await consumer.start()
+    batches = 0
+    try:
+        while True:
+            batch = await consumer.poll_batch(8, 10.0)
+            assert batch, "the indexer got nothing within 10 s"
+            await worker.process(batch)
+            batches += 1
+            watermark = await scalar(
+                db, "SELECT indexed_seq FROM conversations WHERE id = :id", id=conversation.id
+            )
+            async with db.session() as session:
+                indexed = set(
+                    (await session.execute(text("SELECT DISTINCT turn_id FROM memory_items"))).scalars()
+                )
+            # Every imported turn is in the index or above the watermark, where recall reads it.
+            missed = [i.seq for i in imported.items if i.turn_id not in indexed and i.seq <= watermark]
+            assert not missed, f"after batch {batches} indexed_seq is {watermark}; not indexed: {missed}"
+            if all(i.turn_id in indexed for i in imported.items) and watermark > imported.last_seq:
+                break  # everything consumed: the watermark is past the import and the live turn
+            assert batches < 10, f"indexed_seq stuck at {watermark}"
+    finally:
+        await consumer.stop()
