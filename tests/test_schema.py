@@ -217,3 +217,49 @@ def test_0023_a_turns_memory_rows_are_found_by_the_turn_on_postgres_without_skip
     assert "turn_id" not in before.values()
     assert after.get("ix_memory_turn") == "turn_id"
     asyncio.run(admin(pg_url, "DROP DATABASE upgrade_0023"))
+
+
+OUTBOX_INDEXES = text(
+    "SELECT indexname, indexdef FROM pg_indexes"
+    " WHERE tablename = 'outbox' AND indexname LIKE 'ix_outbox_conv%'"
+)
+INSERT_OUTBOX = text(
+    "INSERT INTO outbox (tenant_id, user_id, conversation_id, turn_id, payload)"
+    " VALUES ('t1', 'u1', :conversation_id, :turn_id, CAST(:payload AS jsonb))"
+)
+
+
+def test_0024_outbox_rows_are_found_by_conversation_and_seq_and_a_poison_row_still_inserts(
+    pg_url: str,
+) -> None:
+    # The indexer's watermark reads a conversation's outbox rows above it by seq (from the
+    # payload) every batch. An installation at 0023 gains an index on both, in place of the one on
+    # the conversation alone; a payload whose seq is no integer must still insert (the indexer
+    # dead-letters it).
+    async def indexes_and_insert(url: str) -> dict[str, str]:
+        db = Database(url, pool_size=1)
+        try:
+            async with db.transaction() as session:
+                for seq in ("1", '"x"', "99999999999"):
+                    await session.execute(
+                        INSERT_OUTBOX,
+                        {
+                            "conversation_id": uuid.uuid4(),
+                            "turn_id": uuid.uuid4(),
+                            "payload": f'{{"seq": {seq}}}',
+                        },
+                    )
+                return {row.indexname: row.indexdef for row in await session.execute(OUTBOX_INDEXES)}
+        finally:
+            await db.dispose()
+
+    url = fresh_database(pg_url, "upgrade_0024")
+    upgrade(url, "0023")  # the revision 0024 follows
+    before = asyncio.run(indexes_and_insert(url))
+    upgrade(url, "head")
+    after = asyncio.run(indexes_and_insert(url))
+    assert set(before) == {"ix_outbox_conversation"}
+    assert set(after) == {"ix_outbox_conversation_seq"}
+    definition = after["ix_outbox_conversation_seq"]
+    assert "(conversation_id, " in definition and "(payload ->> 'seq'::text)" in definition
+    asyncio.run(admin(pg_url, "DROP DATABASE upgrade_0024"))

@@ -222,6 +222,12 @@ class ToolInvocation(Base):
     __table_args__ = (Index("ix_tool_invocations_turn", "turn_id"),)
 
 
+# An outbox row's turn seq, read from its payload (NULL when the payload has none that fits an
+# int: a poison row must still insert). Indexed with the conversation: the indexer's watermark reads
+# a conversation's rows by seq (indexer/pipeline.py), and statements must spell it exactly so.
+OUTBOX_SEQ = "(CASE WHEN {t}payload->>'seq' ~ '^[0-9]{{1,9}}$' THEN CAST({t}payload->>'seq' AS integer) END)"
+
+
 class OutboxRow(Base):
     """A finished turn waiting to reach the memory index (same transaction as the turn)."""
 
@@ -236,7 +242,7 @@ class OutboxRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     # Kafka transport: set once the broker acknowledged.
     published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    # Postgres transport: set once the indexer committed the rows.
+    # Set once the indexer committed the turn's memory (either transport).
     consumed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -250,7 +256,7 @@ class OutboxRow(Base):
     __table_args__ = (
         Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
         Index("ix_outbox_unconsumed", "id", postgresql_where=text("consumed_at IS NULL AND dead_at IS NULL")),
-        Index("ix_outbox_conversation", "conversation_id"),
+        Index("ix_outbox_conversation_seq", "conversation_id", text(OUTBOX_SEQ.format(t=""))),
         Index("ix_outbox_created", "created_at"),
         Index(
             "ix_outbox_pending_fair",
