@@ -2,10 +2,10 @@
 
 A batch is claimed as a lease (see `indexer/outbox_claims.py`): one short transaction
 stamps the rows and commits, the pipeline embeds and writes with no transaction of the
-queue open, and `commit` marks the rows consumed in another short transaction (with the
-batch's dead letters). Several indexers never take the same unexpired row; a crashed
-indexer's rows are claimed again once its lease runs out, and a crash between the
-pipeline's commit and the mark redelivers rows that the idempotent upsert absorbs.
+queue open (marking the rows consumed with their memory, as on Kafka), and `commit` clears
+the leases in another short transaction (with the batch's dead letters). Several indexers
+never take the same unexpired row; a crashed indexer's rows not yet consumed are claimed
+again once its lease runs out, and a redelivery is absorbed by the idempotent upsert.
 Every transaction here carries the background lock timeout, so none waits forever.
 
 Attempt counts: the claim counts every delivery in the row (it survives a crash); the

@@ -4,7 +4,8 @@ filter (low information, memory off, deleted, forgotten, empty) → redact → c
 sentence keys of a long chunk a person wrote, ``memory.recall.sentence_keys``; with
 ``FACT_KEYS=model`` the facts a user's message states, ``memory.recall.fact_keys``) → embed
 (one call per batch, off the event loop) → upsert keyed by (turn_id, kind, chunk_index,
-key_index) and advance the conversations' watermarks, all in one transaction. A turn's
+key_index), mark the batch's outbox rows consumed and advance the conversations' watermarks
+over consumed turns only (see ADVANCE_WATERMARKS), all in one transaction. A turn's
 keyword terms also carry the words of the message before it (``memory_search_terms``),
 read for the whole batch in one statement.
 
@@ -45,7 +46,7 @@ from memory.recall.vector_cache import VectorCache, turn_key
 from memory.record.branches import turns_off_active_branch
 from memory.record.outbox import PAYLOAD_VERSION, RECORDED_ROLES, RECORDED_STATUSES
 from memory.storage.db import Database
-from memory.storage.models import EMBEDDING_DIM
+from memory.storage.models import EMBEDDING_DIM, OUTBOX_SEQ
 
 # Texts per encode call of the indexer: small enough that a query queued behind one waits
 # tens of milliseconds, large enough to keep the encoder's batching (see _vectors_of).
@@ -158,11 +159,65 @@ FORGOTTEN_SINCE = text(
     " AND memory_use = :forgotten"
 )
 
-ADVANCE_WATERMARKS = text(
+_SEQ = OUTBOX_SEQ.format(t="o.")
+
+# The outbox rows of the batch's turns are consumed in the transaction that writes their memory
+# (either transport: the watermark below reads them). Taken after the conversations' locks and
+# before the memory rows, in the lock order.
+MARK_CONSUMED = text(
+    f"""
+    UPDATE outbox o SET consumed_at = now()
+    FROM unnest(CAST(:conversation_ids AS uuid[]), CAST(:seqs AS int[]), CAST(:turn_ids AS uuid[]))
+         AS t(conversation_id, seq, turn_id)
+    WHERE o.conversation_id = t.conversation_id AND {_SEQ} = t.seq AND o.turn_id = t.turn_id
+      AND o.consumed_at IS NULL AND o.dead_at IS NULL
     """
-    UPDATE conversations c SET indexed_seq = GREATEST(c.indexed_seq, t.seq)
-    FROM unnest(CAST(:ids AS uuid[]), CAST(:seqs AS int[])) AS t(id, seq)
-    WHERE c.id = t.id
+)
+
+# Dead-lettered turns are passed over: their outbox rows dead (where the transport did not mark
+# them: Kafka), so they hold back no watermark.
+MARK_DEAD = text(
+    """
+    UPDATE outbox o SET dead_at = now(), last_error = t.error
+    FROM unnest(CAST(:conversation_ids AS uuid[]), CAST(:turn_ids AS uuid[]), CAST(:errors AS text[]))
+         AS t(conversation_id, turn_id, error)
+    WHERE o.conversation_id = t.conversation_id AND o.turn_id = t.turn_id
+      AND o.consumed_at IS NULL AND o.dead_at IS NULL
+    """
+)
+
+# Every turn up to the watermark is indexed (or passed over): it moves up to the highest seq
+# consumed or dead (or of the batch: turns indexed without an outbox row) below the conversation's
+# first outbox row still pending above it. A live turn consumed before its conversation's import
+# (Kafka reads live turns first) waits for it. Rows at or below the watermark never hold it back:
+# rows consumed before consumption was marked on the Kafka path all stay pending.
+ADVANCE_WATERMARKS = text(
+    f"""
+    WITH batch AS (
+        SELECT t.id, t.seq FROM unnest(CAST(:ids AS uuid[]), CAST(:seqs AS int[])) AS t(id, seq)
+    ),
+    marks AS MATERIALIZED (  -- once per conversation, not per turn of the batch
+        SELECT c.id, c.indexed_seq,
+               (SELECT min({_SEQ}) FROM outbox o
+                WHERE o.conversation_id = c.id AND {_SEQ} > c.indexed_seq
+                  AND o.consumed_at IS NULL AND o.dead_at IS NULL) AS pending
+        FROM conversations c WHERE c.id IN (SELECT id FROM batch)
+    ),
+    reached AS (
+        SELECT m.id, max(r.seq) AS seq
+        FROM marks m
+        CROSS JOIN LATERAL (
+            SELECT b.seq FROM batch b WHERE b.id = m.id
+            UNION ALL
+            SELECT max({_SEQ}) FROM outbox o
+            WHERE o.conversation_id = m.id AND {_SEQ} > m.indexed_seq
+              AND {_SEQ} < coalesce(m.pending, 2147483647)
+        ) r
+        WHERE m.pending IS NULL OR r.seq < m.pending
+        GROUP BY m.id
+    )
+    UPDATE conversations c SET indexed_seq = r.seq
+    FROM reached r WHERE c.id = r.id AND r.seq > c.indexed_seq
     """
 )
 
@@ -200,7 +255,6 @@ class IndexResult:
     facts: int = 0  # fact keys written beside the chunks
     fact_answers: list[FactAnswer] = field(default_factory=list)  # one per user turn the model was asked
     skipped: Counter[str] = field(default_factory=Counter)
-    watermarks: dict[uuid.UUID, int] = field(default_factory=dict)
 
 
 def _str(payload: dict[str, Any], key: str, *, optional: bool = False) -> str | None:
@@ -461,6 +515,38 @@ class IndexPipeline:
                 self._vectors.keep([keys[i] for i in fresh], [encoded[i] for i in fresh])
         return [encoded[i] if vector is None else vector for i, vector in enumerate(vectors)]
 
+    async def pass_over(self, dead: Sequence[tuple[dict[str, Any], str]]) -> None:
+        """Dead-lettered turns (payload, error): outbox rows dead, their watermarks moved past them.
+
+        Called once the transport has the dead letters: the Postgres queue already marked its rows
+        (this only moves the watermarks); the rows of Kafka's are marked here. A payload naming no
+        conversation and turn has no row to mark.
+        """
+        named: list[tuple[str, str, str]] = []
+        for payload, error in dead:
+            try:
+                conversation_id = uuid.UUID(str(payload.get("conversation_id")))
+                turn_id = uuid.UUID(str(payload.get("turn_id")))
+            except ValueError:
+                continue
+            named.append((str(conversation_id), str(turn_id), error))
+        if not named:
+            return
+        conversation_ids = sorted({c for c, _, _ in named})
+        async with self._db.transaction(lock_timeout_ms=self._settings.background_lock_timeout_ms) as session:
+            locked = await session.execute(LOCK_CONVERSATIONS, {"ids": conversation_ids})
+            alive = [str(row.id) for row in locked if row.deleted_at is None]
+            await session.execute(
+                MARK_DEAD,
+                {
+                    "conversation_ids": [c for c, _, _ in named],
+                    "turn_ids": [t for _, t, _ in named],
+                    "errors": [e for _, _, e in named],
+                },
+            )
+            if alive:
+                await session.execute(ADVANCE_WATERMARKS, {"ids": alive, "seqs": [0] * len(alive)})
+
     async def index(self, payloads: Sequence[dict[str, Any]]) -> IndexResult:
         """Index a batch in one transaction; raises PoisonPayload if any payload is invalid."""
         result = IndexResult()
@@ -513,13 +599,21 @@ class IndexPipeline:
                         await session.execute(FORGOTTEN_SINCE, {"turn_ids": replies, "forgotten": FORGOTTEN})
                     ).scalars()
                 )
-            live: dict[uuid.UUID, int] = {}
+            await session.execute(
+                MARK_CONSUMED,
+                {
+                    "conversation_ids": [str(r.conversation_id) for r in records],
+                    "seqs": [r.seq for r in records],
+                    "turn_ids": [str(r.turn_id) for r in records],
+                },
+            )
+            reached: list[TurnRecord] = []  # turns of conversations not deleted
             counts: dict[uuid.UUID, int] = {}
             for record in records:
                 conversation = locked.get(record.conversation_id)
                 reason = self._skip_reason(record, conversation, forgotten)
                 if conversation is not None and conversation.deleted_at is None:
-                    live[record.conversation_id] = max(live.get(record.conversation_id, 0), record.seq)
+                    reached.append(record)
                     counts[record.turn_id] = 0
                 if reason is not None:
                     result.skipped[reason] += 1
@@ -578,13 +672,13 @@ class IndexPipeline:
                         "index_id": generation.id,
                     },
                 )
-            if live:
+            if reached:
                 await session.execute(
-                    ADVANCE_WATERMARKS, {"ids": [str(c) for c in live], "seqs": list(live.values())}
+                    ADVANCE_WATERMARKS,
+                    {"ids": [str(r.conversation_id) for r in reached], "seqs": [r.seq for r in reached]},
                 )
         result.indexed_turns = sum(1 for n in counts.values() if n > 0)
         result.chunks = sum(1 for row in keep if row["kind"] == "chunk")
         result.facts = sum(1 for row in keep if row["kind"] == "fact")
         result.keys = len(keep) - result.chunks - result.facts
-        result.watermarks = live
         return result

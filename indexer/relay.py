@@ -16,8 +16,8 @@ of another conversation (one behind its own conversation's unpublished history f
 
 Ordering: one relay publishes rows in id order per user with key = conversation id, so a
 conversation's turns land in one partition in order. With several relays, turns of one
-conversation may interleave; the watermark only moves forward (GREATEST), so this can
-make it run ahead of a turn that is still in flight, never backwards.
+conversation may interleave; the watermark does not depend on the order: it moves only over
+turns whose outbox rows the indexer marked consumed (indexer/pipeline.py).
 """
 
 from __future__ import annotations

@@ -176,6 +176,7 @@ class IndexerWorker:
                 good.append(message)
             else:
                 poison.append((message, f"PoisonPayload: {error}"))
+        dead = list(poison)
         try:
             try:
                 if good:
@@ -184,7 +185,7 @@ class IndexerWorker:
                 if is_transient(exc):
                     raise
                 log.warning("indexer: batch of %d failed (%r); indexing one by one", len(good), exc)
-                await self._one_by_one(good)
+                dead.extend(await self._one_by_one(good))
             for message, error in poison:
                 await self.consumer.dead_letter(message, error)
                 self.stats["dead_lettered"] += 1
@@ -194,6 +195,13 @@ class IndexerWorker:
                 raise
             await self._give_back(batch)
             raise _BatchUnavailable(str(exc)) from exc
+        if dead:
+            try:
+                await self.pipeline.pass_over([(m.payload, error) for m, error in dead])
+            except (
+                Exception
+            ) as exc:  # the batch is committed; the next batch of those conversations moves them
+                log.warning("indexer: moving watermarks past %d dead letters failed: %r", len(dead), exc)
         self.stats["batches"] += 1
         for _ in poison:
             metrics.observe_dead_letter("poison")
@@ -208,7 +216,9 @@ class IndexerWorker:
         except Exception as exc:  # the batch is committed; autovacuum will analyze in time
             log.warning("indexer: refreshing memory_items statistics failed: %r", exc)
 
-    async def _one_by_one(self, messages: Sequence[Message]) -> None:
+    async def _one_by_one(self, messages: Sequence[Message]) -> list[tuple[Message, str]]:
+        """Index each message alone; returns the ones dead-lettered, with their errors."""
+        dead: list[tuple[Message, str]] = []
         for message in messages:
             failures = 0
             while True:
@@ -222,11 +232,14 @@ class IndexerWorker:
                     message.attempts += 1
                     if failures >= self.settings.indexer_max_attempts:
                         log.error("indexer: dead-lettering turn after %d attempts: %r", failures, exc)
-                        await self.consumer.dead_letter(message, _describe(exc))
+                        error = _describe(exc)
+                        dead.append((message, error))
+                        await self.consumer.dead_letter(message, error)
                         self.stats["dead_lettered"] += 1
                         metrics.observe_dead_letter("failed")
                         break
                     await asyncio.sleep(min(self._backoff_base * 2 ** (failures - 1), self._backoff_max))
+        return dead
 
     async def _give_back(self, batch: Sequence[Message]) -> None:
         try:

@@ -241,12 +241,26 @@ async def test_pii_is_redacted_before_it_is_stored(db: Database, pg_url: str) ->
     assert "jane.doe@example.com" not in stored
 
 
-async def test_watermark_never_goes_back(db: Database, pg_url: str) -> None:
+async def test_watermark_never_passes_a_queued_turn_nor_goes_back(db: Database, pg_url: str) -> None:
     settings = test_settings(pg_url)
     _, turns = await chat_turns(db, [memorable(i) for i in range(3)])
-    await index_all(db, settings, [turn_payload(turns[2])])
-    await index_all(db, settings, [turn_payload(turns[0])])  # an older turn delivered late
-    assert await scalar(db, "SELECT indexed_seq FROM conversations") == turns[2].seq
+    watermark = "SELECT indexed_seq FROM conversations"
+    await index_all(db, settings, [turn_payload(turns[2])])  # delivered before the older turns
+    assert await scalar(db, watermark) == 0
+    await index_all(db, settings, [turn_payload(turns[0])])
+    assert await scalar(db, watermark) == turns[0].seq  # turns[1] still queued
+    await index_all(db, settings, [turn_payload(turns[1])])
+    assert await scalar(db, watermark) == turns[2].seq  # up to the turn consumed first
+    await index_all(db, settings, [turn_payload(turns[0])])  # a redelivery
+    assert await scalar(db, watermark) == turns[2].seq
+    # Rows consumed before consumption was marked (Kafka) stay pending: below the watermark they
+    # hold nothing back.
+    async with db.transaction() as session:
+        await session.execute(text("UPDATE outbox SET consumed_at = NULL"))
+    conversation_id = turns[0].conversation_id
+    _, later = await chat_turns(db, [memorable(3)], conversation_id=conversation_id)
+    await index_all(db, settings, [turn_payload(later[0])])
+    assert await scalar(db, watermark) == later[0].seq
 
 
 @pytest.mark.parametrize(

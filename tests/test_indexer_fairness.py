@@ -164,3 +164,47 @@ async def test_a_live_turn_consumed_before_its_published_import_did_not_move_the
             assert batches < 10, f"indexed_seq stuck at {watermark}"
     finally:
         await consumer.stop()
+
+
+@pytest.mark.parametrize("transport", ["postgres", "kafka"])
+async def test_a_dead_lettered_turn_does_not_hold_its_conversations_watermark_back(
+    transport: str, db: Database, pg_url: str, request: pytest.FixtureRequest
+) -> None:
+    # The watermark waits for a turn still queued; a dead-lettered turn is never indexed, so it
+    # must be passed over (on Kafka its outbox row stayed pending: the conversation never moved on).
+    conversation_id, turns = await chat_turns(db, [memorable(i) for i in range(3)])
+    async with db.transaction() as session:
+        await session.execute(
+            text("""UPDATE outbox SET payload = payload || '{"v": 99}' WHERE turn_id = :id"""),
+            {"id": turns[1].id},
+        )
+    if transport == "postgres":
+        settings = test_settings(pg_url)
+        consumer: PgQueueConsumer | KafkaQueueConsumer = PgQueueConsumer(db, settings)
+    else:
+        settings = kafka_test_settings(pg_url, request.getfixturevalue("kafka_bootstrap"))
+        relay = OutboxRelay(db, settings)
+        producer = await relay._open_producer()
+        try:
+            assert await relay.publish_once(producer) == 3
+        finally:
+            await producer.stop()
+        consumer = KafkaQueueConsumer(settings)
+    worker = IndexerWorker(db, settings, HashEmbedder(dim=384), consumer=consumer)
+    await consumer.start()
+    try:
+        polled = 0
+        while polled < 3:
+            batch = await consumer.poll_batch(3 - polled, 10.0)
+            assert batch, "the indexer got nothing within 10 s"
+            await worker.process(batch)
+            polled += len(batch)
+    finally:
+        await consumer.stop()
+    assert worker.stats["dead_lettered"] == 1
+    watermark = await scalar(db, "SELECT indexed_seq FROM conversations WHERE id = :id", id=conversation_id)
+    assert watermark == turns[2].seq
+    dead = await scalar(
+        db, "SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND turn_id = :id", id=turns[1].id
+    )
+    assert dead == 1
