@@ -18,7 +18,9 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,8 @@ NODE = shutil.which("node")
 # A code answer of a few KB, as real chats have them.
 ANSWER = "def double(x):\n    return x * 2  # and why it works\n" * 70
 QUESTION = "Why does this fail, and how do I fix it? "
+# An answer of as many words as a few KB hold.
+SHORT_WORDS_ANSWER = "So it is: if we do it as I say, it is ok and we go on. " * 64
 # A page of a branch's history read oldest first (memory.record.branches.BRANCH_HISTORY_FROM).
 HISTORY_PAGE = re.compile(r"t\.seq > \$\d+ AND t\.seq <= l\.max_seq")
 HISTORY_DOORS = (
@@ -65,10 +69,12 @@ def openai_client(server: LiveServer) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
 
 
-def openai_history(size: int, last: str = "the newest question") -> list[ChatCompletionMessageParam]:
-    turns = (size // (len(ANSWER) + len(QUESTION) + 60) + 1) * 2  # a question and its answer each
+def openai_history(
+    size: int, last: str = "the newest question", answer: str = ANSWER
+) -> list[ChatCompletionMessageParam]:
+    turns = (size // (len(answer) + len(QUESTION) + 60) + 1) * 2  # a question and its answer each
     history: list[ChatCompletionMessageParam] = [
-        {"role": "assistant", "content": ANSWER} if i % 2 else {"role": "user", "content": QUESTION}
+        {"role": "assistant", "content": answer} if i % 2 else {"role": "user", "content": QUESTION}
         for i in range(turns)
     ]
     return [*history, {"role": "user", "content": last}]
@@ -167,12 +173,20 @@ async def test_another_streams_events_keep_flowing_while_an_8_mb_chat_completion
     start_server: Any,
 ) -> None:
     """A chat completions request sends its whole history; the door compares it with the stored
-    one to find the conversation, and again under its lock. Made into units and compared on the
-    event loop, an 8 MB history held up every other stream of the process for a fifth of a
-    second and more: the largest gap between another reply's events while such a request is
-    answered stays well below that."""
-    server: LiveServer = await start_server(import_turns_per_hour=0, demo_tokens_per_second=100.0)
-    messages = openai_history(7_300_000)
+    one to find the conversation, and again under its lock. Done on the event loop, each of the
+    two passes over an 8 MB history of short words held the loop for 70-150 ms of its own CPU
+    between two events of another reply (wall-clock gaps of 90-200 ms on 2 busy cores); off the
+    loop, the loop's thread spends at most ~40 ms of CPU between two events.
+
+    The bound is on the CPU the loop's thread spends between two events, not on the wall-clock
+    gap: on a shared machine a gap also holds the time the process was not scheduled, and the
+    wall-clock gaps of the two codes overlapped. What the CPU bound does not see is another
+    thread holding the GIL (the door's JSON parse of the body does, ~10-60 ms): a wall-clock
+    bound loose enough to hold on a busy machine is kept for a stall of that kind grown large.
+    The answers are short words, so that making the history into units (what must stay off the
+    loop) is large next to parsing the body's JSON (which still holds the loop up)."""
+    server: LiveServer = await start_server(import_turns_per_hour=0, demo_tokens_per_second=50.0)
+    messages = openai_history(7_300_000, answer=SHORT_WORDS_ANSWER)
     async with openai_client(server) as client:
         # The chat so far: its whole history stored (imported by its first request).
         raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
@@ -180,11 +194,14 @@ async def test_another_streams_events_keep_flowing_while_an_8_mb_chat_completion
         messages += [{"role": "assistant", "content": first.choices[0].message.content or ""}]
         messages += [{"role": "user", "content": "and one more"}]
         body = json.dumps({"model": MODEL, "messages": messages}).encode()
-        assert len(body) > 7_500_000
+        assert len(body) > 7_300_000
         with frozen_startup_objects():
-            gap, conversation = await _largest_gap_while(server, client, body)
+            gaps, conversation = await _gaps_while(server, client, body)
     assert conversation == raw.headers["X-Chatmem-Conversation-Id"], "the chat went on: its history matched"
-    assert gap < 0.05, f"another stream waited {gap * 1000:.0f} ms for its next event"
+    assert gaps.cpu < 0.055, (
+        f"the event loop spent {gaps.cpu * 1000:.0f} ms between two events of another stream"
+    )
+    assert gaps.wall < 0.5, f"another stream waited {gaps.wall * 1000:.0f} ms for its next event"
 
 
 @contextlib.contextmanager
@@ -199,9 +216,18 @@ def frozen_startup_objects() -> Iterator[None]:
         gc.unfreeze()
 
 
-async def _largest_gap_while(server: LiveServer, client: AsyncOpenAI, body: bytes) -> tuple[float, str]:
+@dataclass(frozen=True)
+class Gaps:
+    """The largest gap between two events of a stream: in wall-clock time, and in CPU time of
+    the thread running the event loop (which the server and this test share)."""
+
+    wall: float
+    cpu: float
+
+
+async def _gaps_while(server: LiveServer, client: AsyncOpenAI, body: bytes) -> tuple[Gaps, str]:
     """Stream a long reply in another conversation, send `body` once it streams, and return the
-    largest gap between that reply's events while `body` was answered, and the conversation
+    largest gaps between that reply's events while `body` was answered, and the conversation
     `body` went to."""
     stream = await client.chat.completions.create(
         model=MODEL,
@@ -209,7 +235,7 @@ async def _largest_gap_while(server: LiveServer, client: AsyncOpenAI, body: byte
         stream=True,
     )
     loop = asyncio.get_running_loop()
-    arrivals: list[float] = []
+    arrivals: list[tuple[float, float]] = []
     async with stream, server.client() as api:
         chunks = aiter(stream)
         await anext(chunks)  # streaming
@@ -217,15 +243,19 @@ async def _largest_gap_while(server: LiveServer, client: AsyncOpenAI, body: byte
         sending = asyncio.ensure_future(
             api.post("/openai/v1/chat/completions", content=body, headers=headers)
         )
-        started = loop.time()
+        started = (loop.time(), time.thread_time())
         while not sending.done():
             await anext(chunks)  # the reply lasts longer than the request: it ends with an error if not
-            arrivals.append(loop.time())
-        answered = loop.time()
+            arrivals.append((loop.time(), time.thread_time()))
+        answered = (loop.time(), time.thread_time())
         response = await sending
     assert response.status_code == 200, response.text[:300]
-    during = [started, *[t for t in arrivals if t <= answered], answered]
-    return max(b - a for a, b in itertools.pairwise(during)), response.headers["X-Chatmem-Conversation-Id"]
+    during = [started, *[a for a in arrivals if a[0] <= answered[0]], answered]
+    gaps = Gaps(
+        wall=max(b[0] - a[0] for a, b in itertools.pairwise(during)),
+        cpu=max(b[1] - a[1] for a, b in itertools.pairwise(during)),
+    )
+    return gaps, response.headers["X-Chatmem-Conversation-Id"]
 
 
 async def test_the_history_that_chose_a_chat_completions_conversation_is_not_read_again(
