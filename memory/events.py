@@ -72,6 +72,7 @@ class StopReason(StrEnum):
     NEW_MESSAGE = "new_message"  # a message sent with on_busy=interrupt
     CLIENT_DISCONNECTED = "client_disconnected"  # with on_disconnect=stop, or a protocol that means it
     SHUTDOWN = "shutdown"  # the server is stopping: an error ending, not the user's
+    ENDED_ELSEWHERE = "ended_elsewhere"  # another process stored its ending (it found this one silent)
 
 
 # Stop reasons that count as the user's decision (interrupted_by_user); any other is an error ending.

@@ -22,7 +22,7 @@ from memory.events import ENDING_NAMES, EventName
 from memory.prompt.templates import load_prompts
 from memory.record.conversations import Owner, create_conversation
 from memory.record.process_life import LIFE_RETAKEN_SECONDS, LIFE_SEED
-from memory.record.reply_endings import end_stale_replies
+from memory.record.reply_endings import REAPED, end_reply, end_stale_replies
 from memory.record.turns import add_turn
 from memory.storage.db import Database
 from memory.storage.models import OutboxRow, ToolInvocation, Turn
@@ -438,6 +438,66 @@ async def test_a_retry_leaves_a_reply_whose_heartbeat_is_late_running_while_its_
     assert again.status_code == 200, again.text
     assert again.json()["status"] == "completed"
     assert again.json()["turns"][-1]["reply_id"] == reply_id
+
+
+async def end_as_a_reaper_does(db: Database, turn_id: str) -> None:
+    """Store a live turn's ending as a reaper (or a retry) that found its owner silent does."""
+    async with db.transaction() as session:
+        assert await end_reply(session, uuid.UUID(turn_id), REAPED) is not None
+
+
+async def test_a_reply_ended_elsewhere_while_its_owner_streams_ends_the_owners_stream_with_that_ending(
+    db: Database, start_server: Any
+) -> None:
+    """Found: when another process ended a reply whose owner was in fact alive (its silence a
+    network cut, or a Postgres restart), the owner's own client got no ending: its stream just
+    stopped after the last delta. It gets the stored ending, numbered after what it was sent,
+    and the owner stops generating."""
+    owner: LiveServer = await start_server(demo_tokens_per_second=20, reaper_interval_seconds=600)
+    async with owner.client() as client:
+        cid = await new_conversation(client)
+        seen: list[SSEEvent] = []
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long"}) as r:
+            events = iter_sse(r)
+            await read_until(events, lambda e: e.event == EventName.MESSAGE_DELTA, seen)
+            reply_id = seen[0].data["reply_id"]
+            await end_as_a_reaper_does(db, reply_id)
+            seen += [event async for event in events]
+        stored = (await client.get(f"/v1/turns/{reply_id}")).json()
+        # A client resuming from the ending it was sent gets that ending again, nothing else.
+        resumed = await _events(client, reply_id, {"Last-Event-ID": str(seen[-1].id)})
+    assert seen[-1].event == EventName.TURN_INTERRUPTED, seen[-1]
+    assert sum(e.event in ENDING_NAMES for e in seen) == 1
+    assert [e.id for e in seen] == list(range(1, len(seen) + 1))  # after every id it was sent
+    assert (stored["status"], stored["error"]["code"]) == ("interrupted_by_error", "process_died")
+    assert seen[-1].data["error"] == stored["error"]
+    assert not text_of(seen).endswith("real answers.")  # the owner stopped generating
+    assert [(e.event, e.data) for e in resumed] == [(seen[-1].event, seen[-1].data)]
+
+
+async def test_a_reply_ended_elsewhere_while_its_owner_streams_ends_an_openai_stream_with_its_error(
+    db: Database, start_server: Any
+) -> None:
+    """The same on the chat completions door: the SDK's iteration raises the stored error,
+    instead of ending as if the answer were complete."""
+    owner: LiveServer = await start_server(demo_tokens_per_second=20, reaper_interval_seconds=600)
+    user = new_user()
+    stream = await async_sdk(owner, await make_key(owner, user)).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "/long"}], stream=True
+    )
+    chunks: list[Any] = []
+    with pytest.raises(APIError) as failed:
+        async for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 3:
+                turn_id = await scalar(
+                    db, "SELECT id::text FROM turns WHERE user_id = :user AND status = 'streaming'", user=user
+                )
+                await end_as_a_reaper_does(db, turn_id)
+    assert failed.value.body is not None
+    assert failed.value.body["code"] == "process_died"  # type: ignore[index]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and not text.endswith("real answers.")
 
 
 def embedded_postgres(pg_url: str) -> PostgresServer:

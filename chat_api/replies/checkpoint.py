@@ -17,17 +17,34 @@ from sqlalchemy import text
 
 from chat_api.replies.registry import ReplyRegistry
 from chat_api.replies.reply import Reply
+from memory.events import TERMINAL_STATUSES, StopReason
 from memory.record.reply_state import NOTIFY_CHECKPOINT
 from memory.record.turns import CHECKPOINT_TURN, HEARTBEAT
 from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
 
+# Run after CHECKPOINT_TURN: its row lock makes another process's ending of the turn wait for
+# this commit (its terminal event then follows these); an ending committed first makes the
+# update match nothing, and this chunk starts at that ending's id, so conflicts and is dropped.
 INSERT_EVENTS = text(
     """
     INSERT INTO turn_events (reply_id, first_id, last_id, tenant_id, user_id, events)
     VALUES (:reply_id, :first_id, :last_id, :tenant_id, :user_id, CAST(:events AS jsonb))
     ON CONFLICT (reply_id, first_id) DO NOTHING
+    """
+)
+# Of the turns this process streams, those another process ended (the reaper, or a stop, finding
+# this process silent). A turn ended by its own step change is followed by the next step's
+# streaming turn in the same commit; a reply not committed yet has no turn: neither is listed.
+ENDED_ELSEWHERE = text(
+    """
+    SELECT t.id FROM turns t
+    WHERE t.id = ANY(CAST(:ids AS uuid[]))
+      AND t.status = ANY(CAST(:endings AS text[]))
+      AND NOT EXISTS (
+          SELECT 1 FROM turns s WHERE s.reply_id = t.reply_id AND s.status = 'streaming'
+      )
     """
 )
 # A checkpoint is lossy by design (one interval); waiting for its WAL flush buys nothing and
@@ -99,7 +116,12 @@ class Checkpointer:
 
     async def flush(self) -> None:
         """Write every live reply's new events and content, and heartbeat the rest (one statement each)."""
-        replies = [r for r in self.registry.all() if not r.finished.is_set()]
+        # A reply ended elsewhere writes nothing more: its stored log ends with that ending.
+        replies = [
+            r
+            for r in self.registry.all()
+            if not r.finished.is_set() and r.stop_reason is not StopReason.ENDED_ELSEWHERE
+        ]
         if not replies:
             return
         turns, chunks, owners = [], [], []
@@ -124,13 +146,18 @@ class Checkpointer:
             async with self.db.transaction() as session:
                 await session.execute(ASYNC_COMMIT)
                 if chunks:
-                    await session.execute(INSERT_EVENTS, [c.chunk for c in chunks])
                     await session.execute(CHECKPOINT_TURN, turns)
+                    await session.execute(INSERT_EVENTS, [c.chunk for c in chunks])
                     await session.execute(NOTIFY_CHECKPOINT)
                 # A checkpointed turn's write is its heartbeat too: only the others need one.
                 idle = [r.turn_id for r in replies if r not in checkpointed]
                 if idle:
                     await session.execute(HEARTBEAT, {"ids": idle})
+                streaming = {reply.turn_id: reply for reply in replies}
+                ended = await session.execute(
+                    ENDED_ELSEWHERE, {"ids": list(streaming), "endings": sorted(TERMINAL_STATUSES)}
+                )
+                ended_ids = list(ended.scalars())
         except BaseException:
             for reply, claimed in zip(owners, chunks, strict=True):
                 give_back(reply, claimed)
@@ -138,3 +165,6 @@ class Checkpointer:
         finally:
             for reply in owners:
                 reply.checkpoint_idle.set()
+        for turn_id in ended_ids:
+            # Its ending is stored: generating on is for nobody. The runner sends followers that ending.
+            streaming[turn_id].request_stop(StopReason.ENDED_ELSEWHERE)

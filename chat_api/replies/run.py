@@ -85,7 +85,7 @@ from memory.record.outbox import record_finished_turn
 from memory.record.reply_endings import Ending, LiveState, end_reply
 from memory.record.reply_state import notify_done
 from memory.record.tool_calls import Approval, ToolCall
-from memory.record.turns import add_turn, append_events, finish_turn, note_reply_memory
+from memory.record.turns import add_turn, append_events, ending_of, finish_turn, note_reply_memory
 from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
@@ -535,9 +535,17 @@ class ReplyRunner:
                 give_back(reply, claimed)
             raise
         if terminal is None:
-            # The reaper (or a stop from a process that found us dead) ended it first; theirs stands.
+            # The reaper (or a stop from a process that found us dead) ended it first; theirs stands,
+            # and is what this process's followers get. Its stored id can be below ids they already
+            # have (it follows the last checkpoint): they get it numbered after them, and a resume
+            # past the stored log is sent that same stored ending (`follow.follow_reply`).
             log.warning("reply %s was already ended elsewhere", reply.id)
+            async with self.db.session() as session:
+                stored = await ending_of(session, reply.turn_id)
             status = TurnStatus.INTERRUPTED_BY_ERROR
+            if stored is not None:  # None: the turn is gone (erased with its conversation)
+                reply.publish(EventName(stored.name), cast(EventData, stored.data))
+                status = str(stored.data.get("status") or status)
         else:
             event = reply.publish(EventName(terminal.name), cast(EventData, terminal.data))
             assert event.id == terminal.id

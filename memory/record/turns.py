@@ -394,6 +394,22 @@ async def load_events(session: AsyncSession, reply_id: uuid.UUID, after: int) ->
     return out
 
 
+async def ending_of(session: AsyncSession, turn_id: uuid.UUID) -> Event | None:
+    """The terminal event stored with an ended turn (its id is the turn's `last_event_id`), if any."""
+    turn = (
+        await session.execute(
+            select(Turn.reply_id, Turn.last_event_id).where(
+                Turn.id == turn_id, Turn.status.in_(TERMINAL_STATUSES)
+            )
+        )
+    ).one_or_none()
+    if turn is not None:
+        for event in await load_events(session, turn.reply_id or turn_id, turn.last_event_id - 1):
+            if event.id == turn.last_event_id:
+                return event
+    return None
+
+
 async def last_event(session: AsyncSession, reply_id: uuid.UUID) -> Event | None:
     """The last persisted event of a reply (its ending, once it is over); None if none is stored."""
     chunk = (
