@@ -49,4 +49,5 @@ export const STOP_REASON = Object.freeze({
   NEW_MESSAGE: "new_message",
   CLIENT_DISCONNECTED: "client_disconnected",
   SHUTDOWN: "shutdown",
+  ENDED_ELSEWHERE: "ended_elsewhere",
 });
