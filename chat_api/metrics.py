@@ -184,6 +184,8 @@ class DatabaseState(Collector):
         self.backlog = 0
         self.oldest_age = 0.0
         self.dead_letters = 0
+        self.unconsumed = 0
+        self.unconsumed_age = 0.0
         self.generations: list[tuple[int, str, str | None, int, int]] = []
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -196,6 +198,16 @@ class DatabaseState(Collector):
             "chatmem_outbox_oldest_age_seconds",
             "Age of the oldest outbox row not yet handed on (0 when empty).",
             value=self.oldest_age,
+        )
+        yield GaugeMetricFamily(
+            "chatmem_outbox_unconsumed",
+            "Kafka: finished turns published but not yet consumed by the indexer (0 on Postgres).",
+            value=self.unconsumed,
+        )
+        yield GaugeMetricFamily(
+            "chatmem_outbox_unconsumed_oldest_age_seconds",
+            "Kafka: age of the oldest turn published but not yet consumed by the indexer (0 when none).",
+            value=self.unconsumed_age,
         )
         yield GaugeMetricFamily(
             "chatmem_dead_letters", "Rows in the dead_letters table.", value=self.dead_letters
@@ -235,6 +247,12 @@ def set_outbox_state(backlog: int, oldest_age_seconds: float, dead_letters: int)
     DATABASE_STATE.backlog = backlog
     DATABASE_STATE.oldest_age = max(oldest_age_seconds, 0.0)
     DATABASE_STATE.dead_letters = dead_letters
+
+
+def set_outbox_unconsumed(unconsumed: int, oldest_age_seconds: float) -> None:
+    """Publish the turns published to Kafka the indexer has not consumed, and the oldest one's age."""
+    DATABASE_STATE.unconsumed = unconsumed
+    DATABASE_STATE.unconsumed_age = max(oldest_age_seconds, 0.0)
 
 
 def exposition() -> bytes:

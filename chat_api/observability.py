@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chat_api import metrics
 from memory.config import Settings
+from memory.storage.models import OUTBOX_SEQ
 
 log = logging.getLogger("chatmem.access")
 
@@ -61,6 +62,23 @@ OUTBOX_STATE_PG = text(
     SELECT count(*) AS backlog, coalesce(extract(epoch FROM now() - min(created_at)), 0) AS age,
            (SELECT count(*) FROM dead_letters) AS dead
     FROM outbox WHERE consumed_at IS NULL AND dead_at IS NULL
+    """
+)
+# Kafka: rows published but not consumed by the indexer (its consumer lag), newest first and at
+# most UNCONSUMED_CAP of them, over ix_outbox_unconsumed. Rows at or below their conversation's
+# watermark are not counted: the Kafka path consumed rows before it marked them consumed, and
+# those stay unmarked.
+UNCONSUMED_CAP = 100_000
+OUTBOX_UNCONSUMED_KAFKA = text(
+    f"""
+    SELECT count(*) AS unconsumed, coalesce(extract(epoch FROM now() - min(o.created_at)), 0) AS age
+    FROM (
+        SELECT id, conversation_id, created_at, payload FROM outbox
+        WHERE consumed_at IS NULL AND dead_at IS NULL AND published_at IS NOT NULL
+        ORDER BY id DESC LIMIT {UNCONSUMED_CAP}
+    ) o
+    JOIN conversations c ON c.id = o.conversation_id
+    WHERE {OUTBOX_SEQ.format(t="o.")} > c.indexed_seq
     """
 )
 # A scrape must stay cheap even with a huge backlog: give up rather than hold a connection.
@@ -229,7 +247,7 @@ class OutboxGauges:
         self._reading = False
 
     async def refresh(self, request: Request) -> None:
-        """Read the outbox backlog, its age and the dead letters into the gauges, when due."""
+        """Read the outbox backlogs (relay; indexer on Kafka), ages, dead letters into the gauges when due."""
         services = getattr(request.app.state, "services", None)
         if services is None or self._reading or self.clock() - self._read_at < OUTBOX_REFRESH_SECONDS:
             return
@@ -239,6 +257,11 @@ class OutboxGauges:
             async with services.db.transaction() as session:
                 await session.execute(text(OUTBOX_QUERY_TIMEOUT))
                 row = (await session.execute(query)).one()
+                unconsumed = (
+                    (await session.execute(OUTBOX_UNCONSUMED_KAFKA)).one()
+                    if services.settings.kafka_bootstrap_servers
+                    else None
+                )
                 generations = (await session.execute(MEMORY_INDEXES)).all()
         except Exception as exc:
             # A scrape must not fail because the database is slow; the gauges keep their last values.
@@ -247,6 +270,9 @@ class OutboxGauges:
         finally:
             self._reading = False
         metrics.set_outbox_state(int(row.backlog), float(row.age), int(row.dead))
+        metrics.set_outbox_unconsumed(
+            int(unconsumed.unconsumed) if unconsumed else 0, float(unconsumed.age) if unconsumed else 0.0
+        )
         metrics.set_memory_indexes(
             [(g.id, g.state, g.runtime, g.rows_done, g.rows_total) for g in generations]
         )

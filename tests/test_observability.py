@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 import httpx
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from chat_api.observability import JsonFormatter, bind_log_context, log_context, loggable_text
 
@@ -134,3 +134,64 @@ async def test_a_flood_of_unauthenticated_scrapes_reads_the_outbox_once(server: 
         event.remove(engine, "before_cursor_execute", note)
     assert all(s.status_code == 200 and "chatmem_outbox_backlog" in s.text for s in scrapes)
     assert len(reads) == 1, len(reads)
+
+
+async def test_kafka_turns_published_but_not_consumed_by_the_indexer_show_in_a_gauge(
+    start_server: Any, db: Any, pg_url: str, kafka_bootstrap: str
+) -> None:
+    """Found: on Kafka the backlog gauge counts only unpublished rows: with the indexer down it read 0."""
+    from indexer.kafka_transport import KafkaQueueConsumer
+    from indexer.relay import OutboxRelay
+    from indexer.worker import IndexerWorker
+    from memory.recall.embeddings import HashEmbedder
+    from tests.support import wait_until
+    from tests.test_indexer import chat_turns, memorable
+    from tests.test_transport_contract import kafka_test_settings
+
+    settings = kafka_test_settings(pg_url, kafka_bootstrap)
+    server = await start_server(
+        **{k: getattr(settings, k) for k in ("kafka_bootstrap_servers", "kafka_topic", "kafka_dlq_topic")}
+    )
+    # Rows consumed before consumption was marked on Kafka stay unmarked below the watermark: not lag.
+    _, old = await chat_turns(db, [memorable(i) for i in range(2)])
+    async with db.transaction() as session:
+        await session.execute(text("UPDATE outbox SET published_at = now()"))
+        await session.execute(text("UPDATE conversations SET indexed_seq = :seq"), {"seq": old[-1].seq})
+    await chat_turns(db, [memorable(i) for i in range(2, 5)])
+    relay = OutboxRelay(db, settings)
+    producer = await relay._open_producer()
+    try:
+        assert await relay.publish_once(producer) == 3
+    finally:
+        await producer.stop()
+
+    async def scrape() -> str:
+        async with httpx.AsyncClient(base_url=server.base_url) as anonymous:
+            return (await anonymous.get("/metrics")).text
+
+    first = await scrape()
+    assert sample(first, "chatmem_outbox_backlog") == 0  # all published
+    assert sample(first, "chatmem_outbox_unconsumed") == 3  # none consumed: the indexer is down
+    assert (sample(first, "chatmem_outbox_unconsumed_oldest_age_seconds") or 0) > 0
+
+    consumer = KafkaQueueConsumer(settings)
+    worker = IndexerWorker(db, settings, HashEmbedder(dim=384), consumer=consumer)
+    await consumer.start()
+    try:
+        consumed = 0
+        while consumed < 3:
+            batch = await consumer.poll_batch(3 - consumed, 10.0)
+            assert batch, "the indexer got nothing within 10 s"
+            await worker.process(batch)
+            consumed += len(batch)
+    finally:
+        await consumer.stop()
+    last = ""
+
+    async def drained() -> bool:
+        nonlocal last
+        last = await scrape()  # the database gauges are read again every few seconds
+        return sample(last, "chatmem_outbox_unconsumed") == 0
+
+    await wait_until(drained, timeout=15, every=0.5)
+    assert sample(last, "chatmem_outbox_unconsumed_oldest_age_seconds") == 0
