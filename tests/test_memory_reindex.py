@@ -419,3 +419,33 @@ def test_a_generation_left_by_a_reindex_interrupted_in_its_grace_period_is_delet
     assert again.returncode == 0, again.stderr
     assert "already built by torch" in again.stdout
     assert asyncio.run(rows_of_generation_1()) == 0
+
+
+async def test_a_resumed_reindex_shows_the_rate_of_this_run_not_of_the_rows_an_earlier_run_copied(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: the command's rate and time left divided every row of the generation (those of
+    # the run that was stopped too) by this run's time: a resumed build showed a rate inflated by
+    # them and "about 0 s left".
+    from chat_api.cli.memory_index import pace_of
+
+    index = MemoryIndex(db, OLD)
+    await index.start()
+    await index_turns(db, IndexPipeline(db, index, test_settings(pg_url)), [fact(i) for i in range(6)])
+    ids = await reindex.begin(db, NEW)
+    assert ids is not None
+    old, new = ids
+
+    class Stopped(Exception):
+        pass
+
+    def stop(progress: reindex.Progress) -> None:
+        raise Stopped  # the command killed after its first batch
+
+    with pytest.raises(Stopped):
+        await reindex.build(db, NEW, old, new, batch=2, on_progress=stop)
+    now = [100.0]
+    pace = await pace_of(db, new, clock=lambda: now[0])
+    assert pace.done_before == 2
+    now[0] += 1.0  # this run copies 2 rows in a second
+    assert pace.line(reindex.Progress(new, 4, 6)) == "\r4/6 rows, 2 rows/s, about 1 s left"

@@ -7,10 +7,15 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chat_api.cli.installation import CommandError, installation_database, load_settings, positive_int
+
+if TYPE_CHECKING:
+    from memory.recall.reindex import Progress
+    from memory.storage.db import Database
 
 
 def add_memory_arguments(memory: argparse.ArgumentParser) -> None:
@@ -55,6 +60,30 @@ def _print_generations(rows: list[dict[str, Any]]) -> None:
         print(f"{row['id']:>3}  {row['state']:<9} {rows_text:>9}  {describe(row['spec'])}")
 
 
+class Pace:
+    """A build's progress line: the rate and time left count the rows this run copied, not those
+    an earlier run of a resumed build did (they made a fresh run look fast and nearly done)."""
+
+    def __init__(self, done_before: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.done_before = done_before
+        self.clock = clock
+        self.started = clock()
+
+    def line(self, p: Progress) -> str:
+        rate = max(p.done - self.done_before, 0) / max(self.clock() - self.started, 1e-6)
+        eta = (p.total - p.done) / rate if rate > 0 else float("inf")
+        line = f"\r{p.done}/{p.total} rows, {rate:.0f} rows/s"
+        return line + (", switched" if p.switched else f", about {eta:.0f} s left")
+
+
+async def pace_of(db: Database, generation: int, clock: Callable[[], float] = time.monotonic) -> Pace:
+    """The pace of a run building ``generation``, from the rows it already has."""
+    from memory.recall import reindex
+
+    done = [g["rows_done"] for g in await reindex.generations(db) if g["id"] == generation]
+    return Pace(int(done[0] or 0) if done else 0, clock)
+
+
 async def _reindex(args: argparse.Namespace, settings: Any, database_url: str) -> None:
     from memory.recall import reindex
     from memory.recall.embedding_service import EmbeddingRefused
@@ -86,14 +115,10 @@ async def _reindex(args: argparse.Namespace, settings: Any, database_url: str) -
         old, new = ids
         encoder_name = describe(spec_of(encoder))
         print(f"building memory index generation {new} with {encoder_name} (searching {old} until done)")
-        started = time.monotonic()
+        pace = await pace_of(db, new)
 
         def progress(p: reindex.Progress) -> None:
-            rate = p.done / max(time.monotonic() - started, 1e-6)
-            eta = (p.total - p.done) / rate if rate > 0 else float("inf")
-            line = f"\r{p.done}/{p.total} rows, {rate:.0f} rows/s"
-            line += ", switched" if p.switched else f", about {eta:.0f} s left"
-            print(line, end="\n" if p.switched else "", file=sys.stdout, flush=True)
+            print(pace.line(p), end="\n" if p.switched else "", file=sys.stdout, flush=True)
 
         try:
             await reindex.build(db, encoder, old, new, batch=args.batch, on_progress=progress)
