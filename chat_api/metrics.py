@@ -186,7 +186,7 @@ class DatabaseState(Collector):
         self.dead_letters = 0
         self.unconsumed = 0
         self.unconsumed_age = 0.0
-        self.generations: list[tuple[int, str, str | None, int, int]] = []
+        self.generations: list[tuple[int, str, str | None, int, int, bool]] = []
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(
@@ -222,23 +222,31 @@ class DatabaseState(Collector):
             "A rebuild of the memory index (`chatmem memory reindex`): rows to copy (total), copied (done).",
             labels=["generation", "runtime", "kind"],
         )
-        for generation, state, runtime, done, total in self.generations:
+        running = GaugeMetricFamily(
+            "chatmem_memory_index_build_running",
+            "1 while a run of `chatmem memory reindex` builds the generation, 0 when none does (killed).",
+            labels=["generation", "runtime"],
+        )
+        for generation, state, runtime, done, total, is_running in self.generations:
             labels = [str(generation), runtime or ""]
             if state == "active":
                 active.add_metric(labels, 1)
             else:
                 build.add_metric([*labels, "total"], total)
                 build.add_metric([*labels, "done"], done)
+                running.add_metric(labels, 1 if is_running else 0)
         yield active
         yield build
+        yield running
 
 
 DATABASE_STATE = DatabaseState()
 REGISTRY.register(DATABASE_STATE)
 
 
-def set_memory_indexes(generations: list[tuple[int, str, str | None, int, int]]) -> None:
-    """Publish the active and building generations: (id, state, runtime, rows done, rows total)."""
+def set_memory_indexes(generations: list[tuple[int, str, str | None, int, int, bool]]) -> None:
+    """Publish the active and building generations: (id, state, runtime, rows done, rows total,
+    whether a run builds it)."""
     DATABASE_STATE.generations = list(generations)
 
 

@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chat_api import metrics
 from memory.config import Settings
+from memory.recall.reindex import build_running
 from memory.storage.models import OUTBOX_SEQ
 
 log = logging.getLogger("chatmem.access")
@@ -228,7 +229,8 @@ class RequestLog:
 
 # The memory index's generations that are searched or being built (a rebuild's progress).
 MEMORY_INDEXES = text(
-    "SELECT id, state, spec->>'runtime' AS runtime, rows_done, rows_total FROM memory_indexes "
+    "SELECT id, state, spec->>'runtime' AS runtime, rows_done, rows_total, "
+    f"state = 'building' AND {build_running('id')} AS running FROM memory_indexes "
     "WHERE state IN ('active', 'building')"
 )
 
@@ -274,7 +276,7 @@ class OutboxGauges:
             int(unconsumed.unconsumed) if unconsumed else 0, float(unconsumed.age) if unconsumed else 0.0
         )
         metrics.set_memory_indexes(
-            [(g.id, g.state, g.runtime, g.rows_done, g.rows_total) for g in generations]
+            [(g.id, g.state, g.runtime, g.rows_done, g.rows_total, g.running) for g in generations]
         )
 
 

@@ -9,9 +9,11 @@ would show.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import text
 
@@ -449,3 +451,59 @@ async def test_a_resumed_reindex_shows_the_rate_of_this_run_not_of_the_rows_an_e
     assert pace.done_before == 2
     now[0] += 1.0  # this run copies 2 rows in a second
     assert pace.line(reindex.Progress(new, 4, 6)) == "\r4/6 rows, 2 rows/s, about 1 s left"
+
+
+class GatedEncoder(HashEmbedder):
+    """Another encoder (its own seed) whose first batch waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=2)
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def embed(self, texts: Any) -> list[list[float]]:
+        self.entered.set()
+        await self.gate.wait()
+        return await super().embed(texts)
+
+
+async def test_a_building_generation_no_run_builds_any_more_says_so_in_status_and_metrics(
+    db: Database, pg_url: str, start_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Regression: a generation whose command was killed stayed `building`, with its last rows
+    # done, in `--status` and chatmem_memory_index_build_rows: nothing told it from a build under way.
+    from chat_api.cli.memory_index import _print_generations
+    from tests.test_observability import sample
+
+    index = MemoryIndex(db, OLD)
+    await index.start()
+    await index_turns(db, IndexPipeline(db, index, test_settings(pg_url)), [fact(i) for i in range(3)])
+    encoder = GatedEncoder()
+    ids = await reindex.begin(db, encoder)  # as the killed run left it: registered, no run
+    assert ids is not None
+    old, new = ids
+
+    def status() -> str:
+        _print_generations(generations)
+        return next(line for line in capsys.readouterr().out.splitlines() if line.split()[0] == str(new))
+
+    generations = await reindex.generations(db)
+    assert "no run is building it" in status()
+    server = await start_server()
+    async with httpx.AsyncClient(base_url=server.base_url) as anonymous:
+        scrape = (await anonymous.get("/metrics")).text
+    assert sample(scrape, "chatmem_memory_index_build_running", generation=str(new)) == 0
+    await server.stop()
+
+    build = asyncio.create_task(reindex.build(db, encoder, old, new, batch=2))
+    try:
+        await asyncio.wait_for(encoder.entered.wait(), 10)  # a run is building it
+        generations = await reindex.generations(db)
+        line = status()
+        assert "building" in line and "no run" not in line
+    finally:
+        build.cancel()  # Ctrl-C; a killed process's session ends and Postgres frees the lock alike
+        with contextlib.suppress(asyncio.CancelledError):
+            await build
+    generations = await reindex.generations(db)
+    assert "no run is building it" in status()

@@ -57,7 +57,10 @@ def _print_generations(rows: list[dict[str, Any]]) -> None:
     print(f"{'id':>3}  {'state':<9} {'rows':>9}  encoder")
     for row in rows:
         rows_text = f"{row['rows_done']}/{row['rows_total']}" if row["state"] == "building" else "-"
-        print(f"{row['id']:>3}  {row['state']:<9} {rows_text:>9}  {describe(row['spec'])}")
+        line = f"{row['id']:>3}  {row['state']:<9} {rows_text:>9}  {describe(row['spec'])}"
+        if row["state"] == "building" and not row["running"]:
+            line += "  (no run is building it: run `chatmem memory reindex` to resume)"
+        print(line)
 
 
 class Pace:

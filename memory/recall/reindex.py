@@ -34,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,8 +52,25 @@ from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
 
+# A run of the command holds this advisory lock (this class, the generation's id) shared, on a
+# connection of its own, while it builds: Postgres frees it when the run ends, killed or not. A
+# building generation whose lock nobody holds has no run (it waits for the command to resume it).
+BUILD_LOCK_CLASS = 0x28_1DE8
+HOLD_BUILD = text(f"SELECT pg_advisory_lock_shared({BUILD_LOCK_CLASS}, CAST(:id AS int))")
+RELEASE_BUILD = text(f"SELECT pg_advisory_unlock_shared({BUILD_LOCK_CLASS}, CAST(:id AS int))")
+
+
+def build_running(generation: str) -> str:
+    """SQL: whether a run of the command holds the build lock of ``generation`` (an id column)."""
+    return (
+        "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+        f" AND classid = {BUILD_LOCK_CLASS} AND objid = CAST({generation} AS oid))"
+    )
+
+
 GENERATIONS = text(
-    "SELECT id, spec, spec_key, state, created_at, activated_at, retired_at, rows_total, rows_done "
+    "SELECT id, spec, spec_key, state, created_at, activated_at, retired_at, rows_total, rows_done, "
+    f"state = 'building' AND {build_running('id')} AS running "
     "FROM memory_indexes ORDER BY id"
 )
 ACTIVE = text("SELECT id, spec, spec_key FROM memory_indexes WHERE state = 'active' FOR UPDATE")
@@ -385,13 +403,28 @@ async def build(
     it was once the service answers (a refusal, such as a wrong key, still ends it).
     """
     delay = backoff_seconds
-    while True:
+    async with _building(db, new):
+        while True:
+            try:
+                return await _build(db, encoder, old, new, batch, settle_batches, on_progress)
+            except EmbeddingUnavailable as exc:
+                log.warning("memory reindex: %s; trying again in %.0f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, backoff_max_seconds)
+
+
+@asynccontextmanager
+async def _building(db: Database, new: int) -> AsyncIterator[None]:
+    """Hold generation ``new``'s build lock for the block (see BUILD_LOCK_CLASS)."""
+    async with db.engine.connect() as connection:
+        await connection.execute(HOLD_BUILD, {"id": new})
+        await connection.commit()  # the lock is the session's: no transaction stays open
         try:
-            return await _build(db, encoder, old, new, batch, settle_batches, on_progress)
-        except EmbeddingUnavailable as exc:
-            log.warning("memory reindex: %s; trying again in %.0f s", exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, backoff_max_seconds)
+            yield
+        finally:
+            # The connection goes back to the pool: it must not keep the lock.
+            await connection.execute(RELEASE_BUILD, {"id": new})
+            await connection.commit()
 
 
 async def _build(
