@@ -507,3 +507,63 @@ async def test_a_building_generation_no_run_builds_any_more_says_so_in_status_an
             await build
     generations = await reindex.generations(db)
     assert "no run is building it" in status()
+
+
+class WritingEncoder(HashEmbedder):
+    """Another encoder (its own seed) during live traffic: with each of its first calls, the first
+    or the last memory (not in the batch) is corrected, and it counts the calls made while the
+    switch holds the index lock exclusively."""
+
+    def __init__(self, db: Database, item_ids: list[int], said: list[str], writes: int) -> None:
+        super().__init__(seed=3)
+        self.db, self.item_ids, self.said, self.writes = db, item_ids, said, writes
+        self.under_lock = 0
+
+    async def embed(self, texts: Any) -> list[list[float]]:
+        from memory.recall.index import INDEX_LOCK
+
+        async with self.db.transaction() as session:
+            free = (
+                await session.execute(text(f"SELECT pg_try_advisory_xact_lock_shared({INDEX_LOCK})"))
+            ).scalar_one()
+        if not free:
+            self.under_lock += 1  # a writer of memory would wait for this encode
+        elif self.writes > 0:
+            self.writes -= 1
+            # The lowest row goes stale behind the pass; with it in the batch, the highest ahead of it.
+            target = 0 if not any(self.said[0] in t for t in texts) else 1
+            self.said[target] = f"my locker code is {4000 + self.writes} now"
+            [vector] = await OLD.embed([self.said[target]])
+            embedded = Embedded(self.said[target], list(vector), self.said[target], 1)
+            async with self.db.transaction() as session:
+                await correct_item(session, OWNER, self.item_ids[target], embedded)
+        return await super().embed(texts)
+
+
+async def test_the_switch_of_a_reindex_encodes_nothing_while_memory_writers_wait_for_it(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: the last pass encoded the rows written since the pass before while holding the
+    # index lock exclusively: an embedding service hanging then held every memory correction and
+    # stated fact (which wait on that lock with no timeout) for as long as it hung.
+    index = MemoryIndex(db, OLD)
+    await index.start()
+    pipeline = IndexPipeline(db, index, test_settings(pg_url))
+    await index_turns(db, pipeline, [fact(i) for i in range(3)])
+    async with db.session() as session:
+        chunks = (
+            await session.execute(
+                text("SELECT id, text FROM memory_items WHERE index_id = 1 AND kind = 'chunk' ORDER BY id")
+            )
+        ).all()
+    # Every pass finds a memory corrected during the one before (the passes settle at none), the
+    # last one (under the lock) too, and one is corrected between its encoding and the lock.
+    ends = [chunks[0], chunks[-1]]
+    encoder = WritingEncoder(db, [r.id for r in ends], [r.text for r in ends], writes=16)
+    ids = await reindex.begin(db, encoder)
+    assert ids is not None
+    old, new = ids
+    progress = await reindex.build(db, encoder, old, new, batch=1, settle_batches=0)
+    assert encoder.under_lock == 0
+    assert progress.switched and encoder.writes == 0
+    assert await rows(db, new) == await rows(db, old)

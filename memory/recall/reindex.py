@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -279,18 +279,8 @@ async def _drop_rows(db: Database, generation: int, batch: int = 5000) -> int:
             return deleted
 
 
-async def _copy_batch(
-    session: Any, encoder: Embedder, old: int, new: int, after: int, batch: int, *, locked: bool = False
-) -> int | None:
-    """Copy the next ``batch`` stale rows after id ``after``: the last id copied, None if none was left.
-
-    ``locked``: the caller holds the index lock exclusively (the switch) and checked the states.
-    """
-    rows = (await session.execute(STALE, {"old": old, "new": new, "after": after, "batch": batch})).all()
-    if not rows:
-        if not locked:
-            await _hold_building(session, old, new)  # the pass's progress is written next
-        return None
+async def _texts_of(session: Any, rows: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any], list[str]]:
+    """The stale rows' live chunks, sentence keys, fact keys and the texts to embed, in that order."""
     live = [r for r in rows if not r.tombstone]
     keys = [
         (r, key_index, sentence)
@@ -305,7 +295,72 @@ async def _copy_batch(
         + [memory_text(sentence, name=r.name, created_at=r.turn_created_at) for r, _, sentence in keys]
         + [memory_text(f.text, name=f.name, created_at=f.turn_created_at) for f in facts]
     )
-    vectors = [_vector_literal(list(v)) for v in await encoder.embed(texts)] if texts else []
+    return live, keys, facts, texts
+
+
+async def _encode_into(encoder: Embedder, texts: Sequence[str], encoded: dict[str, str]) -> None:
+    if texts:
+        vectors = await encoder.embed(list(texts))
+        encoded.update(zip(texts, (_vector_literal(list(v)) for v in vectors), strict=True))
+
+
+async def _encode_stale(
+    db: Database, encoder: Embedder, old: int, new: int, batch: int, encoded: dict[str, str]
+) -> None:
+    """Encode what the last pass will copy, with no lock held: its vectors go into ``encoded``."""
+    after = 0
+    while True:
+        async with db.transaction() as session:
+            rows = (
+                await session.execute(STALE, {"old": old, "new": new, "after": after, "batch": batch})
+            ).all()
+            if not rows:
+                return
+            texts = (await _texts_of(session, rows))[3]
+        await _encode_into(encoder, [t for t in dict.fromkeys(texts) if t not in encoded], encoded)
+        after = int(rows[-1].id)
+
+
+# Times the last pass is rolled back to encode rows written before it took the exclusive lock.
+_UNLOCKED_ENCODES = 5
+
+
+class _Unencoded(Exception):
+    """The last pass under the exclusive lock found texts not encoded beforehand (written meanwhile)."""
+
+
+async def _copy_batch(
+    session: Any,
+    encoder: Embedder,
+    old: int,
+    new: int,
+    after: int,
+    batch: int,
+    *,
+    locked: bool = False,
+    encoded: dict[str, str] | None = None,
+    strict: bool = False,
+) -> int | None:
+    """Copy the next ``batch`` stale rows after id ``after``: the last id copied, None if none was left.
+
+    ``locked``: the caller holds the index lock exclusively (the switch) and checked the states.
+    ``encoded``: vectors encoded beforehand, by text; with ``locked`` and ``strict``, a text not
+    among them raises _Unencoded (the caller rolls back and encodes it without the lock).
+    """
+    rows = (await session.execute(STALE, {"old": old, "new": new, "after": after, "batch": batch})).all()
+    if not rows:
+        if not locked:
+            await _hold_building(session, old, new)  # the pass's progress is written next
+        return None
+    live, keys, facts, texts = await _texts_of(session, rows)
+    if encoded is None:
+        vectors = [_vector_literal(list(v)) for v in await encoder.embed(texts)] if texts else []
+    else:
+        missing = list(dict.fromkeys(t for t in texts if t not in encoded))
+        if missing and locked and strict:
+            raise _Unencoded(len(missing))
+        await _encode_into(encoder, missing, encoded)
+        vectors = [encoded[t] for t in texts]
     by_id = dict(zip((r.id for r in live), vectors, strict=False))
     ids = [r.id for r in rows]
     if not locked:
@@ -348,6 +403,8 @@ async def _pass(
     batch: int,
     on_progress: Callable[[Progress], None] | None = None,
     session: Any = None,
+    encoded: dict[str, str] | None = None,
+    strict: bool = False,
 ) -> int:
     """One pass over the old generation: copy what is missing or changed, drop orphans.
 
@@ -359,7 +416,9 @@ async def _pass(
     after: int | None = 0
     while after is not None:
         if session is not None:
-            after = await _copy_batch(session, encoder, old, new, after, batch, locked=True)
+            after = await _copy_batch(
+                session, encoder, old, new, after, batch, locked=True, encoded=encoded, strict=strict
+            )
             done, total = await _counts(session, old, new)
         else:
             async with db.transaction() as own:
@@ -442,13 +501,25 @@ async def _build(
         for _ in range(5):
             if await _pass(db, encoder, old, new, batch, on_progress) <= settle_batches:
                 break
-        async with db.transaction() as session:
-            await session.execute(LOCK_EXCLUSIVE)
-            await _still_building(session, old, new)
-            await _pass(db, encoder, old, new, batch, session=session)
-            await session.execute(RETIRE, {"old": old})
-            await session.execute(ACTIVATE, {"new": new})
-            done, total = await _counts(session, old, new)
+        # The last pass copies under the exclusive lock, where writers wait: what it copies is
+        # encoded before, without the lock (a hung encoder must not hold memory writes back). A
+        # text written in between rolls it back, to be encoded without the lock too (a few times:
+        # under steady writes the last try encodes them under the lock, as few as they are).
+        encoded: dict[str, str] = {}
+        for attempt in range(_UNLOCKED_ENCODES, -1, -1):
+            strict = attempt > 0
+            await _encode_stale(db, encoder, old, new, batch, encoded)
+            try:
+                async with db.transaction() as session:
+                    await session.execute(LOCK_EXCLUSIVE)
+                    await _still_building(session, old, new)
+                    await _pass(db, encoder, old, new, batch, session=session, encoded=encoded, strict=strict)
+                    await session.execute(RETIRE, {"old": old})
+                    await session.execute(ACTIVATE, {"new": new})
+                    done, total = await _counts(session, old, new)
+                break
+            except _Unencoded as unencoded:
+                log.info("memory reindex: %s texts written before the switch; encoding them first", unencoded)
     except _BuildOver as over:
         if over.state != "active":
             why = "another run of the command abandoned it (--replace)" if over.state is None else over.state
