@@ -92,19 +92,22 @@ async def test_indexed_memory_follows_branch_switches(start_server: Callable[...
         assert "crimson" in found and "teal" not in found
 
 
-class GatedEmbedder:
-    """HashEmbedder that holds each embed call until released (to put a switch inside a batch)."""
+class GatedEmbedder(HashEmbedder):
+    """HashEmbedder that holds each embed call until released (to put a switch inside a batch).
+
+    A HashEmbedder to the memory index too (its spec): it makes the server's vectors, so it
+    writes into the server's generation rather than taking the index over as another encoder.
+    """
 
     def __init__(self) -> None:
-        self.inner = HashEmbedder()
-        self.dim = self.inner.dim
+        super().__init__()
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         self.entered.set()
         await self.release.wait()
-        return await self.inner.embed(texts)
+        return await super().embed(texts)
 
 
 async def test_a_branch_switch_while_the_indexer_embeds_is_seen_when_it_writes(
