@@ -23,10 +23,12 @@ async def hand_index_to_the_real_encoder(pg_url: str) -> None:
     Tests in this process index with the deterministic fake encoder (or an embedding
     service); a server process encodes with the real local model and refuses to answer from
     vectors another encoder made (memory/recall/index.py). Memory left by an earlier test's
-    fake encoder or embedding service is dropped, so the server takes the empty index.
+    fake encoder or embedding service (any runtime but a local one a server loads) is dropped,
+    so the server takes the empty index.
     """
     from sqlalchemy import text
 
+    from memory.recall.embeddings import RUNTIMES
     from memory.storage.db import Database
 
     db = Database(pg_url, pool_size=1)
@@ -37,7 +39,7 @@ async def hand_index_to_the_real_encoder(pg_url: str) -> None:
                     text("SELECT spec->>'runtime' FROM memory_indexes WHERE state = 'active'")
                 )
             ).scalar()
-            if runtime in ("hash", "service"):
+            if runtime not in RUNTIMES:
                 await session.execute(text("DELETE FROM memory_items"))
     finally:
         await db.dispose()
