@@ -17,12 +17,13 @@ from indexer.relay import OutboxRelay
 from indexer.worker import IndexerWorker
 from memory.recall.embeddings import HashEmbedder
 from memory.record.conversations import Owner, create_conversation
-from memory.record.imports import ImportTurn, import_turns
+from memory.record.imports import ImportResult, ImportTurn, import_turns
 from memory.storage.db import Database
+from memory.storage.models import Conversation
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings
 from tests.test_lock_order import WorkingEmbedder, running
-from tests.test_transport_contract import kafka_test_settings
+from tests.test_transport_contract import index_through, kafka_test_settings
 
 BACKLOG = 400
 
@@ -82,6 +83,16 @@ async def _indexed(db: Database, owner: Owner) -> bool:
     return await _memory_rows(db, owner) >= 1
 
 
+async def _imported_conversation(db: Database, owner: Owner) -> tuple[Conversation, ImportResult]:
+    """A conversation of 40 imported turns, queued for the indexer."""
+    async with db.transaction() as session:
+        conversation = await create_conversation(session, owner)
+        items = [
+            ImportTurn(role="user" if i % 2 == 0 else "assistant", content=memorable(i)) for i in range(40)
+        ]
+        return conversation, await import_turns(session, owner, conversation.id, items)
+
+
 async def test_a_live_turn_queued_behind_its_conversations_import_did_not_move_the_watermark_past_it(
     db: Database, pg_url: str
 ) -> None:
@@ -91,12 +102,7 @@ async def test_a_live_turn_queued_behind_its_conversations_import_did_not_move_t
     # searchable, and recall, which reads only turns above the watermark as not yet indexed, found
     # none of the import until the indexer got to it behind every other user's backlog.
     owner = Owner("t1", "u1")
-    async with db.transaction() as session:
-        conversation = await create_conversation(session, owner)
-        items = [
-            ImportTurn(role="user" if i % 2 == 0 else "assistant", content=memorable(i)) for i in range(40)
-        ]
-        imported = await import_turns(session, owner, conversation.id, items)
+    conversation, imported = await _imported_conversation(db, owner)
     await chat_turns(db, [memorable(99)], owner=owner, conversation_id=conversation.id)
     settings = test_settings(pg_url, indexer_batch_size=8)
     consumer = PgQueueConsumer(db, settings)
@@ -123,12 +129,7 @@ async def test_a_live_turn_consumed_before_its_published_import_did_not_move_the
     # conversation said they were searchable and recall, which reads only turns above the
     # watermark as not yet indexed, missed them.
     owner = Owner("t1", "u1")
-    async with db.transaction() as session:
-        conversation = await create_conversation(session, owner)
-        items = [
-            ImportTurn(role="user" if i % 2 == 0 else "assistant", content=memorable(i)) for i in range(40)
-        ]
-        imported = await import_turns(session, owner, conversation.id, items)
+    conversation, imported = await _imported_conversation(db, owner)
     settings = kafka_test_settings(pg_url, kafka_bootstrap, indexer_batch_size=8)
     relay = OutboxRelay(db, settings)
     producer = await relay._open_producer()
@@ -190,17 +191,7 @@ async def test_a_dead_lettered_turn_does_not_hold_its_conversations_watermark_ba
         finally:
             await producer.stop()
         consumer = KafkaQueueConsumer(settings)
-    worker = IndexerWorker(db, settings, HashEmbedder(dim=384), consumer=consumer)
-    await consumer.start()
-    try:
-        polled = 0
-        while polled < 3:
-            batch = await consumer.poll_batch(3 - polled, 10.0)
-            assert batch, "the indexer got nothing within 10 s"
-            await worker.process(batch)
-            polled += len(batch)
-    finally:
-        await consumer.stop()
+    worker = await index_through(db, settings, consumer, 3)
     assert worker.stats["dead_lettered"] == 1
     watermark = await scalar(db, "SELECT indexed_seq FROM conversations WHERE id = :id", id=conversation_id)
     assert watermark == turns[2].seq

@@ -142,11 +142,9 @@ async def test_kafka_turns_published_but_not_consumed_by_the_indexer_show_in_a_g
     """Found: on Kafka the backlog gauge counts only unpublished rows: with the indexer down it read 0."""
     from indexer.kafka_transport import KafkaQueueConsumer
     from indexer.relay import OutboxRelay
-    from indexer.worker import IndexerWorker
-    from memory.recall.embeddings import HashEmbedder
     from tests.support import wait_until
     from tests.test_indexer import chat_turns, memorable
-    from tests.test_transport_contract import kafka_test_settings
+    from tests.test_transport_contract import index_through, kafka_test_settings
 
     settings = kafka_test_settings(pg_url, kafka_bootstrap)
     server = await start_server(
@@ -174,18 +172,7 @@ async def test_kafka_turns_published_but_not_consumed_by_the_indexer_show_in_a_g
     assert sample(first, "chatmem_outbox_unconsumed") == 3  # none consumed: the indexer is down
     assert (sample(first, "chatmem_outbox_unconsumed_oldest_age_seconds") or 0) > 0
 
-    consumer = KafkaQueueConsumer(settings)
-    worker = IndexerWorker(db, settings, HashEmbedder(dim=384), consumer=consumer)
-    await consumer.start()
-    try:
-        consumed = 0
-        while consumed < 3:
-            batch = await consumer.poll_batch(3 - consumed, 10.0)
-            assert batch, "the indexer got nothing within 10 s"
-            await worker.process(batch)
-            consumed += len(batch)
-    finally:
-        await consumer.stop()
+    await index_through(db, settings, KafkaQueueConsumer(settings), 3)
     last = ""
 
     async def drained() -> bool:

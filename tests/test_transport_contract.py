@@ -20,7 +20,9 @@ from indexer.kafka_transport import KafkaQueueConsumer
 from indexer.pg_queue import PgQueueConsumer
 from indexer.relay import OutboxRelay
 from indexer.transport import Consumer, Message
+from indexer.worker import IndexerWorker
 from memory.config import Settings
+from memory.recall.embeddings import HashEmbedder
 from memory.storage.db import Database
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings
 
@@ -38,6 +40,22 @@ def kafka_test_settings(pg_url: str, bootstrap: str, **overrides: Any) -> Settin
         kafka_group_id=f"indexer-{name}",
         **overrides,
     )
+
+
+async def index_through(db: Database, settings: Settings, consumer: Consumer, count: int) -> IndexerWorker:
+    """Index `count` turns as `consumer` delivers them (an indexer's loop); the worker, for its stats."""
+    worker = IndexerWorker(db, settings, HashEmbedder(dim=384), consumer=consumer)
+    await consumer.start()
+    try:
+        consumed = 0
+        while consumed < count:
+            batch = await consumer.poll_batch(count - consumed, 10.0)
+            assert batch, "the indexer got nothing within 10 s"
+            await worker.process(batch)
+            consumed += len(batch)
+    finally:
+        await consumer.stop()
+    return worker
 
 
 @dataclass
