@@ -23,7 +23,7 @@ from memory.storage.models import Conversation
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings
 from tests.test_lock_order import WorkingEmbedder, running
-from tests.test_transport_contract import index_through, kafka_test_settings
+from tests.test_transport_contract import index_through, kafka_test_settings, publish_once
 
 BACKLOG = 400
 
@@ -184,12 +184,7 @@ async def test_a_dead_lettered_turn_does_not_hold_its_conversations_watermark_ba
         consumer: PgQueueConsumer | KafkaQueueConsumer = PgQueueConsumer(db, settings)
     else:
         settings = kafka_test_settings(pg_url, request.getfixturevalue("kafka_bootstrap"))
-        relay = OutboxRelay(db, settings)
-        producer = await relay._open_producer()
-        try:
-            assert await relay.publish_once(producer) == 3
-        finally:
-            await producer.stop()
+        assert await publish_once(db, settings) == 3
         consumer = KafkaQueueConsumer(settings)
     worker = await index_through(db, settings, consumer, 3)
     assert worker.stats["dead_lettered"] == 1

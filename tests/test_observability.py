@@ -141,10 +141,9 @@ async def test_kafka_turns_published_but_not_consumed_by_the_indexer_show_in_a_g
 ) -> None:
     """Found: on Kafka the backlog gauge counts only unpublished rows: with the indexer down it read 0."""
     from indexer.kafka_transport import KafkaQueueConsumer
-    from indexer.relay import OutboxRelay
     from tests.support import wait_until
     from tests.test_indexer import chat_turns, memorable
-    from tests.test_transport_contract import index_through, kafka_test_settings
+    from tests.test_transport_contract import index_through, kafka_test_settings, publish_once
 
     settings = kafka_test_settings(pg_url, kafka_bootstrap)
     server = await start_server(
@@ -156,12 +155,7 @@ async def test_kafka_turns_published_but_not_consumed_by_the_indexer_show_in_a_g
         await session.execute(text("UPDATE outbox SET published_at = now()"))
         await session.execute(text("UPDATE conversations SET indexed_seq = :seq"), {"seq": old[-1].seq})
     await chat_turns(db, [memorable(i) for i in range(2, 5)])
-    relay = OutboxRelay(db, settings)
-    producer = await relay._open_producer()
-    try:
-        assert await relay.publish_once(producer) == 3
-    finally:
-        await producer.stop()
+    assert await publish_once(db, settings) == 3
 
     async def scrape() -> str:
         async with httpx.AsyncClient(base_url=server.base_url) as anonymous:

@@ -42,6 +42,16 @@ def kafka_test_settings(pg_url: str, bootstrap: str, **overrides: Any) -> Settin
     )
 
 
+async def publish_once(db: Database, settings: Settings) -> int:
+    """One pass of the relay over the outbox (its own producer): how many turns it published."""
+    relay = OutboxRelay(db, settings)
+    producer = await relay._open_producer()
+    try:
+        return await relay.publish_once(producer)
+    finally:
+        await producer.stop()
+
+
 async def index_through(db: Database, settings: Settings, consumer: Consumer, count: int) -> IndexerWorker:
     """Index `count` turns as `consumer` delivers them (an indexer's loop); the worker, for its stats."""
     worker = IndexerWorker(db, settings, HashEmbedder(dim=384), consumer=consumer)
