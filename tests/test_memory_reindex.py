@@ -23,6 +23,7 @@ from memory.recall import reindex
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.index import IndexChanged, MemoryIndex, spec_key, spec_of
 from memory.recall.items import Embedded, correct_item, forget_item, items_by_key
+from memory.recall.keywords import memory_text
 from memory.recall.search import recall_memories
 from memory.record.conversations import Owner
 from memory.record.outbox import turn_payload
@@ -567,3 +568,52 @@ async def test_the_switch_of_a_reindex_encodes_nothing_while_memory_writers_wait
     assert encoder.under_lock == 0
     assert progress.switched and encoder.writes == 0
     assert await rows(db, new) == await rows(db, old)
+
+
+async def test_a_memory_corrected_or_forgotten_while_a_reindex_encoded_it_kept_its_old_vector_there(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: a batch of the build read its rows, encoded their texts with no lock held, then
+    # copied the rows as they were by then with the vectors of what it had read: a memory corrected
+    # meanwhile got its old text's vector in the new generation (found by what it no longer says,
+    # for good: its copy's columns matched, so no later pass copied it again), and one forgotten
+    # meanwhile kept a vector of what the user had asked to forget.
+    index = MemoryIndex(db, OLD)
+    await index.start()
+    said = await index_turns(db, IndexPipeline(db, index, test_settings(pg_url)), [fact(i) for i in range(3)])
+    async with db.session() as session:
+        items = await items_by_key(session, OWNER, [(said[0], 0), (said[2], 0)])
+    corrected, forgotten = items[(said[0], 0)], items[(said[2], 0)]
+    encoder = GatedEncoder()
+    ids = await reindex.begin(db, encoder)
+    assert ids is not None
+    old, new = ids
+    build = asyncio.create_task(reindex.build(db, encoder, old, new, batch=8))
+    await asyncio.wait_for(encoder.entered.wait(), 10)  # the first batch read both, and encodes them
+    now = "my locker code is 4242 now, at the bouldering hall"
+    [vector] = await OLD.embed([now])
+    async with db.transaction() as session:
+        await correct_item(session, OWNER, corrected.id, Embedded(now, list(vector), now, old))
+        await forget_item(session, OWNER, forgotten.id)
+    encoder.gate.set()
+    assert (await asyncio.wait_for(build, 30)).switched
+
+    async with db.session() as session:
+        copies = {
+            r.turn_id: r
+            for r in await session.execute(
+                text(
+                    "SELECT turn_id, text, name, turn_created_at, embedding::text AS embedding "
+                    "FROM memory_items WHERE index_id = :g AND kind = 'chunk'"
+                ),
+                {"g": new},
+            )
+        }
+    copy = copies[corrected.turn_id]
+    assert copy.text == now
+    [expected] = await encoder.embed([memory_text(now, name=copy.name, created_at=copy.turn_created_at)])
+    stored = [float(x) for x in copy.embedding.strip("[]").split(",")]
+    assert max(abs(a - b) for a, b in zip(stored, expected, strict=True)) < 1e-6
+    assert copies[forgotten.turn_id].text == "" and copies[forgotten.turn_id].embedding is None
+    # Searched with the new encoder, the correction is found by what it says now.
+    assert (await found_turns(db, MemoryIndex(db, encoder), "locker code 4242 bouldering hall"))[0] == said[0]

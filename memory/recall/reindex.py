@@ -9,7 +9,10 @@ generation the whole time (a building generation is never searched).
 Memory keeps arriving while it runs. Writers write the active generation only (memory/recall/
 index.py); the build catches up in passes: each pass re-copies the rows of the active
 generation that are missing from the new one or differ from their copy, and deletes copies
-whose row is gone. When a pass finds little left, the last pass runs under the index lock
+whose row is gone. A batch encodes what it read with no lock held, then copies only the rows
+still as it read them (the same row version): a memory corrected, forgotten or switched off
+its branch meanwhile is left stale, and the next pass copies it with its new text's vector
+(the last one reads it again at once). When a pass finds little left, the last pass runs under the index lock
 held exclusively (writers of new vectors wait for it, a moment) and, in the same
 transaction, the new generation becomes ``active`` and the old one ``retired``. So the
 switch is one commit, and the new generation holds every memory the old one held at that
@@ -93,10 +96,12 @@ _COPIED = (
 )
 _COMPARED = ", ".join(f"{{t}}.{c.strip()}" for c in _COPIED.split(",") if c.strip() != "indexed_at")
 
-# Chunks of the old generation whose copy is missing or differs, in id order from :after.
+# Chunks of the old generation whose copy is missing or differs, in id order from :after; each with
+# its row version (xmin: the transaction that wrote it), for COPY to take it only as it was read.
 STALE = text(
     f"""
-    SELECT a.id, a.turn_id, a.chunk_index, a.role, a.text, a.name, a.turn_created_at, a.metadata,
+    SELECT a.id, a.xmin::text AS version, a.turn_id, a.chunk_index, a.role, a.text, a.name,
+           a.turn_created_at, a.metadata,
            a.embedding IS NULL AS tombstone,
            a.source = 'turn' AND a.edited_at IS NULL AND a.forgotten_at IS NULL AS keyed
     FROM memory_items a
@@ -109,17 +114,24 @@ STALE = text(
     LIMIT :batch
     """
 )
+# The rows as they were read and encoded: a row written since (corrected, forgotten, switched off
+# its branch) is not copied with the vector of its old text; it is stale still, for the next pass.
 COPY = text(
     f"""
     INSERT INTO memory_items (index_id, embedding, {_COPIED})
     SELECT :new, CAST(v.embedding AS vector), {", ".join("a." + c.strip() for c in _COPIED.split(","))}
-    FROM unnest(:ids, :embeddings) AS v(id, embedding)
-    JOIN memory_items a ON a.id = v.id
+    FROM unnest(:ids, :versions, :embeddings) AS v(id, version, embedding)
+    JOIN memory_items a ON a.id = v.id AND a.xmin::text = v.version
     ON CONFLICT (index_id, turn_id, kind, chunk_index, key_index) DO UPDATE SET
         embedding = EXCLUDED.embedding,
         {", ".join(f"{c.strip()} = EXCLUDED.{c.strip()}" for c in _COPIED.split(","))}
+    RETURNING turn_id, chunk_index
     """
-).bindparams(bindparam("ids", type_=ARRAY(BigInteger)), bindparam("embeddings", type_=ARRAY(Text)))
+).bindparams(
+    bindparam("ids", type_=ARRAY(BigInteger)),
+    bindparam("versions", type_=ARRAY(Text)),
+    bindparam("embeddings", type_=ARRAY(Text)),
+)
 # The keys of the copied chunks are made again (below): the old ones go first.
 DELETE_KEYS = text(
     """
@@ -340,8 +352,9 @@ async def _copy_batch(
     locked: bool = False,
     encoded: dict[str, str] | None = None,
     strict: bool = False,
-) -> int | None:
-    """Copy the next ``batch`` stale rows after id ``after``: the last id copied, None if none was left.
+) -> tuple[int, int] | None:
+    """Copy the next ``batch`` stale rows after id ``after``: the last id read and how many of its
+    rows were written since they were read (not copied: still stale), None if none was left.
 
     ``locked``: the caller holds the index lock exclusively (the switch) and checked the states.
     ``encoded``: vectors encoded beforehand, by text; with ``locked`` and ``strict``, a text not
@@ -366,33 +379,46 @@ async def _copy_batch(
     if not locked:
         # Only now, after the encoding: a switch waits for this batch's writes, never its encoder.
         await _hold_building(session, old, new)
-    await session.execute(COPY, {"new": new, "ids": ids, "embeddings": [by_id.get(i) for i in ids]})
-    await session.execute(DELETE_KEYS, {"new": new, "ids": ids})
-    if keys:
+    written = await session.execute(
+        COPY,
+        {
+            "new": new,
+            "ids": ids,
+            "versions": [r.version for r in rows],
+            "embeddings": [by_id.get(i) for i in ids],
+        },
+    )
+    # The keys go with the chunks copied as read; those of a row written since are made with it.
+    copied_keys = {(r.turn_id, r.chunk_index) for r in written}
+    copied = {r.id for r in rows if (r.turn_id, r.chunk_index) in copied_keys}
+    await session.execute(DELETE_KEYS, {"new": new, "ids": sorted(copied)})
+    sentence_rows = [(i, key) for i, key in enumerate(keys) if key[0].id in copied]
+    if sentence_rows:
         await session.execute(
             INSERT_KEYS,
             {
                 "new": new,
                 "kind": "sentence",
-                "ids": [r.id for r, _, _ in keys],
-                "key_indexes": [key_index for _, key_index, _ in keys],
-                "texts": [sentence for _, _, sentence in keys],
-                "embeddings": vectors[len(live) : len(live) + len(keys)],
+                "ids": [r.id for _, (r, _, _) in sentence_rows],
+                "key_indexes": [key_index for _, (_, key_index, _) in sentence_rows],
+                "texts": [sentence for _, (_, _, sentence) in sentence_rows],
+                "embeddings": [vectors[len(live) + i] for i, _ in sentence_rows],
             },
         )
-    if facts:
+    fact_rows = [(i, f) for i, f in enumerate(facts) if f.id in copied]
+    if fact_rows:
         await session.execute(
             INSERT_KEYS,
             {
                 "new": new,
                 "kind": "fact",
-                "ids": [f.id for f in facts],
-                "key_indexes": [f.key_index for f in facts],
-                "texts": [f.text for f in facts],
-                "embeddings": vectors[len(live) + len(keys) :],
+                "ids": [f.id for _, f in fact_rows],
+                "key_indexes": [f.key_index for _, f in fact_rows],
+                "texts": [f.text for _, f in fact_rows],
+                "embeddings": [vectors[len(live) + len(keys) + i] for i, _ in fact_rows],
             },
         )
-    return int(rows[-1].id)
+    return int(rows[-1].id), len(rows) - len(copied)
 
 
 async def _pass(
@@ -416,19 +442,23 @@ async def _pass(
     after: int | None = 0
     while after is not None:
         if session is not None:
-            after = await _copy_batch(
+            copy = await _copy_batch(
                 session, encoder, old, new, after, batch, locked=True, encoded=encoded, strict=strict
             )
             done, total = await _counts(session, old, new)
         else:
             async with db.transaction() as own:
-                after_batch = await _copy_batch(own, encoder, old, new, after, batch)
+                copy = await _copy_batch(own, encoder, old, new, after, batch)
                 done, total = await _counts(own, old, new)
-            after = after_batch
-        if after is not None:
+        after = None if copy is None else copy[0]
+        if copy is not None:
             copied += 1
             if on_progress is not None:
                 on_progress(Progress(new, done, total))
+            if copy[1] and session is not None:
+                # The last pass leaves nothing stale: a row written since it was read (forgotten,
+                # switched off its branch: such writers do not wait for the index lock) is read again.
+                after = 0
     if session is not None:
         await session.execute(ORPHANS, {"old": old, "new": new})
     else:
