@@ -21,7 +21,7 @@ from indexer.pipeline import IndexPipeline
 from indexer.worker import IndexerWorker
 from memory.recall import reindex
 from memory.recall.embeddings import HashEmbedder
-from memory.recall.index import IndexChanged, MemoryIndex, spec_key, spec_of
+from memory.recall.index import ForeignGeneration, IndexChanged, MemoryIndex, spec_key, spec_of
 from memory.recall.items import Embedded, correct_item, forget_item, items_by_key
 from memory.recall.keywords import memory_text
 from memory.recall.search import recall_memories
@@ -92,6 +92,40 @@ async def test_a_query_vector_is_only_compared_with_rows_of_its_own_generation(
     generation = await other.start()
     assert generation.embedder is OLD and other.mismatch and "reindex" in other.mismatch
     assert (await found_turns(db, other, "locker code climbing gym 7"))[0] == turn_id
+
+
+async def test_two_encoders_that_started_on_one_empty_generation_both_wrote_their_vectors_into_it(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: a process starting on the empty first generation with another encoder took it
+    # over (its spec rewritten to that encoder's) while a process already running on it checked
+    # only the generation's id when it wrote: each wrote its own encoder's vectors into generation 1.
+    settings = test_settings(pg_url)
+    first = MemoryIndex(db, OLD, check_seconds=3600)  # it has not looked again since it started
+    following = MemoryIndex(db, OLD, loader=loader, check_seconds=0.0)  # it can load the other encoder
+    assert (await first.start()).id == (await following.start()).id == 1
+    second = MemoryIndex(db, NEW)
+    assert (await second.start()).id == 1  # still empty: the second encoder takes it over
+    [theirs] = await index_turns(db, IndexPipeline(db, second, settings), [fact(1)])
+
+    _, turns = await chat_turns(db, [fact(2)])
+    with pytest.raises(IndexChanged, match="not by the encoder of this write"):
+        await IndexPipeline(db, first, settings).index([turn_payload(turns[0])])
+    assert {r[0] for r in await rows(db, 1)} == {theirs}  # the second encoder's vectors only
+    # Looking again, the first process neither searches nor writes a generation it cannot encode for.
+    with pytest.raises(ForeignGeneration, match="memory reindex"):
+        await found_turns(db, first, "locker code climbing gym number 1")
+    assert first.refused is not None and "memory reindex" in first.refused
+    # One that can load the new encoder moves to it, as after a reindex's switch, and answers from it.
+    with contextlib.suppress(ForeignGeneration):
+        await following.generation()  # loading the new encoder: nothing is searched meanwhile
+
+    def moved_over() -> bool:
+        current = following.current()
+        return current is not None and current.embedder is NEW and following.refused is None
+
+    await wait_until(moved_over, 10, "the following process on the new encoder")
+    assert (await found_turns(db, following, "locker code climbing gym number 1")) == [theirs]
 
 
 async def test_reindex_under_live_traffic_loses_no_memory_and_never_answers_from_a_half_built_index(

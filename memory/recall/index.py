@@ -17,11 +17,20 @@ often when no search comes); after a switch it loads the new generation's encode
 runtime of the same weights) in the background and keeps using the old, complete
 generation until that is ready (retired rows are kept for a grace period).
 
+A generation is known by its id and its encoder's key together. An empty generation (no row,
+no build) is taken over by the first process to start with another encoder (``start``), so the
+key of a generation another process already uses can change under it. One rule covers that and
+a switch alike: a process that finds the active (id, key) is not the one it uses loads that
+encoder if it can and moves to it, and until it has, it writes nothing there; it never searches
+a generation of its own id whose key is not its own (``generation()`` raises ``ForeignGeneration``,
+as ``start`` refuses a generation made by an encoder it cannot load).
+
 Writers (the indexer pipeline, stated facts, corrections) call ``write_guard`` in their write
 transaction: it takes the index lock shared and checks, in the write's own transaction, that the
-generation they encoded for is still the active one; a reindex's switch takes the lock
-exclusively, so no write straddles a switch (a write that lost the race raises
-``IndexChanged`` and is retried: the indexer's batch is redelivered).
+generation (id and key) they encoded for is still the active one; a reindex's switch and a
+take-over both take the lock exclusively, so no write straddles them (a write that lost the race
+raises ``IndexChanged`` and is retried: the indexer's batch is redelivered). So the vectors of
+two encoders are never mixed in one generation.
 """
 
 from __future__ import annotations
@@ -72,6 +81,11 @@ class IndexChanged(RuntimeError):
     """The active generation changed while a write was encoding: encode again and retry."""
 
 
+class ForeignGeneration(IndexChanged):
+    """The active generation's vectors are made by an encoder this process cannot load: it neither
+    searches nor writes it (retried, as IndexChanged: a restart with that encoder, or a reindex, ends it)."""
+
+
 def spec_of(embedder: Embedder) -> dict[str, Any]:
     """What makes this embedder's vectors, as a generation records it."""
     spec = dict(getattr(embedder, "spec", None) or {"runtime": type(embedder).__name__})
@@ -108,11 +122,12 @@ class Generation:
 EncoderLoader = Callable[[dict[str, Any]], Embedder | None]
 
 
-async def active_generation_id(session: AsyncSession) -> int:
-    row = (await session.execute(ACTIVE)).one_or_none()
-    if row is None:
-        raise LookupError("the memory index has no active generation")
-    return int(row.id)
+def foreign(spec: dict[str, Any]) -> str:
+    """Why this process cannot use a generation made by ``spec``'s encoder, and what to do."""
+    return (
+        f"the memory index was built by {describe(spec)}, which this process cannot load; "
+        "configure that encoder, or run `chatmem memory reindex` with this one"
+    )
 
 
 class MemoryIndex:
@@ -137,6 +152,8 @@ class MemoryIndex:
         self._check_seconds = check_seconds
         self._loading: asyncio.Task[None] | None = None
         self.mismatch: str | None = None  # why the configured encoder is not the one in use
+        # Set while the generation in use was taken over by an encoder not loaded here (see the module).
+        self.refused: str | None = None
 
     async def start(self) -> Generation:
         """Find (or make) the active generation and the encoder of its vectors."""
@@ -161,10 +178,7 @@ class MemoryIndex:
                 row_id, key, active_spec = int(row.id), row.spec_key, row.spec
         encoder = await self._encoder_for(key, active_spec)
         if encoder is None:
-            raise RuntimeError(
-                f"the memory index was built by {describe(active_spec)}, which this process cannot load; "
-                "configure that encoder, or run `chatmem memory reindex` with this one"
-            )
+            raise ForeignGeneration(foreign(active_spec))
         if key != self.configured_key:
             configured = describe(spec_of(self.configured))
             self.mismatch = (
@@ -173,6 +187,7 @@ class MemoryIndex:
             )
             log.warning("%s", self.mismatch)
         self._current = Generation(row_id, encoder, key)
+        self.refused = None
         self._checked = time.monotonic()
         return self._current
 
@@ -203,14 +218,21 @@ class MemoryIndex:
         if time.monotonic() - self._checked >= self._check_seconds:
             self._checked = time.monotonic()
             await self._refresh()
+        if self.refused is not None:
+            raise ForeignGeneration(self.refused)
         return self._current
 
     async def _refresh(self) -> None:
         async with self._db.session() as session:
             row = (await session.execute(ACTIVE)).one_or_none()
         current = self._current
-        if row is None or current is None or int(row.id) == current.id:
+        if row is None or current is None or (int(row.id), row.spec_key) == (current.id, current.key):
             return
+        if int(row.id) == current.id and self.refused is None:
+            # Taken over while empty by another encoder: the rows of this id are that encoder's now,
+            # so none of this process's vectors may be compared with them or written there.
+            self.refused = foreign(row.spec)
+            log.error("memory index generation %d was taken over: %s", current.id, self.refused)
         if row.spec_key in self._encoders:
             self._switch(int(row.id), row.spec_key)
         elif self._loading is None or self._loading.done():
@@ -220,6 +242,7 @@ class MemoryIndex:
         log.info("memory index switched to generation %d", generation_id)
         self._current = Generation(generation_id, self._encoders[key], key)
         self.mismatch = None if key == self.configured_key else self.mismatch
+        self.refused = None
 
     async def _load_then_switch(self, generation_id: int, key: str, spec: dict[str, Any]) -> None:
         try:
@@ -288,13 +311,21 @@ def current_generation(embedder: Embedder) -> Generation | None:
 
 
 async def write_guard(session: AsyncSession, embedder: Embedder, generation: Generation) -> None:
-    """In a write's transaction: hold the index lock shared, and check the generation is still active."""
+    """In a write's transaction: hold the index lock shared, and check the generation is still the
+    active one, made by the encoder the write's vectors come from (its id and its key)."""
     await session.execute(LOCK_SHARED)
-    active = await active_generation_id(session)
-    if active != generation.id:
+    active = (await session.execute(ACTIVE)).one_or_none()
+    if active is None:
+        raise LookupError("the memory index has no active generation")
+    if (int(active.id), active.spec_key) != (generation.id, generation.key):
         if isinstance(embedder, MemoryIndex):
             embedder.look_again()
-        raise IndexChanged(f"memory index generation {generation.id} is no longer active ({active} is)")
+        if int(active.id) == generation.id:
+            raise IndexChanged(
+                f"memory index generation {generation.id} is made by {describe(active.spec)} now, "
+                "not by the encoder of this write"
+            )
+        raise IndexChanged(f"memory index generation {generation.id} is no longer active ({active.id} is)")
 
 
 def local_loader(settings: Settings, *, threads: int) -> EncoderLoader:
