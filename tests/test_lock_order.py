@@ -38,6 +38,7 @@ from indexer.worker import IndexerWorker
 from memory.config import Settings
 from memory.events import EventName
 from memory.recall.embeddings import HashEmbedder
+from memory.recall.forgetting import SHOWN_LOCK_CLASS
 from memory.record.conversations import Owner
 from memory.storage.db import Database
 from memory.storage.retention import RetentionJob, RetentionPolicy
@@ -273,6 +274,22 @@ async def _waiting_on_locks(db: Database, count: int) -> bool:
     return bool(waiting >= count)
 
 
+async def _reply_waits_for_the_change(db: Database) -> bool:
+    """A reply waits to store what it was shown (its prompt part, its recall tool's turn) for the
+    change of a memory to commit: so its recall ran before, and read the memory as it was.
+
+    Its own wait, not any session's: waiting on any lock, the reply's recall could be that other
+    session (the flake: released then, its recall ran after the change and found the new text).
+    """
+    waiting = await scalar(
+        db,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND mode = 'ShareLock'"
+        " AND classid = CAST(:class_id AS oid) AND objsubid = 2",
+        class_id=SHOWN_LOCK_CLASS,
+    )
+    return bool(waiting)
+
+
 async def _remembered(server: LiveServer, db: Database, how: str) -> tuple[str, dict[str, Any]]:
     """A conversation whose long message is indexed with its sentence keys: (conversation, its item)."""
     async with server.client() as client:
@@ -394,7 +411,7 @@ async def test_a_reply_that_recalled_a_memory_while_it_changed_does_not_bring_it
             # them, in its own), and gets as far as it can before the change commits.
             replying = asyncio.ensure_future(say(client, await new_conversation(client), QUESTION))
             await wait_until(
-                lambda: replying.done() or _waiting_on_locks(db, 2), REQUEST_BOUND_SECONDS, "the reply"
+                lambda: replying.done() or _reply_waits_for_the_change(db), REQUEST_BOUND_SECONDS, "the reply"
             )
             release.set()
             async with asyncio.timeout(REQUEST_BOUND_SECONDS):
@@ -424,7 +441,7 @@ async def test_a_reply_whose_recall_tool_read_a_memory_while_it_changed_does_not
                 say(client, asked, "/remember where my sister Ingrid lives", memory_scope="conversation")
             )
             await wait_until(
-                lambda: replying.done() or _waiting_on_locks(db, 2), REQUEST_BOUND_SECONDS, "the reply"
+                lambda: replying.done() or _reply_waits_for_the_change(db), REQUEST_BOUND_SECONDS, "the reply"
             )
             release.set()
             async with asyncio.timeout(REQUEST_BOUND_SECONDS):
