@@ -152,7 +152,7 @@ class MemoryIndex:
         self._check_seconds = check_seconds
         self._loading: asyncio.Task[None] | None = None
         self.mismatch: str | None = None  # why the configured encoder is not the one in use
-        # Set while the generation in use was taken over by an encoder not loaded here (see the module).
+        # Set while the generation in use was taken over by an encoder not loaded here (``_taken_over``).
         self.refused: str | None = None
 
     async def start(self) -> Generation:
@@ -228,15 +228,32 @@ class MemoryIndex:
         current = self._current
         if row is None or current is None or (int(row.id), row.spec_key) == (current.id, current.key):
             return
-        if int(row.id) == current.id and self.refused is None:
-            # Taken over while empty by another encoder: the rows of this id are that encoder's now,
-            # so none of this process's vectors may be compared with them or written there.
-            self.refused = foreign(row.spec)
-            log.error("memory index generation %d was taken over: %s", current.id, self.refused)
         if row.spec_key in self._encoders:
             self._switch(int(row.id), row.spec_key)
+        elif int(row.id) == current.id:
+            await self._taken_over(current.id, row.spec_key, row.spec)
         elif self._loading is None or self._loading.done():
             self._loading = asyncio.create_task(self._load_then_switch(int(row.id), row.spec_key, row.spec))
+
+    async def _taken_over(self, generation_id: int, key: str, spec: dict[str, Any]) -> None:
+        """The generation in use was taken over while empty by another encoder (``start``): its rows
+        are that encoder's now, and no other generation keeps this process's. Until it has loaded
+        that encoder it compares and writes none of its vectors there; if it cannot, it refuses
+        as ``start`` does."""
+        if self.refused is not None:
+            return  # loading it, or found it cannot be loaded here
+        self.refused = f"memory index generation {generation_id} was taken over by {describe(spec)}: loading"
+        log.warning("%s", self.refused)
+        try:
+            encoder = await self._encoder_for(key, spec)
+        except Exception:
+            log.exception("could not load the encoder of memory index generation %d", generation_id)
+            encoder = None
+        if encoder is None:
+            self.refused = foreign(spec)
+            log.error("memory index generation %d was taken over: %s", generation_id, self.refused)
+            return
+        self._switch(generation_id, key)
 
     def _switch(self, generation_id: int, key: str) -> None:
         log.info("memory index switched to generation %d", generation_id)
