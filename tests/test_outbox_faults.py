@@ -31,7 +31,7 @@ from tests.kafka_mock import TcpGate
 from tests.kafka_mock import topic_size as kafka_topic_size
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, run_worker_until, scalar, test_settings
-from tests.test_transport_contract import kafka_test_settings
+from tests.test_transport_contract import kafka_test_settings, publish_once
 
 # The mock Kafka fixtures (`kafka_bootstrap`); conftest may register them for every module instead.
 
@@ -372,3 +372,42 @@ async def test_a_relay_whose_mark_failed_does_not_keep_the_published_rows_leased
 
 async def _not(condition: Awaitable[bool]) -> bool:
     return not await condition
+
+
+async def test_a_kafka_dead_letter_whose_mark_failed_does_not_pin_its_conversations_watermark(
+    db: Database, pg_url: str, kafka_bootstrap: str
+) -> None:
+    # Regression: a Kafka dead letter's outbox row was marked dead (and the watermark moved past it)
+    # only after the offsets were committed, best effort. When that mark failed (here its lock
+    # timeout, as with any database error) the row stayed pending for good: the conversation's
+    # watermark stayed below it, over turns indexed since, until retention purged the row.
+    settings = kafka_test_settings(pg_url, kafka_bootstrap, background_lock_timeout_ms=300)
+    conversation_id, turns = await chat_turns(db, [memorable(i) for i in range(3)])
+    poisoned = turns[1].id
+    async with db.transaction() as session:
+        await session.execute(
+            text("""UPDATE outbox SET payload = payload || '{"v": 99}' WHERE turn_id = :id"""),
+            {"id": poisoned},
+        )
+    assert await publish_once(db, settings) == 3
+    worker = IndexerWorker(db, settings, HashEmbedder(dim=384), backoff_base_seconds=0.05)
+    async with running(worker):
+        async with db.transaction() as session:
+            # The dead letter's row is locked: marking it dead waits, and gives up.
+            await session.execute(
+                text("SELECT 1 FROM outbox WHERE turn_id = :id FOR UPDATE"), {"id": poisoned}
+            )
+            await wait_until(
+                lambda: waiting_on_lock(db, "UPDATE outbox o SET dead_at"), 30, "the dead letter's mark"
+            )
+            await wait_until(
+                lambda: _not(waiting_on_lock(db, "UPDATE outbox o SET dead_at")), 30, "its lock timeout"
+            )
+        await wait_until(lambda: worker.stats["batches"] >= 1, 30, "the batch committed")
+    assert await topic_size(kafka_bootstrap, settings.kafka_dlq_topic) >= 1
+    dead = await scalar(
+        db, "SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND turn_id = :id", id=poisoned
+    )
+    assert dead == 1, "the dead letter's outbox row is still pending"
+    watermark = await scalar(db, "SELECT indexed_seq FROM conversations WHERE id = :id", id=conversation_id)
+    assert watermark == turns[2].seq
