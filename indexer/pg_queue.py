@@ -8,6 +8,12 @@ never take the same unexpired row; a crashed indexer's rows not yet consumed are
 again once its lease runs out, and a redelivery is absorbed by the idempotent upsert.
 Every transaction here carries the background lock timeout, so none waits forever.
 
+A dead letter is kept in `dead_letters` at once (one row per outbox row, however often it is
+dead-lettered): the worker marks its outbox row dead before the commit (indexer/pipeline.py,
+`pass_over`), and a row marked dead is never delivered again, so a `dead_letters` row written
+only at commit was lost when that commit failed. The commit marks it dead by id as well (a
+row whose payload names no turn of its own is matched by nothing else).
+
 Attempt counts: the claim counts every delivery in the row (it survives a crash); the
 worker counts failures in process (see `indexer/worker.py`) and writes the figure it
 dead-letters with.
@@ -42,13 +48,18 @@ MARK_CONSUMED = text(
 )
 
 INSERT_DEAD_LETTER = text(
-    "INSERT INTO dead_letters (source, outbox_id, payload, error) "
-    "VALUES ('outbox', :outbox_id, :payload, :error)"
+    """
+    INSERT INTO dead_letters (source, outbox_id, payload, error)
+    SELECT 'outbox', CAST(:outbox_id AS bigint), :payload, CAST(:error AS text)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM dead_letters WHERE source = 'outbox' AND outbox_id = CAST(:outbox_id AS bigint)
+    )
+    """
 ).bindparams(bindparam("payload", type_=JSONB))
 
 MARK_DEAD = text(
-    "UPDATE outbox SET dead_at = now(), last_error = :error, attempts = :attempts, claimed_until = NULL "
-    "WHERE id = :id"
+    "UPDATE outbox SET dead_at = coalesce(dead_at, now()), last_error = :error, attempts = :attempts,"
+    " claimed_until = NULL, claim_token = NULL WHERE id = :id"
 )
 
 
@@ -153,10 +164,6 @@ class PgQueueConsumer:
         async with self._db.transaction(lock_timeout_ms=self._lock_timeout_ms) as session:
             for message, error in dead:
                 await session.execute(
-                    INSERT_DEAD_LETTER,
-                    {"outbox_id": message.handle, "payload": message.payload, "error": error},
-                )
-                await session.execute(
                     MARK_DEAD, {"id": message.handle, "error": error, "attempts": message.attempts}
                 )
             if ids:
@@ -171,7 +178,11 @@ class PgQueueConsumer:
         await self._claims.release(ids)
 
     async def dead_letter(self, message: Message, error: str) -> None:
-        """Park the message with its error; written (dead_letters row, outbox row dead) at commit."""
+        """Keep the message with its error in `dead_letters` now; its outbox row is marked dead at commit."""
+        async with self._db.transaction(lock_timeout_ms=self._lock_timeout_ms) as session:
+            await session.execute(
+                INSERT_DEAD_LETTER, {"outbox_id": message.handle, "payload": message.payload, "error": error}
+            )
         self._dead.append((message, error))
 
     async def stop(self) -> None:

@@ -174,8 +174,7 @@ MARK_CONSUMED = text(
     """
 )
 
-# Dead-lettered turns are passed over: their outbox rows dead (where the transport did not mark
-# them: Kafka), so they hold back no watermark.
+# Dead-lettered turns are passed over: their outbox rows dead, so they hold back no watermark.
 MARK_DEAD = text(
     """
     UPDATE outbox o SET dead_at = now(), last_error = t.error
@@ -518,9 +517,11 @@ class IndexPipeline:
     async def pass_over(self, dead: Sequence[tuple[dict[str, Any], str]]) -> None:
         """Dead-lettered turns (payload, error): outbox rows dead, their watermarks moved past them.
 
-        Called once the transport has the dead letters: the Postgres queue already marked its rows
-        (this only moves the watermarks); the rows of Kafka's are marked here. A payload naming no
-        conversation and turn has no row to mark.
+        Called once the transport has kept the dead letters and before it commits the batch: if
+        this fails, the batch is delivered again and its dead letters come here again, so a row
+        never stays pending (holding its conversation's watermark) once its batch is committed.
+        Rows are found by conversation and turn, on either transport (the Postgres queue marks its
+        own by id at commit as well). A payload naming no conversation and turn has no row to mark.
         """
         named: list[tuple[str, str, str]] = []
         for payload, error in dead:

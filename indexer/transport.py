@@ -44,7 +44,11 @@ class Consumer(Protocol):
         """Give a polled batch back uncommitted, so it is delivered again."""
 
     async def dead_letter(self, message: Message, error: str) -> None:
-        """Park a message that keeps failing, with its error; it is done at the next commit."""
+        """Keep a message that keeps failing, with its error, at once; it is done at the next commit.
+
+        At least once: a batch given back before its commit is delivered again, and its dead
+        letters are kept again (the Postgres queue keeps one row per outbox row).
+        """
 
     async def stop(self) -> None:
         """Leave the group; whatever is polled and not committed is delivered again."""

@@ -1,8 +1,10 @@
 """The indexer worker loop, the transport choice, and the `chatmem relay/indexer` entry points.
 
-One batch at a time: poll → index (one database transaction) → commit the transport.
-The transport is committed only after the memory rows are, so a crash anywhere
-redelivers the batch and the idempotent upsert absorbs it.
+One batch at a time: poll → index (one database transaction) → dead letters (kept by the
+transport, then their outbox rows marked dead and the watermarks moved past them, one database
+transaction) → commit the transport. The transport is committed only after all of that is,
+so a crash or an outage anywhere redelivers the batch: the idempotent upsert absorbs it, and
+its dead letters are dead-lettered again (at least once).
 
 Failures are sorted three ways:
 - a payload that cannot be decoded or validated is poison forever; it is dead-lettered
@@ -189,19 +191,17 @@ class IndexerWorker:
             for message, error in poison:
                 await self.consumer.dead_letter(message, error)
                 self.stats["dead_lettered"] += 1
+            if dead:
+                # Before the transport's commit: if marking them fails, the batch comes back and
+                # they are marked then (after the commit, a failed mark left a Kafka dead letter's
+                # row pending for good, and its conversation's watermark below it).
+                await self.pipeline.pass_over([(m.payload, error) for m, error in dead])
             await self.consumer.commit(batch)
         except Exception as exc:
             if not is_transient(exc):
                 raise
             await self._give_back(batch)
             raise _BatchUnavailable(str(exc)) from exc
-        if dead:
-            try:
-                await self.pipeline.pass_over([(m.payload, error) for m, error in dead])
-            except (
-                Exception
-            ) as exc:  # the batch is committed; the next batch of those conversations moves them
-                log.warning("indexer: moving watermarks past %d dead letters failed: %r", len(dead), exc)
         self.stats["batches"] += 1
         for _ in poison:
             metrics.observe_dead_letter("poison")
