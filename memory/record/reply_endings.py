@@ -139,6 +139,30 @@ PROCESS_DIED = {"code": "process_died", "message": "the process generating this 
 REAPED = Ending(TurnStatus.INTERRUPTED_BY_ERROR, error=PROCESS_DIED)  # the ending of a dead process's reply
 
 
+def stale_replies(
+    *,
+    older_than_seconds: float,
+    reply_id: uuid.UUID | None = None,
+    limit: int = 100,
+    spare_replies: Collection[uuid.UUID] = (),
+) -> Select[uuid.UUID]:
+    """The streaming turns whose owner has been silent longer than the cutoff, claimed
+    (`FOR UPDATE SKIP LOCKED`), the longest silent first: what `end_stale_replies` ends."""
+    query = (
+        select(Turn.id)
+        .where(Turn.status == TurnStatus.STREAMING, silent_longer_than(older_than_seconds))
+        .order_by(Turn.heartbeat_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    if reply_id is not None:
+        query = query.where(Turn.reply_id == reply_id)
+    if spare_replies:
+        running = bindparam("spare_replies", list(spare_replies), type_=ARRAY(UUID(as_uuid=True)))
+        query = query.where(not_(func.coalesce(Turn.reply_id, Turn.id) == any_(running)))
+    return query
+
+
 async def end_stale_replies(
     session: AsyncSession,
     *,
@@ -156,18 +180,9 @@ async def end_stale_replies(
     A turn the process owns but no longer runs (its ending could not be stored) is not
     spared: on a one-process deployment nobody else would ever end it.
     """
-    query = (
-        select(Turn.id)
-        .where(Turn.status == TurnStatus.STREAMING, silent_longer_than(older_than_seconds))
-        .order_by(Turn.heartbeat_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
+    query = stale_replies(
+        older_than_seconds=older_than_seconds, reply_id=reply_id, limit=limit, spare_replies=spare_replies
     )
-    if reply_id is not None:
-        query = query.where(Turn.reply_id == reply_id)
-    if spare_replies:
-        running = bindparam("spare_replies", list(spare_replies), type_=ARRAY(UUID(as_uuid=True)))
-        query = query.where(not_(func.coalesce(Turn.reply_id, Turn.id) == any_(running)))
     ended = []
     for turn_id in list((await session.execute(query)).scalars()):
         if (terminal := await end_reply(session, turn_id, ending)) is not None:
