@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Select, any_, bindparam, func, not_, select
+from sqlalchemy import Select, any_, bindparam, func, literal_column, not_, select
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -139,6 +139,12 @@ PROCESS_DIED = {"code": "process_died", "message": "the process generating this 
 REAPED = Ending(TurnStatus.INTERRUPTED_BY_ERROR, error=PROCESS_DIED)  # the ending of a dead process's reply
 
 
+# The status written as a literal, not a bound parameter: asyncpg prepares every statement, and
+# a generic plan can use the partial index ix_turns_streaming (`status = 'streaming'`) only for a
+# query that says so in its text; with `status = $1` the reaper read the whole turns table.
+IS_STREAMING = Turn.status == literal_column(f"'{TurnStatus.STREAMING.value}'")
+
+
 def stale_replies(
     *,
     older_than_seconds: float,
@@ -150,7 +156,7 @@ def stale_replies(
     (`FOR UPDATE SKIP LOCKED`), the longest silent first: what `end_stale_replies` ends."""
     query = (
         select(Turn.id)
-        .where(Turn.status == TurnStatus.STREAMING, silent_longer_than(older_than_seconds))
+        .where(IS_STREAMING, silent_longer_than(older_than_seconds))
         .order_by(Turn.heartbeat_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
