@@ -225,3 +225,24 @@ async def test_two_consumers_in_one_group_share_the_work_without_overlap(transpo
         for consumer in consumers:
             await consumer.stop()
     assert sorted(seen) == sorted(published), "a message was lost or delivered twice"
+
+
+async def test_a_postgres_queue_batch_writes_each_outbox_row_once_after_its_claim(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: the pipeline marked the batch's rows consumed with their memory, and the
+    # queue's commit then wrote every row again (consumed_at once more, the lease cleared): two
+    # row versions per turn and batch, each with its index entries, where one does.
+    settings = test_settings(pg_url)
+    _, turns = await chat_turns(db, [memorable(i) for i in range(5)])
+    await index_through(db, settings, PgQueueConsumer(db, settings), 5)
+    # Each row's last version is the one written by the transaction that wrote its memory.
+    rows = await scalar(
+        db,
+        """
+        SELECT count(*) FROM outbox o
+        WHERE o.consumed_at IS NOT NULL AND o.claimed_until IS NULL AND o.claim_token IS NULL
+          AND o.xmin::text = (SELECT min(m.xmin::text) FROM memory_items m WHERE m.turn_id = o.turn_id)
+        """,
+    )
+    assert rows == len(turns) == 5
