@@ -2,8 +2,9 @@
 
 A batch is claimed as a lease (see `indexer/outbox_claims.py`): one short transaction
 stamps the rows and commits, the pipeline embeds and writes with no transaction of the
-queue open (marking the rows consumed with their memory, as on Kafka), and `commit` clears
-the leases in another short transaction (with the batch's dead letters). Several indexers
+queue open (marking the rows consumed with their memory, as on Kafka, and clearing their
+leases in that same write), and `commit` marks what is left (the batch's dead letters, a row the
+pipeline did not match) in another short transaction. Several indexers
 never take the same unexpired row; a crashed indexer's rows not yet consumed are claimed
 again once its lease runs out, and a redelivery is absorbed by the idempotent upsert.
 Every transaction here carries the background lock timeout, so none waits forever.
@@ -40,10 +41,13 @@ from .transport import Message
 
 log = logging.getLogger(__name__)
 
+# The rows the pipeline did not consume with their memory (it did, and cleared their leases, in
+# the same write: each row is written once per batch); a payload naming a turn not its own, or a
+# batch committed without the pipeline.
 MARK_CONSUMED = text(
     """
     UPDATE outbox SET consumed_at = now(), claimed_until = NULL, claim_token = NULL
-    WHERE id = ANY(:ids) AND dead_at IS NULL
+    WHERE id = ANY(:ids) AND consumed_at IS NULL AND dead_at IS NULL
     """
 )
 

@@ -162,11 +162,12 @@ FORGOTTEN_SINCE = text(
 _SEQ = OUTBOX_SEQ.format(t="o.")
 
 # The outbox rows of the batch's turns are consumed in the transaction that writes their memory
-# (either transport: the watermark below reads them). Taken after the conversations' locks and
-# before the memory rows, in the lock order.
+# (either transport: the watermark below reads them), their leases cleared in the same write (a
+# consumed row is never claimed again; the Postgres queue's commit then has nothing left to
+# write). Taken after the conversations' locks and before the memory rows, in the lock order.
 MARK_CONSUMED = text(
     f"""
-    UPDATE outbox o SET consumed_at = now()
+    UPDATE outbox o SET consumed_at = now(), claimed_until = NULL, claim_token = NULL
     FROM unnest(CAST(:conversation_ids AS uuid[]), CAST(:seqs AS int[]), CAST(:turn_ids AS uuid[]))
          AS t(conversation_id, seq, turn_id)
     WHERE o.conversation_id = t.conversation_id AND {_SEQ} = t.seq AND o.turn_id = t.turn_id
