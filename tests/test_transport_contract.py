@@ -24,6 +24,7 @@ from indexer.worker import IndexerWorker
 from memory.config import Settings
 from memory.recall.embeddings import HashEmbedder
 from memory.storage.db import Database
+from tests.kafka_mock import topic_size as kafka_topic_size
 from tests.test_indexer import chat_turns, memorable, scalar, test_settings
 
 # The mock Kafka fixtures (`kafka_bootstrap`); conftest may register them for every module instead.
@@ -188,6 +189,37 @@ async def test_dead_lettered_message_is_done_and_kept_with_its_error(transport: 
         )
         assert envelope["error"] == "ValueError: cannot index this"
         assert envelope["payload"]["turn_id"] == poison.payload["turn_id"]
+
+
+async def test_a_message_dead_lettered_again_after_its_batch_came_back_is_kept_at_least_once(
+    transport: Transport,
+) -> None:
+    # A dead letter is kept at once (the worker marks its outbox row dead before the commit); a
+    # batch given back before its commit brings it back, and it is dead-lettered again.
+    await transport.publish(2)
+    consumer = transport.consumer()
+    await consumer.start()
+    try:
+        batch = await poll_until(consumer, 2)
+        await consumer.dead_letter(batch[0], "ValueError: cannot index this")
+        await consumer.abandon(batch)
+        again = await poll_until(consumer, 2)
+        poison = next(m for m in again if m.payload["turn_id"] == batch[0].payload["turn_id"])
+        await consumer.dead_letter(poison, "ValueError: cannot index this")
+        await consumer.commit(again)
+        assert await consumer.poll_batch(10, 1.0) == []
+    finally:
+        await consumer.stop()
+    if transport.name == "postgres":  # one dead_letters row per outbox row
+        assert await scalar(transport.db, "SELECT count(*) FROM dead_letters") == 1
+        assert await scalar(transport.db, "SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL") == 1
+    else:  # the topic has it twice
+        size = await asyncio.to_thread(
+            kafka_topic_size,
+            str(transport.settings.kafka_bootstrap_servers),
+            transport.settings.kafka_dlq_topic,
+        )
+        assert size == 2
 
 
 async def read_one(bootstrap: str | None, topic: str) -> dict[str, Any]:
