@@ -121,6 +121,26 @@ async def test_two_encoders_that_started_on_one_empty_generation_both_wrote_thei
     assert (await found_turns(db, following, "locker code climbing gym number 1")) == [theirs]
 
 
+async def test_a_process_that_had_not_looked_again_after_a_take_over_ranked_the_other_encoders_rows(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: writes were refused at once after a take-over, but a process that had not read
+    # the generation again (up to check_seconds) still searched it, ranking the new encoder's rows
+    # by its own query vector.
+    first = MemoryIndex(db, OLD, check_seconds=3600)  # it has not looked again since it started
+    assert (await first.start()).id == 1
+    second = MemoryIndex(db, NEW)
+    assert (await second.start()).id == 1  # still empty: the second encoder takes it over
+    await index_turns(db, IndexPipeline(db, second, test_settings(pg_url)), [fact(1)])
+
+    with pytest.raises(ForeignGeneration, match="taken over"):
+        await found_turns(db, first, "locker code climbing gym number 1")
+    # The search made it look again at once: it knows now it cannot encode for that generation.
+    with pytest.raises(ForeignGeneration, match="memory reindex"):
+        await first.generation()
+    assert first.refused is not None
+
+
 async def test_reindex_under_live_traffic_loses_no_memory_and_never_answers_from_a_half_built_index(
     db: Database, pg_url: str
 ) -> None:

@@ -23,7 +23,10 @@ key of a generation another process already uses can change under it. One rule c
 a switch alike: a process that finds the active (id, key) is not the one it uses loads that
 encoder if it can and moves to it, and until it has, it writes nothing there; it never searches
 a generation of its own id whose key is not its own (``generation()`` raises ``ForeignGeneration``,
-as ``start`` refuses a generation made by an encoder it cannot load).
+as ``start`` refuses a generation made by an encoder it cannot load). The search statement carries
+the key too (memory/recall/index_search.py): a process that has not read the generation again
+since it was taken over finds it out at its next search, which raises ``ForeignGeneration`` rather
+than rank the other encoder's rows by its own query vector, and reads it again at once.
 
 Writers (the indexer pipeline, stated facts, corrections) call ``write_guard`` in their write
 transaction: it takes the index lock shared and checks, in the write's own transaction, that the
@@ -327,6 +330,12 @@ def current_generation(embedder: Embedder) -> Generation | None:
     return embedder.current() if isinstance(embedder, MemoryIndex) else None
 
 
+def look_again(embedder: Embedder) -> None:
+    """A search or a write found the generation changed: a MemoryIndex re-reads it at its next call."""
+    if isinstance(embedder, MemoryIndex):
+        embedder.look_again()
+
+
 async def write_guard(session: AsyncSession, embedder: Embedder, generation: Generation) -> None:
     """In a write's transaction: hold the index lock shared, and check the generation is still the
     active one, made by the encoder the write's vectors come from (its id and its key)."""
@@ -335,8 +344,7 @@ async def write_guard(session: AsyncSession, embedder: Embedder, generation: Gen
     if active is None:
         raise LookupError("the memory index has no active generation")
     if (int(active.id), active.spec_key) != (generation.id, generation.key):
-        if isinstance(embedder, MemoryIndex):
-            embedder.look_again()
+        look_again(embedder)
         if int(active.id) == generation.id:
             raise IndexChanged(
                 f"memory index generation {generation.id} is made by {describe(active.spec)} now, "

@@ -63,6 +63,7 @@ from memory.recall.fusion import (
     NeighbourSignals,
     is_model_reply,
 )
+from memory.recall.index import ForeignGeneration, describe
 from memory.recall.keywords import photo_caption, query_terms
 from memory.storage.models import EMBEDDING_DIM
 from memory.storage.tenancy import TENANT_ROLE, current_tenant
@@ -83,6 +84,15 @@ RESTORE_TENANT_ROLE = text(f"SELECT set_config('role', '{TENANT_ROLE}', true)")
 _OWNER_FILTER = """m.tenant_id = :tenant_id AND m.user_id = :user_id AND m.index_id = :index_id
       AND m.on_active_branch AND m.deleted_at IS NULL
       AND m.turn_id <> ALL(:exclude_turn_ids){conversation_filter}"""
+
+# The generation is still made by the encoder of the query's vector (its key): one taken over
+# while empty (memory/recall/index.py) keeps its id under another encoder's key, and a process
+# that has not read it again since must not rank that encoder's rows by its own vector. Without
+# a row column it is a one-time filter: the primary-key read runs once per statement, before the
+# owner's rows are read, and a mismatch reads none. A caller with no key (a test or benchmark
+# that built the generation with its own encoder) checks nothing.
+_GENERATION_FILTER = """(CAST(:index_key AS text) IS NULL
+           OR (SELECT g.spec_key FROM memory_indexes g WHERE g.id = :index_id) = :index_key)"""
 
 # The dense and keyword top lists.
 _RANKED_LISTS = """
@@ -111,6 +121,7 @@ owner_rows AS MATERIALIZED (
     CROSS JOIN keyword_query q
     CROSS JOIN LATERAL (SELECT setweight(m.search_terms, 'A', q.lexemes) AS terms OFFSET 0) t
     WHERE {owner}
+      AND {generation}
 ),
 -- The dense top list, chunks and keys together, then ranked per kind; ties broken by id.
 vector_kinds AS MATERIALIZED (
@@ -260,7 +271,7 @@ def _owner_filter(*, by_conversation: bool) -> str:
 
 def _candidate_signals_sql(*, by_conversation: bool) -> Any:
     owner = _owner_filter(by_conversation=by_conversation)
-    statement = (_RANKED_LISTS + _CANDIDATE_SIGNALS).format(owner=owner)
+    statement = (_RANKED_LISTS + _CANDIDATE_SIGNALS).format(owner=owner, generation=_GENERATION_FILTER)
     return text(statement).bindparams(
         bindparam("embedding", type_=Vector(EMBEDDING_DIM)),
         bindparam("exclude_turn_ids", type_=ARRAY(UUID(as_uuid=True))),
@@ -269,6 +280,7 @@ def _candidate_signals_sql(*, by_conversation: bool) -> Any:
 
 CANDIDATE_SIGNALS_USER = _candidate_signals_sql(by_conversation=False)
 CANDIDATE_SIGNALS_CONVERSATION = _candidate_signals_sql(by_conversation=True)
+GENERATION_SPEC = text("SELECT spec, spec_key FROM memory_indexes WHERE id = :id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,17 +302,21 @@ async def search_candidates(
     depth: int,
     conversation_id: uuid.UUID | None = None,
     exclude_turn_ids: Collection[uuid.UUID] = (),
+    index_key: str | None = None,
 ) -> list[Candidate]:
     """The union of the dense and keyword top ``depth`` chunks (and the chunks of the dense list's
     sentence keys), with the fusion's signals.
 
     Unscored and in no particular order; ``bench/fit_fusion.py`` fits the learned weights on
-    exactly these.
+    exactly these. ``index_key``: the key of the encoder that made ``query_embedding``
+    (``Generation.key``); if generation ``index_id`` is made by another encoder now (taken over),
+    nothing is compared and ``ForeignGeneration`` is raised.
     """
     params: dict[str, Any] = {
         "tenant_id": tenant_id,
         "user_id": user_id,
         "index_id": index_id,
+        "index_key": index_key,
         "exclude_turn_ids": list(exclude_turn_ids),
         "embedding": list(query_embedding),
         "query_terms": " ".join(query_terms(query_text)),
@@ -313,7 +329,10 @@ async def search_candidates(
     if conversation_id is not None:
         params["conversation_id"] = conversation_id
         statement = CANDIDATE_SIGNALS_CONVERSATION
-    return [_candidate(row) for row in await _execute_search(session, tenant_id, statement, params)]
+    found = await _execute_search(session, tenant_id, statement, params)
+    if not found and index_key is not None:
+        await _check_generation(session, index_id, index_key)
+    return [_candidate(row) for row in found]
 
 
 def fuse(candidates: Sequence[Candidate], query_text: str, fusion: Fusion) -> list[FoundMemory]:
@@ -335,10 +354,12 @@ async def search_index(
     exclude_turn_ids: Collection[uuid.UUID] = (),
     min_score: float = 0.0,
     fusion: Fusion = DEFAULT_FUSION,
+    index_key: str | None = None,
 ) -> list[FoundMemory]:
     """The user's ``k`` most relevant indexed memories for a query, best first, one per turn and text.
 
-    ``index_id``: the generation whose encoder made ``query_embedding`` (memory/recall/index.py).
+    ``index_id``, ``index_key``: the generation whose encoder made ``query_embedding``
+    (memory/recall/index.py), as ``search_candidates`` takes them.
     """
     if k <= 0:
         return []
@@ -352,6 +373,7 @@ async def search_index(
         depth=max(fusion.candidates, k),
         conversation_id=conversation_id,
         exclude_turn_ids=exclude_turn_ids,
+        index_key=index_key,
     )
     return best_distinct(fuse(candidates, query_text, fusion), k, min_score)
 
@@ -368,6 +390,16 @@ async def _execute_search(
     if scope is not None:
         await session.execute(RESTORE_TENANT_ROLE)
     return result
+
+
+async def _check_generation(session: AsyncSession, index_id: int, index_key: str) -> None:
+    """After a search found nothing: raise if that is because the generation is another encoder's now."""
+    row = (await session.execute(GENERATION_SPEC, {"id": index_id})).one_or_none()
+    if row is not None and row.spec_key != index_key:
+        raise ForeignGeneration(
+            f"memory index generation {index_id} was taken over by {describe(row.spec)}: "
+            "it is not searched with the query vector of the encoder it replaced"
+        )
 
 
 def _neighbour(row: Any, side: str) -> NeighbourSignals | None:

@@ -40,7 +40,7 @@ from memory.recall.embedding_service import EmbeddingServiceError
 from memory.recall.embeddings import Embedder
 from memory.recall.found import FoundMemory, best_distinct
 from memory.recall.fusion import DEFAULT_FUSION, Fusion
-from memory.recall.index import Generation, generation_of
+from memory.recall.index import ForeignGeneration, Generation, generation_of, look_again
 from memory.recall.index_search import fuse, search_candidates
 from memory.recall.keywords import memory_text, photo_caption
 from memory.recall.prepared_queries import PreparedQuery
@@ -113,18 +113,22 @@ async def recall_memories(
     generation = await generation_of(embedder, db)
 
     async def search_index(session: AsyncSession, query_vector: list[float]) -> list[FoundMemory]:
-        return await index_memories(
-            session,
-            tenant_id=tenant_id,
-            user_id=user_id,
-            query_text=query_text,
-            query_vector=query_vector,
-            index_id=generation.id,
-            k=k,
-            conversation_id=conversation_id,
-            exclude_turn_ids=exclude_turn_ids,
-            fusion=fusion,
-        )
+        try:
+            return await index_memories(
+                session,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                query_text=query_text,
+                query_vector=query_vector,
+                generation=generation,
+                k=k,
+                conversation_id=conversation_id,
+                exclude_turn_ids=exclude_turn_ids,
+                fusion=fusion,
+            )
+        except ForeignGeneration:
+            look_again(embedder)  # taken over since this process last read it
+            raise
 
     # A vector encoded ahead and ready now: no encoder before the index search, which then
     # shares the unindexed read's transaction. One still encoding is waited for after the read.
@@ -164,20 +168,23 @@ async def recall_memories(
     latency["embed"] = _ms_since(mark)
     mark = time.perf_counter()
     if degraded is not None or query_vector is None:
-        async with db.transaction() as session:
-            memories = await rank_by_keywords(
-                session,
-                tenant_id=tenant_id,
-                user_id=user_id,
-                query_text=query_text,
-                dim=generation.embedder.dim,
-                index_id=generation.id,
-                k=k,
-                conversation_id=conversation_id,
-                exclude_turn_ids=exclude_turn_ids,
-                min_score=min_score,
-                depth=max(fusion.candidates, k + OVERFETCH),
-            )
+        try:
+            async with db.transaction() as session:
+                memories = await rank_by_keywords(
+                    session,
+                    tenant_id=tenant_id,
+                    user_id=user_id,
+                    query_text=query_text,
+                    generation=generation,
+                    k=k,
+                    conversation_id=conversation_id,
+                    exclude_turn_ids=exclude_turn_ids,
+                    min_score=min_score,
+                    depth=max(fusion.candidates, k + OVERFETCH),
+                )
+        except ForeignGeneration:
+            look_again(embedder)
+            raise
     else:
         if indexed is None:
             async with db.transaction() as session:
@@ -228,20 +235,25 @@ async def index_memories(
     user_id: str,
     query_text: str,
     query_vector: Sequence[float],
-    index_id: int,
+    generation: Generation,
     k: int,
     conversation_id: uuid.UUID | None = None,
     exclude_turn_ids: Collection[uuid.UUID] = (),
     fusion: Fusion = DEFAULT_FUSION,
 ) -> list[FoundMemory]:
-    """The index's candidates, fused, from conversations still live (not de-duplicated yet)."""
+    """The index's candidates, fused, from conversations still live (not de-duplicated yet).
+
+    ``generation``: the one whose encoder made ``query_vector`` (its id and key are checked in
+    the search statement: ``ForeignGeneration`` if another encoder took it over).
+    """
     candidates = await search_candidates(
         session,
         tenant_id=tenant_id,
         user_id=user_id,
         query_text=query_text,
         query_embedding=query_vector,
-        index_id=index_id,
+        index_id=generation.id,
+        index_key=generation.key,
         depth=max(fusion.candidates, k + OVERFETCH),
         conversation_id=conversation_id,
         exclude_turn_ids=exclude_turn_ids,
@@ -257,8 +269,7 @@ async def rank_by_keywords(
     tenant_id: str,
     user_id: str,
     query_text: str,
-    dim: int,
-    index_id: int,
+    generation: Generation,
     k: int,
     depth: int,
     conversation_id: uuid.UUID | None = None,
@@ -270,14 +281,15 @@ async def rank_by_keywords(
     The one search statement runs with a placeholder vector; its dense list and cosine
     signals are dropped and only the keyword list's BM25 order counts.
     """
-    placeholder = [1.0] + [0.0] * (dim - 1)
+    placeholder = [1.0] + [0.0] * (generation.embedder.dim - 1)
     candidates = await search_candidates(
         session,
         tenant_id=tenant_id,
         user_id=user_id,
         query_text=query_text,
         query_embedding=placeholder,
-        index_id=index_id,
+        index_id=generation.id,
+        index_key=generation.key,
         depth=depth,
         conversation_id=conversation_id,
         exclude_turn_ids=exclude_turn_ids,
