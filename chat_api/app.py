@@ -139,7 +139,13 @@ def create_app(
         encoder = embedder or await load_embedder(settings)
         metrics.observe_encoder(encoder)
         # Searches and writes use the encoder of the index generation they touch (never mixed).
-        model = await open_index(db, settings, encoder, threads=settings.embedding_threads)
+        model = await open_index(
+            db,
+            settings,
+            encoder,
+            threads=settings.embedding_threads,
+            on_refused=metrics.observe_memory_refused,  # /metrics; /readyz reads model.refused
+        )
         chat_provider = provider or make_provider(settings)
         registry = ReplyRegistry()
         checkpointer = Checkpointer(

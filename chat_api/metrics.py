@@ -107,6 +107,12 @@ ENCODER = Gauge(
     ["requested", "runtime"],
     multiprocess_mode="livemax",
 )
+MEMORY_REFUSED = Gauge(
+    "chatmem_memory_index_refused",
+    "1 while this process refuses memory: the searched generation was taken over by an encoder it "
+    "cannot load (or is still loading); replies go on without memory. Summed over the live processes.",
+    multiprocess_mode="livesum",
+)
 
 # Token kinds copied from the provider's usage; anything else a provider reports is ignored.
 USAGE_KINDS = ("prompt_tokens", "completion_tokens")
@@ -116,6 +122,11 @@ def observe_encoder(embedder: object) -> None:
     """Record which runtime encodes (an OpenVINO encoder that fell back to torch shows it here)."""
     runtime = str(getattr(embedder, "runtime", type(embedder).__name__))
     ENCODER.labels(requested=str(getattr(embedder, "requested_runtime", runtime)), runtime=runtime).set(1)
+
+
+def observe_memory_refused(reason: str | None) -> None:
+    """Record whether this process refuses memory now (``MemoryIndex.refused``: why, or None)."""
+    MEMORY_REFUSED.set(0 if reason is None else 1)
 
 
 def observe_first_token(seconds: float) -> None:
@@ -275,6 +286,7 @@ def exposition() -> bytes:
 
 
 def process_exited() -> None:
-    """Drop this process's live gauges from the shared files (its open streams, its encoder)."""
+    """Drop this process's live gauges from the shared files (its open streams, its encoder, its
+    memory refusal)."""
     if os.environ.get(MULTIPROCESS_DIR_ENV):
         multiprocess.mark_process_dead(os.getpid())

@@ -141,6 +141,36 @@ async def test_a_process_that_had_not_looked_again_after_a_take_over_ranked_the_
     assert first.refused is not None
 
 
+async def test_a_process_refusing_memory_after_a_take_over_said_so_only_in_its_log(
+    db: Database, start_server: Any
+) -> None:
+    # Regression: a server whose generation was taken over by an encoder it cannot load answered
+    # every reply without memory, and only its log said why: /readyz and /metrics looked healthy.
+    from tests.test_observability import sample
+
+    server = await start_server(embedder=OLD)  # it takes the empty first generation
+
+    async def health() -> tuple[dict[str, Any], float | None]:
+        async with httpx.AsyncClient(base_url=server.base_url) as anonymous:
+            ready = await anonymous.get("/readyz")
+            assert ready.status_code == 200, ready.text  # ready for chat either way
+            scrape = (await anonymous.get("/metrics")).text
+        return ready.json(), sample(scrape, "chatmem_memory_index_refused")
+
+    ready, refused = await health()
+    assert (ready["status"], ready["memory"], refused) == ("ready", "ok", 0)
+    assert (await MemoryIndex(db, NEW).start()).id == 1  # still empty: another encoder takes it over
+
+    async def memory_refused() -> tuple[dict[str, Any], float | None] | None:
+        ready, refused = await health()  # "unavailable: ...: loading" while it tries to load it
+        return (ready, refused) if "memory reindex" in ready["memory"] else None
+
+    # The server reads the generation again within check_seconds, idle or not (MemoryIndex.follow).
+    ready, refused = await wait_until(memory_refused, 15, "the server to refuse memory")
+    assert ready["status"] == "ready" and ready["memory"].startswith("unavailable: the memory index")
+    assert refused == 1
+
+
 async def test_reindex_under_live_traffic_loses_no_memory_and_never_answers_from_a_half_built_index(
     db: Database, pg_url: str
 ) -> None:

@@ -20,7 +20,11 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=None)
 async def readyz(services: ServicesDep) -> JSONResponse | dict[str, str]:
-    """The database answers, and the process is not shutting down."""
+    """The database answers, and the process is not shutting down.
+
+    A process that refuses memory (its index generation was taken over by an encoder it cannot
+    load) is still ready: replies go on without memory. ``memory`` says so, and why.
+    """
     if services.drain.draining:
         # At once on SIGTERM: a load balancer stops sending work here while running replies end.
         return JSONResponse({"status": "shutting_down"}, status_code=503, headers={"Retry-After": "1"})
@@ -36,6 +40,8 @@ async def readyz(services: ServicesDep) -> JSONResponse | dict[str, str]:
     if fallback:
         # Still ready (torch gives the same vectors), but an operator should see why it is slower.
         encoder += f" (fallback from {getattr(embedder, 'requested_runtime', '?')}: {fallback[:200]})"
+    refused = getattr(index, "refused", None)
+    memory = "ok" if refused is None else f"unavailable: {refused[:300]}"
     # An opaque name of this process (not its host or pid): tells the workers of one port apart.
     worker = hashlib.sha256(services.process_id.encode()).hexdigest()[:12]
-    return {"status": "ready", "database": "ok", "encoder": encoder, "worker": worker}
+    return {"status": "ready", "database": "ok", "encoder": encoder, "memory": memory, "worker": worker}

@@ -143,6 +143,7 @@ class MemoryIndex:
         *,
         loader: EncoderLoader | None = None,
         check_seconds: float = 2.0,
+        on_refused: Callable[[str | None], None] | None = None,
     ) -> None:
         self._db = db
         self.configured = embedder
@@ -155,8 +156,20 @@ class MemoryIndex:
         self._check_seconds = check_seconds
         self._loading: asyncio.Task[None] | None = None
         self.mismatch: str | None = None  # why the configured encoder is not the one in use
-        # Set while the generation in use was taken over by an encoder not loaded here (``_taken_over``).
-        self.refused: str | None = None
+        self._on_refused = on_refused
+        self._refused: str | None = None
+
+    @property
+    def refused(self) -> str | None:
+        """Why this process refuses memory now, or None: set while the generation in use was taken
+        over by an encoder not loaded here (``_taken_over``); searches and writes raise meanwhile."""
+        return self._refused
+
+    @refused.setter
+    def refused(self, reason: str | None) -> None:
+        self._refused = reason
+        if self._on_refused is not None:
+            self._on_refused(reason)  # the API's gauge (chat_api/metrics.py)
 
     async def start(self) -> Generation:
         """Find (or make) the active generation and the encoder of its vectors."""
@@ -371,8 +384,18 @@ def local_loader(settings: Settings, *, threads: int) -> EncoderLoader:
     return load
 
 
-async def open_index(db: Database, settings: Settings, embedder: Embedder, *, threads: int) -> MemoryIndex:
-    """The process's MemoryIndex over ``embedder`` (the configured encoder, loaded), started."""
-    index = MemoryIndex(db, embedder, loader=local_loader(settings, threads=threads))
+async def open_index(
+    db: Database,
+    settings: Settings,
+    embedder: Embedder,
+    *,
+    threads: int,
+    on_refused: Callable[[str | None], None] | None = None,
+) -> MemoryIndex:
+    """The process's MemoryIndex over ``embedder`` (the configured encoder, loaded), started.
+
+    ``on_refused`` is told each time the index sets or clears why it refuses memory.
+    """
+    index = MemoryIndex(db, embedder, loader=local_loader(settings, threads=threads), on_refused=on_refused)
     await index.start()
     return index
