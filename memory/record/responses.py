@@ -72,9 +72,10 @@ async def record_response(
     conversation_id: uuid.UUID,
     previous_response_id: uuid.UUID | None,
     request: dict[str, Any],
-    input_items: list[dict[str, Any]],
+    input_items_json: str,
 ) -> None:
-    """Keep the request beside the reply it started (in the caller's transaction)."""
+    """Keep the request beside the reply it started (in the caller's transaction). The input
+    items come as JSON text: a request's history may be megabytes, encoded off the event loop."""
     await session.execute(
         INSERT_RESPONSE,
         {
@@ -84,7 +85,7 @@ async def record_response(
             "conversation_id": conversation_id,
             "previous_response_id": previous_response_id,
             "request": json.dumps(request, ensure_ascii=False),
-            "input_items": json.dumps(input_items, ensure_ascii=False),
+            "input_items": input_items_json,
         },
     )
 

@@ -30,7 +30,7 @@ from chat_api.protocols.openai.responses_routes import (
     import_history,
     previous_response,
 )
-from chat_api.protocols.openai.routes import OpenAIRoute, served_models
+from chat_api.protocols.openai.routes import OpenAIRoute, read_request
 from memory.errors import InvalidInput
 from memory.record.branches import conversation_branch, newest_turn
 from memory.record.conversations import create_conversation, get_conversation
@@ -43,7 +43,7 @@ async def compact(
     request: Request, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
 ) -> dict[str, Any]:
     """Keep the history in a chatmem conversation and answer one compaction item that continues it."""
-    asked = parse_compaction(await request.json(), served_models(services))
+    asked = await read_request(await request.json(), services, parse_compaction)
     after: LastTurn | None = None
     if asked.previous_response_id is not None:
         after = after_response(await previous_response(services, owner, asked.previous_response_id))

@@ -19,6 +19,7 @@ the new message) rides beside it in `ResponsesRequest`.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -143,7 +144,8 @@ class ResponsesRequest:
     previous_response_id: uuid.UUID | None
     conversation_id: uuid.UUID | None
     attachments: tuple[dict[str, Any], ...]
-    input_items: list[dict[str, Any]]
+    # As stored: JSON text, encoded with the request in its worker thread (megabytes of history).
+    input_items_json: str
     compacted: uuid.UUID | None = None  # a leading compaction item: continue after this turn
     echo: dict[str, Any] = field(default_factory=dict)  # the request fields a response object repeats
 
@@ -208,7 +210,7 @@ def parse_request(raw: object, served_models: Sequence[str]) -> ResponsesRequest
         previous_response_id=previous,
         conversation_id=conversation,
         attachments=attachments,
-        input_items=[listed_item(item) for item in items],
+        input_items_json=json.dumps([listed_item(item) for item in items], ensure_ascii=False),
         compacted=compacted,
         echo=_echo(body, tools, choice),
     )

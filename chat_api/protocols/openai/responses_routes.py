@@ -33,7 +33,7 @@ from starlette.requests import HTTPConnection
 
 from chat_api.admission import Admission, AdmissionDep, AdmittedReply, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.protocols.openai.chat import ClientMessage, OpenAIError
+from chat_api.protocols.openai.chat import ChatRequest, ClientMessage, OpenAIError
 from chat_api.protocols.openai.conversations import (
     choose_conversation,
     start_chat_reply,
@@ -51,11 +51,10 @@ from chat_api.protocols.openai.routes import (
     SSE_HEADERS,
     OpenAIRoute,
     chat_target,
-    check_texts,
     fold_reply,
     idempotency_key,
+    read_request,
     reply_head,
-    served_models,
     stop_here,
 )
 from chat_api.services import Services
@@ -95,8 +94,7 @@ async def create_response(
     request: Request, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
 ) -> Response:
     """Answer with a chatmem reply (memory, the sanitized window, server tools); every turn stored."""
-    asked = parse_request(await request.json(), served_models(services))
-    check_texts(asked.chat, services.settings.max_message_chars)
+    asked = await read_request(await request.json(), services, parse_request, _chat_of)
     # Admitted before anything is stored, so a 429 leaves nothing behind.
     with admission.admit_reply(owner, stream=asked.chat.stream) as admitted:
         accepted, conversation_id, previous = await start_response(
@@ -123,6 +121,10 @@ async def create_response(
     await fold_reply(request, services, accepted.reply_id, translator, head, batches)
     translator.end_of_log()
     return JSONResponse(translator.response(), headers=headers)
+
+
+def _chat_of(asked: ResponsesRequest) -> ChatRequest:
+    return asked.chat
 
 
 async def start_response(
@@ -224,7 +226,7 @@ def _recorded(owner: Owner, asked: ResponsesRequest, begin: BeginReply) -> Begin
                 conversation_id=conversation.id,
                 previous_response_id=asked.previous_response_id,
                 request={**asked.echo, "conversation": asked.conversation_id is not None},
-                input_items=asked.input_items,
+                input_items_json=asked.input_items_json,
             )
         return user_turn, text
 

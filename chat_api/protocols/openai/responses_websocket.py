@@ -31,11 +31,11 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from chat_api.admission import parse_json, pass_door
 from chat_api.auth import AuthError
 from chat_api.errors import RateLimited
-from chat_api.protocols.openai.chat import OpenAIError
+from chat_api.protocols.openai.chat import ChatRequest, OpenAIError
 from chat_api.protocols.openai.responses import ResponseEvent, ResponseTranslator
-from chat_api.protocols.openai.responses_request import parse_request
+from chat_api.protocols.openai.responses_request import ResponsesRequest, parse_request
 from chat_api.protocols.openai.responses_routes import response_base, start_response
-from chat_api.protocols.openai.routes import check_texts, openai_error, served_models, stop_here
+from chat_api.protocols.openai.routes import openai_error, read_request, stop_here
 from chat_api.services import Services
 from memory.record.conversations import Owner
 from memory.record.responses import StoredResponse
@@ -125,9 +125,13 @@ async def _turn(
     named: uuid.UUID | None = None
     try:
         message = await _message(text, services.settings.max_body_bytes)
-        asked = parse_request({**message, "stream": True}, served_models(services))
-        named = asked.previous_response_id
-        check_texts(asked.chat, services.settings.max_message_chars)
+
+        def chat_of(asked: ResponsesRequest) -> ChatRequest:
+            nonlocal named
+            named = asked.previous_response_id  # read, so its texts failing forgets it as well
+            return asked.chat
+
+        asked = await read_request({**message, "stream": True}, services, parse_request, chat_of)
         admitted = services.admission.admit_reply(owner, stream=True)
         with admitted:
             accepted, conversation_id, previous = await start_response(

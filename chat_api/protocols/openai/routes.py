@@ -25,8 +25,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar
 
 from anyio import to_thread
 from fastapi import Request, Response
@@ -58,6 +58,8 @@ from memory.errors import Conflict, DomainError, InvalidInput, NotFound
 from memory.events import TERMINAL_NAMES, EventName, StopReason, TurnStatus
 
 log = logging.getLogger(__name__)
+
+Asked = TypeVar("Asked")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CONVERSATION_HEADER = "x-chatmem-conversation-id"
@@ -169,7 +171,7 @@ async def chat_completions(
     request: Request, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
 ) -> Response:
     """Answer with chatmem's reply: memory, the sanitized window, server tools; every turn stored."""
-    chat = await read_request(request, services)
+    chat = await read_request(await request.json(), services, parse_request, _itself)
     conversation_id, chat_key = chat_target(request, chat)
     key = idempotency_key(request)
     # Admitted before anything is stored, so a 429 leaves nothing behind.
@@ -224,18 +226,30 @@ async def chat_completions(
     return JSONResponse(translator.completion(), headers=headers)
 
 
-async def read_request(request: Request, services: Services) -> ChatRequest:
-    """The request as a ChatRequest, made and checked in a worker thread: a body may hold a history
-    of megabytes, and reading it on the event loop would hold up every other stream of the process."""
-    document = await request.json()  # the door's checked parse (off the loop for a large body)
+async def read_request(
+    document: object,
+    services: Services,
+    parse: Callable[[object, Sequence[str]], Asked],
+    chat_of: Callable[[Asked], ChatRequest] | None = None,
+) -> Asked:
+    """A door's request read from its JSON body (`parse`: the protocol's reader) and the texts of
+    its chat-completions form (`chat_of`, when it has one) checked, in a worker thread: a body may
+    hold a history of megabytes, and reading it on the event loop would hold up every other
+    stream of the process. Every OpenAI door that takes a history (chat completions; Responses
+    create over HTTP and WebSocket, compact) reads here."""
     models, max_chars = served_models(services), services.settings.max_message_chars
 
-    def read() -> ChatRequest:
-        chat = parse_request(document, models)
-        check_texts(chat, max_chars)
-        return chat
+    def read() -> Asked:
+        asked = parse(document, models)
+        if chat_of is not None:
+            check_texts(chat_of(asked), max_chars)
+        return asked
 
     return await to_thread.run_sync(read)
+
+
+def _itself(chat: ChatRequest) -> ChatRequest:
+    return chat
 
 
 def check_texts(chat: ChatRequest, max_chars: int) -> None:
