@@ -28,8 +28,9 @@ import uuid
 from collections.abc import AsyncGenerator, Collection
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import Row, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -75,12 +76,12 @@ BRANCH_HISTORY_PAGE = text(
 )
 
 # One page of a history, oldest first: the oldest `limit` turns above a seq of each lineage
-# entry (an index range scan each), then overall.
+# entry (an index range scan each), then overall; only what a history match reads of them.
 BRANCH_HISTORY_FROM = text(
     f"""
-    SELECT t.* FROM {_LINEAGE}
+    SELECT t.id, t.role, t.status, t.content, t.seq FROM {_LINEAGE}
     CROSS JOIN LATERAL (
-        SELECT * FROM turns t
+        SELECT id, role, status, content, seq FROM turns t
         WHERE t.branch_id = l.branch_id AND t.seq > :after_seq AND t.seq <= l.max_seq AND t.deleted_at IS NULL
         ORDER BY t.seq
         LIMIT :limit
@@ -273,16 +274,18 @@ async def history_newest_first(
 
 async def history_oldest_first(
     session: AsyncSession, branch: Branch, *, page: int = 16, max_page: int = 512
-) -> AsyncGenerator[list[Turn], None]:
+) -> AsyncGenerator[list[Row[Any]], None]:
     """The branch's history oldest turn first, in pages that double in size up to `max_page`: a
-    caller that stops early (a prefix it compares differs) reads little more than it compared."""
+    caller that stops early (a prefix it compares differs) reads little more than it compared.
+
+    Each turn is a row of its `id`, `role`, `status`, `content` and `seq`, not a Turn: making
+    ORM objects of a 512-turn page took ~8 ms of the event loop's CPU, the row ~1 ms."""
     after = -1
     while True:
         rows = await session.execute(
-            select(Turn).from_statement(BRANCH_HISTORY_FROM),
-            {**_lineage_params(branch), "limit": page, "after_seq": after},
+            BRANCH_HISTORY_FROM, {**_lineage_params(branch), "limit": page, "after_seq": after}
         )
-        turns = list(rows.scalars())
+        turns = list(rows)
         if turns:
             yield turns
         if len(turns) < page:
