@@ -80,6 +80,21 @@ async def test_a_plain_response_is_the_stored_reply(live: ServerProcess) -> None
     assert [(i.type, i.role) for i in items.data] == [("message", "user")]
 
 
+async def test_a_response_held_to_the_sdks_own_types_lacked_usages_cache_write_tokens(
+    live: ServerProcess,
+) -> None:
+    """The SDK makes its objects without validating them, so a field its types require can be
+    missing unseen; a typed client that validates (as pydantic does here) refused the usage."""
+    _user, client = await client_for(live)
+    raw = client.responses.with_raw_response.create(model=MODEL, input="hello there")
+    made = Response.model_validate_json(raw.http_response.text)
+    assert made.usage is not None and made.usage.input_tokens_details.cache_write_tokens == 0
+    completed = list(client.responses.create(model=MODEL, input="hi", stream=True))[-1]
+    assert completed.type == "response.completed"
+    Response.model_validate(completed.response.model_dump(exclude_unset=True))
+    Response.model_validate_json(client.responses.with_raw_response.retrieve(made.id).http_response.text)
+
+
 async def test_a_streamed_response_numbers_its_events_and_equals_what_is_stored(live: ServerProcess) -> None:
     user, client = await client_for(live)
     events = list(client.responses.create(model=MODEL, input="count from 1 to 5", stream=True))

@@ -58,7 +58,7 @@ def usage_object(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     made = int(usage.get("completion_tokens") or 0)
     return {
         "input_tokens": given,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": made,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": int(usage.get("total_tokens") or given + made),
