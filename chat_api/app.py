@@ -313,10 +313,11 @@ def create_app(
         ag_ui_routes.run: settings.max_history_body_bytes,
         ag_ui_routes.connect: settings.max_history_body_bytes,
         openai_routes.chat_completions: settings.max_history_body_bytes,
+        responses_routes.create_response: settings.max_history_body_bytes,
     }
     large = [
         LargeBody.of(route, larger[route.endpoint])
-        for module in (imports, ai_sdk_routes, ag_ui_routes, openai_routes)
+        for module in (imports, ai_sdk_routes, ag_ui_routes, openai_routes, responses_routes)
         for route in module.router.routes
         if isinstance(route, APIRoute) and route.endpoint in larger
     ]

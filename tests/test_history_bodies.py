@@ -107,6 +107,19 @@ async def test_a_whole_chat_completions_history_past_max_body_bytes_gets_its_rep
         assert "and one more" in text
 
 
+async def test_a_whole_responses_history_past_max_body_bytes_was_a_413(server: LiveServer) -> None:
+    """A Responses client that keeps no server state (store off, as Codex) sends the whole chat each
+    time, as a chat completions client does: held to the history limit, not MAX_BODY_BYTES."""
+    history = openai_history(OVER_BODY)
+    async with openai_client(server) as client:
+        reply = await client.responses.create(model=MODEL, input=history)  # type: ignore[arg-type]
+        assert "the newest question" in reply.output_text
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.responses.create(model=MODEL, input=openai_history(OVER_HISTORY), stream=True)  # type: ignore[arg-type]
+        assert refused.value.status_code == 413
+        assert refused.value.body["code"] == "payload_too_large"  # type: ignore[index]
+
+
 async def test_a_chat_completions_history_past_the_history_limit_is_openais_413_and_stores_nothing(
     server: LiveServer,
 ) -> None:
@@ -193,10 +206,7 @@ async def test_another_streams_events_keep_flowing_while_an_8_mb_history_is_read
     bound loose enough to hold on a busy machine is kept for a stall of that kind grown large.
     The answers are short words, so that making the history into units (what must stay off the
     loop) is large next to parsing the body's JSON (which still holds the loop up)."""
-    # The Responses door takes MAX_BODY_BYTES (an operator's to raise): raised to the history limit.
-    server: LiveServer = await start_server(
-        import_turns_per_hour=0, demo_tokens_per_second=50.0, max_body_bytes=8_000_000
-    )
+    server: LiveServer = await start_server(import_turns_per_hour=0, demo_tokens_per_second=50.0)
     messages = openai_history(7_300_000, answer=SHORT_WORDS_ANSWER)
     async with openai_client(server) as client:
         # The chat so far: its whole history stored (imported by its first request).
