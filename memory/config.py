@@ -100,7 +100,7 @@ class HttpSettings(BaseSettings):
         ge=1024,
         description=(
             "Largest body accepted by the doors whose clients send the whole history with every"
-            " message (AI SDK chat, AG-UI run and connect, OpenAI chat completions)."
+            " message (AI SDK chat, AG-UI run and connect, OpenAI chat completions and Responses create)."
         ),
     )
     import_max_turns: int = Field(5000, ge=1, description="Most turns in one import request.")
