@@ -283,6 +283,81 @@ async def test_a_process_with_no_search_during_the_grace_period_kept_the_deleted
     assert await found_turns(db, idle, "locker code climbing gym number 3") == [turn_id]
 
 
+async def test_a_process_that_could_not_load_a_reindexs_encoder_kept_searching_the_retired_generation(
+    db: Database, pg_url: str
+) -> None:
+    # Regression: a process that could not load the encoder of the generation a reindex switched to
+    # kept searching the retired generation without refusing memory (not in /readyz, not in
+    # chatmem_memory_index_refused), then found nothing, silently, once the grace period deleted its
+    # rows; and it loaded that encoder again at every look (check_seconds), a model load each time.
+    tried: list[str] = []
+
+    def old_only(spec: dict[str, Any]) -> HashEmbedder | None:
+        tried.append(spec_key(spec))
+        return OLD if spec_key(spec) == spec_key(spec_of(OLD)) else None
+
+    said: list[str | None] = []  # what /readyz and the gauge are told (chat_api/metrics.py)
+    serving = MemoryIndex(db, OLD, loader=old_only, check_seconds=0.0, on_refused=said.append)
+    await serving.start()
+    settings = test_settings(pg_url)
+    await index_turns(db, IndexPipeline(db, serving, settings), [fact(3)])
+    old, new = await reindex.begin(db, NEW) or (0, 0)
+    await reindex.build(db, NEW, old, new)
+
+    # It answers from the retired generation while it loads the new encoder (in the background)...
+    assert (await serving.generation()).id == old
+    # ...and, finding it cannot, refuses memory as after a take-over, and says why.
+    await wait_until(
+        lambda: serving.refused is not None, 10, "the process to find it cannot load the encoder"
+    )
+    assert said[-1] is not None and "memory reindex" in said[-1]
+    with pytest.raises(ForeignGeneration, match="memory reindex"):
+        await found_turns(db, serving, "locker code climbing gym number 3")
+    _, turns = await chat_turns(db, [fact(4)])
+    with pytest.raises(IndexChanged):
+        await IndexPipeline(db, serving, settings).index([turn_payload(turns[0])])
+    # Each look (here every call) does not load the encoder again: it tries again later, less often.
+    for _ in range(3):
+        with pytest.raises(ForeignGeneration):
+            await serving.generation()
+    assert tried == [spec_key(spec_of(NEW))]
+    # The retired rows gone, it still says it refuses memory rather than find nothing.
+    await reindex.purge_retired(db, older_than_seconds=0)
+    with pytest.raises(ForeignGeneration, match="memory reindex"):
+        await found_turns(db, serving, "locker code climbing gym number 3")
+
+
+async def test_a_process_refusing_memory_tries_the_encoder_again_later_and_moves_to_it_once_loaded(
+    db: Database, pg_url: str
+) -> None:
+    tried: list[str] = []
+    loadable = asyncio.Event()  # say, the disk its export needed was full
+
+    def later(spec: dict[str, Any]) -> HashEmbedder | None:
+        tried.append(spec_key(spec))
+        return loader(spec) if loadable.is_set() or spec_key(spec) == spec_key(spec_of(OLD)) else None
+
+    said: list[str | None] = []
+    serving = MemoryIndex(db, OLD, loader=later, check_seconds=0.0, retry_seconds=0.2, on_refused=said.append)
+    await serving.start()
+    [turn_id] = await index_turns(db, IndexPipeline(db, serving, test_settings(pg_url)), [fact(5)])
+    old, new = await reindex.begin(db, NEW) or (0, 0)
+    await reindex.build(db, NEW, old, new)
+    await serving.generation()
+    await wait_until(lambda: serving.refused is not None, 10, "the process to refuse memory")
+    loadable.set()
+
+    async def moved_over() -> bool:
+        with contextlib.suppress(ForeignGeneration):
+            return (await serving.generation()).id == new
+        return False
+
+    await wait_until(moved_over, 10, "the process to load the encoder on a later try")
+    assert serving.refused is None and said[-1] is None and serving.generation_encoder() is NEW
+    assert tried == [spec_key(spec_of(NEW))] * 2  # once refused, once loaded: not at each look
+    assert await found_turns(db, serving, "locker code climbing gym number 5") == [turn_id]
+
+
 def test_the_reindex_command_rebuilds_with_the_configured_runtime_and_switches(pg_url: str) -> None:
     """`chatmem memory reindex` (a real process, the real torch encoder) over an index OpenVINO made."""
     import json

@@ -15,15 +15,19 @@ into the generation whose encoder made its vector. It re-reads the active genera
 most every ``check_seconds`` (and ``follow``, a loop of each API process, makes it look that
 often when no search comes); after a switch it loads the new generation's encoder (a local
 runtime of the same weights) in the background and keeps using the old, complete
-generation until that is ready (retired rows are kept for a grace period).
+generation until that is ready (retired rows are kept for a grace period). A process that
+cannot load it refuses memory (``refused``: searches and writes raise ``ForeignGeneration``)
+rather than answer from a retired generation that stops being written and is then deleted, and
+tries again after ``RETRY_SECONDS``, then less and less often.
 
 A generation is known by its id and its encoder's key together. An empty generation (no row,
 no build) is taken over by the first process to start with another encoder (``start``), so the
 key of a generation another process already uses can change under it. One rule covers that and
 a switch alike: a process that finds the active (id, key) is not the one it uses loads that
-encoder if it can and moves to it, and until it has, it writes nothing there; it never searches
-a generation of its own id whose key is not its own (``generation()`` raises ``ForeignGeneration``,
-as ``start`` refuses a generation made by an encoder it cannot load). The search statement carries
+encoder if it can and moves to it, and until it has, it writes nothing there; if it cannot, it
+refuses memory (``generation()`` raises ``ForeignGeneration``, as ``start`` refuses a generation
+made by an encoder it cannot load); and it never searches a generation of its own id whose key
+is not its own. The search statement carries
 the key too (memory/recall/index_search.py): a process that has not read the generation again
 since it was taken over finds it out at its next search, which raises ``ForeignGeneration`` rather
 than rank the other encoder's rows by its own query vector, and reads it again at once.
@@ -78,6 +82,11 @@ CREATE_ACTIVE = text(
 )
 LOCK_SHARED = text(f"SELECT pg_advisory_xact_lock_shared({INDEX_LOCK})")
 LOCK_EXCLUSIVE = text(f"SELECT pg_advisory_xact_lock({INDEX_LOCK})")
+# An encoder that could not be loaded is tried again after RETRY_SECONDS, then twice as long each
+# time up to RETRY_MAX_SECONDS, not at each look: a failed local load costs a model load (0.1-0.4 s
+# of CPU, and about 5 s the first time, when torch is imported).
+RETRY_SECONDS = 30.0
+RETRY_MAX_SECONDS = 600.0
 
 
 class IndexChanged(RuntimeError):
@@ -85,8 +94,9 @@ class IndexChanged(RuntimeError):
 
 
 class ForeignGeneration(IndexChanged):
-    """The active generation's vectors are made by an encoder this process cannot load: it neither
-    searches nor writes it (retried, as IndexChanged: a restart with that encoder, or a reindex, ends it)."""
+    """The active generation's vectors are made by an encoder this process cannot load (taken over,
+    or switched to by a reindex): it searches and writes no generation (retried, as IndexChanged: a
+    load that succeeds later, a restart with that encoder, or a reindex with this one ends it)."""
 
 
 def spec_of(embedder: Embedder) -> dict[str, Any]:
@@ -109,6 +119,15 @@ def same_vectors(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def describe(spec: dict[str, Any]) -> str:
     return f"{spec.get('runtime')}/{spec.get('model', '?')}/pipeline {spec.get('pipeline')}"
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """When this process tries again to load the encoder of generation key ``key``."""
+
+    key: str
+    at: float  # time.monotonic()
+    delay: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +162,7 @@ class MemoryIndex:
         *,
         loader: EncoderLoader | None = None,
         check_seconds: float = 2.0,
+        retry_seconds: float = RETRY_SECONDS,
         on_refused: Callable[[str | None], None] | None = None,
     ) -> None:
         self._db = db
@@ -155,14 +175,17 @@ class MemoryIndex:
         self._checked = 0.0
         self._check_seconds = check_seconds
         self._loading: asyncio.Task[None] | None = None
+        self._retry_seconds = retry_seconds
+        self._retry: Retry | None = None  # the active generation's encoder could not be loaded
         self.mismatch: str | None = None  # why the configured encoder is not the one in use
         self._on_refused = on_refused
         self._refused: str | None = None
 
     @property
     def refused(self) -> str | None:
-        """Why this process refuses memory now, or None: set while the generation in use was taken
-        over by an encoder not loaded here (``_taken_over``); searches and writes raise meanwhile."""
+        """Why this process refuses memory now, or None: set while the active generation is made by
+        an encoder it cannot load (``_load_then_switch``), or while it loads the encoder of the
+        generation in use, taken over; searches and writes raise meanwhile."""
         return self._refused
 
     @refused.setter
@@ -244,49 +267,80 @@ class MemoryIndex:
         current = self._current
         if row is None or current is None or (int(row.id), row.spec_key) == (current.id, current.key):
             return
-        if row.spec_key in self._encoders:
-            self._switch(int(row.id), row.spec_key)
-        elif int(row.id) == current.id:
-            await self._taken_over(current.id, row.spec_key, row.spec)
-        elif self._loading is None or self._loading.done():
-            self._loading = asyncio.create_task(self._load_then_switch(int(row.id), row.spec_key, row.spec))
-
-    async def _taken_over(self, generation_id: int, key: str, spec: dict[str, Any]) -> None:
-        """The generation in use was taken over while empty by another encoder (``start``): its rows
-        are that encoder's now, and no other generation keeps this process's. Until it has loaded
-        that encoder it compares and writes none of its vectors there; if it cannot, it refuses
-        as ``start`` does."""
-        if self.refused is not None:
-            return  # loading it, or found it cannot be loaded here
-        self.refused = f"memory index generation {generation_id} was taken over by {describe(spec)}: loading"
-        log.warning("%s", self.refused)
-        try:
-            encoder = await self._encoder_for(key, spec)
-        except Exception:
-            log.exception("could not load the encoder of memory index generation %d", generation_id)
-            encoder = None
-        if encoder is None:
-            self.refused = foreign(spec)
-            log.error("memory index generation %d was taken over: %s", generation_id, self.refused)
+        generation_id, key = int(row.id), row.spec_key
+        if key in self._encoders:
+            self._switch(generation_id, key)
             return
-        self._switch(generation_id, key)
+        # Taken over (start): the generation in use holds that encoder's rows now, and no other
+        # generation keeps this process's, so it refuses at once and waits for the load. Switched
+        # to by a reindex: the retired generation is complete, searched until the load ends.
+        taken_over = generation_id == current.id
+        if taken_over and self.refused is None:
+            self.refused = (
+                f"memory index generation {generation_id} was taken over by {describe(row.spec)}: loading"
+            )
+            log.warning("%s", self.refused)
+        if self._loading is not None and not self._loading.done():
+            return
+        retry = self._retry
+        if retry is not None and retry.key == key and time.monotonic() < retry.at:
+            return  # could not be loaded a moment ago: not again at each look
+        if retry is None or retry.key != key:
+            log.info(
+                "memory index generation %d is active: loading its encoder (%s)",
+                generation_id,
+                describe(row.spec),
+            )
+        self._loading = asyncio.create_task(self._load_then_switch(generation_id, key, row.spec))
+        if taken_over:
+            await asyncio.shield(self._loading)  # nothing to answer from meanwhile
 
     def _switch(self, generation_id: int, key: str) -> None:
         log.info("memory index switched to generation %d", generation_id)
+        if self.refused is not None:
+            log.warning(
+                "memory index generation %d: its encoder is loaded, memory is available again", generation_id
+            )
         self._current = Generation(generation_id, self._encoders[key], key)
         self.mismatch = None if key == self.configured_key else self.mismatch
+        self._retry = None
         self.refused = None
 
     async def _load_then_switch(self, generation_id: int, key: str, spec: dict[str, Any]) -> None:
+        """Load the active generation's encoder and move to it. If it cannot be loaded, refuse
+        memory, whether the generation was taken over or switched to (the retired generation's
+        rows go after the grace period, and writes go to the active one only), and try again
+        later, each time after twice as long; the log says so once, not at each try."""
+        retry = self._retry if self._retry is not None and self._retry.key == key else None
         try:
             encoder = await self._encoder_for(key, spec)
         except Exception:
-            log.exception("could not load the encoder of memory index generation %d", generation_id)
+            log.log(
+                logging.DEBUG if retry else logging.ERROR,
+                "could not load the encoder of memory index generation %d",
+                generation_id,
+                exc_info=True,
+            )
+            encoder = None
+        if encoder is not None:
+            self._switch(generation_id, key)
             return
-        if encoder is None:
-            log.error("memory index generation %d (%s) cannot be encoded here", generation_id, describe(spec))
-            return
-        self._switch(generation_id, key)
+        delay = self._retry_seconds if retry is None else min(retry.delay * 2, RETRY_MAX_SECONDS)
+        self._retry = Retry(key, time.monotonic() + delay, delay)
+        if retry is None or self.refused is None:
+            self.refused = foreign(spec)
+            log.error(
+                "memory index generation %d: %s; memory refused, trying again in %.0f s, then less often",
+                generation_id,
+                self.refused,
+                delay,
+            )
+        else:
+            log.debug(
+                "memory index generation %d: its encoder still cannot be loaded (next try in %.0f s)",
+                generation_id,
+                delay,
+            )
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """Vectors for the active generation (callers that also search or write use ``generation()``)."""
