@@ -109,8 +109,9 @@ ENCODER = Gauge(
 )
 MEMORY_REFUSED = Gauge(
     "chatmem_memory_index_refused",
-    "1 while this process refuses memory: the searched generation was taken over by an encoder it "
-    "cannot load (or is still loading); replies go on without memory. Summed over the live processes.",
+    "1 while this process refuses memory: the active generation is made by an encoder it cannot load "
+    "(taken over or switched to by a reindex; or it loads the encoder of one taken over); replies go on "
+    "without memory. Summed over the live processes.",
     multiprocess_mode="livesum",
 )
 

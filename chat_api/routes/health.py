@@ -22,8 +22,9 @@ async def healthz() -> dict[str, str]:
 async def readyz(services: ServicesDep) -> JSONResponse | dict[str, str]:
     """The database answers, and the process is not shutting down.
 
-    A process that refuses memory (its index generation was taken over by an encoder it cannot
-    load) is still ready: replies go on without memory. ``memory`` says so, and why.
+    A process that refuses memory (the active index generation, taken over or switched to by a
+    reindex, is made by an encoder it cannot load) is still ready: replies go on without memory.
+    ``memory`` says so, and why.
     """
     if services.drain.draining:
         # At once on SIGTERM: a load balancer stops sending work here while running replies end.
