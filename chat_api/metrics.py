@@ -111,7 +111,7 @@ MEMORY_REFUSED = Gauge(
     "chatmem_memory_index_refused",
     "1 while this process refuses memory: the active generation is made by an encoder it cannot load "
     "(taken over or switched to by a reindex; or it loads the encoder of one taken over); replies go on "
-    "without memory. Summed over the live processes.",
+    "without memory, `chatmem indexer` retries its batches. Summed over the live processes.",
     multiprocess_mode="livesum",
 )
 

@@ -26,7 +26,7 @@ import logging
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import asyncpg
@@ -303,15 +303,20 @@ async def run_relay_main(settings: Settings) -> None:
 
 
 async def run_indexer_main(
-    settings: Settings, *, embedder: Embedder | None = None, facts: FactAsker | None = None
+    settings: Settings,
+    *,
+    embedder: Embedder | None = None,
+    facts: FactAsker | None = None,
+    on_refused: Callable[[str | None], None] | None = None,
 ) -> None:
-    """`chatmem indexer`: index finished turns until SIGTERM/SIGINT (``facts``: FACT_KEYS=model)."""
+    """`chatmem indexer`: index finished turns until SIGTERM/SIGINT (``facts``: FACT_KEYS=model;
+    ``on_refused``: told when its memory index starts or stops refusing memory, as ``open_index``)."""
     serve_metrics(settings)
     db = _database(settings)
     stop = asyncio.Event()
     try:
         encoder = embedder if embedder is not None else await load_embedder(settings, threads=0)
-        model = await open_index(db, settings, encoder, threads=0)
+        model = await open_index(db, settings, encoder, threads=0, on_refused=on_refused)
         with _stop_on_signals(stop):
             await IndexerWorker(db, settings, model, facts=facts).run(stop)
     finally:

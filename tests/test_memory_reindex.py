@@ -358,6 +358,67 @@ async def test_a_process_refusing_memory_tries_the_encoder_again_later_and_moves
     assert await found_turns(db, serving, "locker code climbing gym number 5") == [turn_id]
 
 
+# `chatmem indexer` as run, with the deterministic encoder in place of the model (seconds to load).
+STANDALONE_INDEXER = """
+import indexer.worker
+from chat_api.cli.main import main
+from memory.recall.embeddings import HashEmbedder
+
+
+async def test_encoder(settings, *, threads=None):
+    return HashEmbedder(seed=0)
+
+
+indexer.worker.load_embedder = test_encoder
+main(["indexer"])
+"""
+
+
+async def test_the_standalone_indexer_refusing_memory_showed_nothing_on_its_metrics_port(
+    db: Database, pg_url: str, tmp_path: Any
+) -> None:
+    # Regression: `chatmem indexer` whose generation was switched to an encoder it cannot load retried
+    # its batches forever while its /metrics (METRICS_PORT) said chatmem_memory_index_refused 0.
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+    from tests.test_indexer import scalar
+    from tests.test_observability import sample
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "FACT_KEYS")}
+    env |= {"DATABASE_URL": pg_url, "METRICS_PORT": str(port), "INDEXER_BATCH_WAIT_MS": "50"}
+    env["DATA_DIR"] = str(tmp_path)
+
+    async def refused() -> float | None:
+        async with httpx.AsyncClient() as scraper:
+            return sample(
+                (await scraper.get(f"http://127.0.0.1:{port}/metrics")).text, "chatmem_memory_index_refused"
+            )
+
+    async def refusing() -> bool:
+        return await refused() == 1
+
+    async def indexed(count: int) -> bool:
+        return await scalar(db, "SELECT count(DISTINCT turn_id) FROM memory_items") >= count
+
+    proc = subprocess.Popen([sys.executable, "-c", STANDALONE_INDEXER], env=env)
+    try:
+        await chat_turns(db, [fact(1)])
+        await wait_until(lambda: indexed(1), 30, "the indexer to index a turn")  # generation 1, its encoder
+        assert await refused() == 0
+        old, new = await reindex.begin(db, NEW) or (0, 0)
+        await reindex.build(db, NEW, old, new)
+        await chat_turns(db, [fact(2)])  # its next batch reads the index again: it cannot load NEW's encoder
+        await wait_until(refusing, 15, "the indexer's gauge to say it refuses memory")
+        assert proc.poll() is None and not await indexed(2)  # retrying its batch, writing nothing
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_the_reindex_command_rebuilds_with_the_configured_runtime_and_switches(pg_url: str) -> None:
     """`chatmem memory reindex` (a real process, the real torch encoder) over an index OpenVINO made."""
     import json

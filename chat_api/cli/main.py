@@ -104,14 +104,17 @@ def _worker_main(which: str) -> None:
 
 async def _run_indexer(settings: Settings) -> None:
     from chat_api.app import fact_asker, make_provider
+    from chat_api.metrics import observe_memory_refused
     from indexer.worker import run_indexer_main
 
+    # Its METRICS_PORT says whether it refuses memory, as an API process's /metrics does.
+    refused = observe_memory_refused
     if settings.fact_keys != "model":  # no model client in an indexer that never asks one
-        await run_indexer_main(settings)
+        await run_indexer_main(settings, on_refused=refused)
         return
     provider = make_provider(settings)
     try:
-        await run_indexer_main(settings, facts=fact_asker(settings, provider))
+        await run_indexer_main(settings, facts=fact_asker(settings, provider), on_refused=refused)
     finally:
         await provider.aclose()
 
