@@ -28,8 +28,9 @@ from memory.recall.search import recall_memories
 from memory.record.conversations import Owner
 from memory.record.outbox import turn_payload
 from memory.storage.db import Database
-from tests.support import wait_until
+from tests.support import new_conversation, wait_until
 from tests.test_indexer import chat_turns, test_settings
+from tests.test_memory_recall import retrieved, say
 
 OWNER = Owner("tenant-a", "user-a")
 OLD, NEW = HashEmbedder(seed=0), HashEmbedder(seed=1)
@@ -142,7 +143,7 @@ async def test_a_process_that_had_not_looked_again_after_a_take_over_ranked_the_
 
 
 async def test_a_process_refusing_memory_after_a_take_over_said_so_only_in_its_log(
-    db: Database, start_server: Any
+    db: Database, start_server: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Regression: a server whose generation was taken over by an encoder it cannot load answered
     # every reply without memory, and only its log said why: /readyz and /metrics looked healthy.
@@ -169,6 +170,12 @@ async def test_a_process_refusing_memory_after_a_take_over_said_so_only_in_its_l
     ready, refused = await wait_until(memory_refused, 15, "the server to refuse memory")
     assert ready["status"] == "ready" and ready["memory"].startswith("unavailable: the memory index")
     assert refused == 1
+    # A reply goes on without memory and says so; the log said why once, not a traceback a reply.
+    caplog.clear()
+    async with server.client() as client:
+        memory = retrieved(await say(client, await new_conversation(client), "what did I say?"))
+    assert memory["items"] == [] and memory["error"]["code"] == "memory_unavailable"
+    assert [r.exc_info for r in caplog.records if r.exc_info] == []
 
 
 async def test_reindex_under_live_traffic_loses_no_memory_and_never_answers_from_a_half_built_index(

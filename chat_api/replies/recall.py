@@ -18,6 +18,7 @@ from memory.json_bounds import readable_json
 from memory.prompt.context import PromptWindow
 from memory.recall.embedding_service import embedding_budget
 from memory.recall.found import FoundMemory, RecallResult
+from memory.recall.index import ForeignGeneration
 from memory.recall.recaller import Recaller
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,11 @@ async def recall_for_reply(
         return
     except Exception as exc:
         # Memory is an aid: the reply goes on without it, and the client is told why.
-        log.exception("memory recall failed for reply %s", reply.id)
+        if isinstance(exc, ForeignGeneration):
+            # The index logged why once, when it began refusing; not a traceback per reply.
+            log.debug("memory refused for reply %s: %s", reply.id, exc)
+        else:
+            log.exception("memory recall failed for reply %s", reply.id)
         observe_recall("error")
         reply.memory_use = "unavailable"
         reply.publish(
