@@ -80,6 +80,7 @@ def make_provider(settings: Settings) -> ChatProvider:
     return DemoProvider(
         tokens_per_second=settings.demo_tokens_per_second,
         first_token_delay=settings.demo_first_token_delay_seconds,
+        reply_words=settings.demo_reply_words,
     )
 
 

@@ -163,6 +163,12 @@ class ModelSettings(BaseSettings):
         40.0, gt=0, description="Demo model streaming rate (tokens per second)."
     )
     demo_first_token_delay_seconds: float = Field(0.0, ge=0, description="Demo model delay before token 1.")
+    demo_reply_words: int = Field(
+        0,
+        ge=0,
+        description="Demo model reply length in words, whatever it quotes (0: its own length). "
+        "Benchmarks set it so that replies with and without memories cost the same per token.",
+    )
 
     _llm_base_url = field_validator("llm_base_url")(http_base_url)
 

@@ -17,6 +17,11 @@ named function, or `required`: the tool the message names, else the last one off
 which is the client's own) is called, `none` calls nothing, and `max_output_tokens` cuts
 the reply. Images and files in the user's message are acknowledged ("I see 1 image …").
 
+`reply_words` (DEMO_REPLY_WORDS) > 0 makes every text reply exactly that many words: the
+filler is repeated or cut after what the reply says and quotes. A reply that quotes memories
+is otherwise two to three times as long as one that does not, so a benchmark comparing
+memory on and off would charge every per-token cost to memory more than once.
+
 Pace: token i is due at ``start + i / tokens_per_second`` on the loop's clock, like a real
 model whose tokens keep arriving on its socket at its own rate whatever our process is
 doing. When the event loop wakes it late, the tokens already due are emitted at once
@@ -159,10 +164,13 @@ class DemoProvider:
 
     name = "demo"
 
-    def __init__(self, *, tokens_per_second: float = 40.0, first_token_delay: float = 0.0) -> None:
+    def __init__(
+        self, *, tokens_per_second: float = 40.0, first_token_delay: float = 0.0, reply_words: int = 0
+    ) -> None:
         self.model = "chatmem-demo"
         self.interval = 1.0 / tokens_per_second
         self.first_token_delay = first_token_delay
+        self.reply_words = reply_words
 
     def _plan(
         self,
@@ -201,8 +209,14 @@ class DemoProvider:
         memories = _memories(messages)
         if memories:
             text += " I remember: " + " | ".join(memories[:3]) + "."
+        words = text.split(" ")
+        if self.reply_words:
+            filler_words = FILLER.split(" ")
+            while len(words) < self.reply_words:
+                words += filler_words
+            return words[: self.reply_words], None
         filler = FILLER * (5 if "/long" in user_text else 1)
-        return (text + " " + filler).split(" "), None
+        return words + filler.split(" "), None
 
     async def stream(
         self,
