@@ -1,7 +1,7 @@
 """Capacity: the highest rate of new messages one server sustains while replies accumulate.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/capacity.py [--rates 5 10 20 40 80] [--seconds 20]
-        [--memory none user] [--tokens-per-second 20]
+        [--warmup-seconds 10] [--memory none user] [--tokens-per-second 20] [--reply-words 60]
 
 One `chatmem serve` (embedded Postgres, demo model streaming each reply at
 `--tokens-per-second`, so a reply lasts several seconds and open streams pile up as they
@@ -10,8 +10,23 @@ Poisson stream for `--seconds`, each in a conversation of its own (many users), 
 client reads its reply to the end. Per arrival: accept (until the response headers) and
 time to first token (until the first `message.delta`). The sustainable rate is the highest
 rate whose accept p99 < 250 ms and time-to-first-token p99 < 1 s. Also the server's CPU
-milliseconds per accepted message (the server's processes only, not Postgres or this
-client) and the most streams open at once.
+milliseconds per message (the server's processes only, not Postgres or this client) and
+the most streams open at once.
+
+Steady state: each step's arrivals run `--warmup-seconds` first, unmeasured (the pool
+opens its connections and each prepares its statements, caches fill, streams pile up to
+their steady number), then `--seconds` measured. CPU per message is the server's CPU
+during the measured window divided by the messages that arrived in it: at a steady rate
+the window holds as much of earlier replies' streaming as later ones will hold of its
+own. Latencies are those of the messages that arrived in the window.
+
+Every message is a different question (the same generator as bench/ttft.py), so neither
+the query encoder's cache nor the search sees the same text twice. The demo model's
+replies are `--reply-words` words long whether or not they quote memories
+(DEMO_REPLY_WORDS): left to itself it quotes up to three recalled memories, which makes
+a memory-on reply two to three times as long and charges every per-token cost (SSE
+writes, events, checkpoints) to memory two to three times. `reply_words` in the table is
+the mean length the clients received.
 
 `--workers N` runs N API processes on the port (`serve --workers N`). The load generator
 runs in this process and costs CPU too: on a 2-core machine it competes with the server,
@@ -36,6 +51,7 @@ from typing import Any
 import httpx
 import psutil
 from common import Server, database, headers, percentile, print_table, write_json
+from ttft import question
 
 ACCEPT_P99_MS = 250.0
 TTFT_P99_MS = 1000.0
@@ -60,13 +76,14 @@ class Arrivals:
     def __init__(self) -> None:
         self.accept: list[float] = []
         self.ttft: list[float] = []
+        self.words: list[int] = []
         self.errors = 0
         self.open = 0
         self.most_open = 0
 
 
-async def one_message(client: httpx.AsyncClient, i: int, scope: str, seen: Arrivals) -> None:
-    started = time.perf_counter()
+async def one_message(client: httpx.AsyncClient, text: str, scope: str, seen: Arrivals) -> None:
+    """One new conversation and its first message, measured into `seen`."""
     try:
         created = await client.post("/v1/conversations", json={"memory_mode": "persistent"})
         created.raise_for_status()
@@ -75,7 +92,7 @@ async def one_message(client: httpx.AsyncClient, i: int, scope: str, seen: Arriv
         async with client.stream(
             "POST",
             f"/v1/conversations/{cid}/messages",
-            json={"content": f"message {i}: what did I say about my trip to Lisbon?", "memory_scope": scope},
+            json={"content": text, "memory_scope": scope},
         ) as response:
             seen.accept.append(time.perf_counter() - started)
             if response.status_code != 200:
@@ -84,66 +101,91 @@ async def one_message(client: httpx.AsyncClient, i: int, scope: str, seen: Arriv
             seen.open += 1
             seen.most_open = max(seen.most_open, seen.open)
             first = False
+            words = 0
             try:
                 async for line in response.aiter_lines():
-                    if not first and line == "event: message.delta":
-                        seen.ttft.append(time.perf_counter() - started)
-                        first = True
+                    if line == "event: message.delta":
+                        words += 1
+                        if not first:
+                            seen.ttft.append(time.perf_counter() - started)
+                            first = True
             finally:
                 seen.open -= 1
+            seen.words.append(words)
     except httpx.HTTPError:
         seen.errors += 1
 
 
 async def step(
-    url: str, pid: int, rate: float, seconds: float, scope: str, users: int, embedding_pid: int | None = None
+    url: str,
+    pid: int,
+    rate: float,
+    seconds: float,
+    scope: str,
+    users: int,
+    embedding_pid: int | None = None,
+    warmup: float = 0.0,
 ) -> dict[str, Any]:
-    """Poisson arrivals at `rate`/s for `seconds`; waits for every reply to end."""
-    seen = Arrivals()
+    """Poisson arrivals at `rate`/s for `warmup` + `seconds`; measures the last `seconds`."""
+    seen, warming = Arrivals(), Arrivals()
     rng = random.Random(f"{rate}-{scope}")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
     clients = [
         httpx.AsyncClient(base_url=url, headers=headers(user=f"cap-{scope}-{u}"), timeout=120, limits=limits)
         for u in range(users)
     ]
-    cpu_before = server_cpu_seconds(pid)
-    service_before = server_cpu_seconds(embedding_pid) if embedding_pid else 0.0
+    cpu_before = service_before = 0.0
     tasks: list[asyncio.Task[None]] = []
     started = time.perf_counter()
     next_at = 0.0
-    i = 0
-    while next_at < seconds:
+    i = sent = 0
+    measuring = False
+    while True:
+        if not measuring and next_at >= warmup:
+            await asyncio.sleep(max(0.0, started + warmup - time.perf_counter()))
+            cpu_before = server_cpu_seconds(pid)
+            service_before = server_cpu_seconds(embedding_pid) if embedding_pid else 0.0
+            measuring = True
+        if next_at >= warmup + seconds:
+            break
         delay = started + next_at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one_message(clients[i % users], i, scope, seen)))
+        text = question(rng, i)
+        tasks.append(
+            asyncio.create_task(one_message(clients[i % users], text, scope, seen if measuring else warming))
+        )
+        sent += measuring
         i += 1
         next_at += rng.expovariate(rate)
-    await asyncio.gather(*tasks)
+    # The window ends when the last arrival would have come: later, only its replies stream.
+    await asyncio.sleep(max(0.0, started + warmup + seconds - time.perf_counter()))
     cpu = server_cpu_seconds(pid) - cpu_before
     service_cpu = server_cpu_seconds(embedding_pid) - service_before if embedding_pid else None
+    await asyncio.gather(*tasks)
     for client in clients:
         await client.aclose()
-    accepted = len(seen.ttft)
+    arrived = sent
     accept_ms = [a * 1000 for a in seen.accept]
     ttft_ms = [t * 1000 for t in seen.ttft]
     row = {
         "memory": scope,
         "rate": rate,
-        "sent": i,
-        "errors": seen.errors,
-        "most_open": seen.most_open,
+        "sent": sent,
+        "errors": seen.errors + warming.errors,
+        "most_open": max(seen.most_open, warming.most_open),
+        "reply_words": round(sum(seen.words) / len(seen.words), 1) if seen.words else 0,
         "accept_p50_ms": round(percentile(accept_ms, 50), 1),
         "accept_p99_ms": round(percentile(accept_ms, 99), 1),
         "ttft_p50_ms": round(percentile(ttft_ms, 50), 1),
         "ttft_p99_ms": round(percentile(ttft_ms, 99), 1),
-        "cpu_ms_per_message": round(cpu * 1000 / accepted, 1) if accepted else float("nan"),
+        "cpu_ms_per_message": round(cpu * 1000 / arrived, 1) if arrived else float("nan"),
     }
     if service_cpu is not None:
-        per_message = service_cpu * 1000 / accepted if accepted else float("nan")
+        per_message = service_cpu * 1000 / arrived if arrived else float("nan")
         row["service_cpu_ms_per_message"] = round(per_message, 1)
     row["sustained"] = (
-        seen.errors == 0 and row["accept_p99_ms"] < ACCEPT_P99_MS and row["ttft_p99_ms"] < TTFT_P99_MS
+        row["errors"] == 0 and row["accept_p99_ms"] < ACCEPT_P99_MS and row["ttft_p99_ms"] < TTFT_P99_MS
     )
     return row
 
@@ -156,6 +198,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "DEMO_FIRST_TOKEN_DELAY_SECONDS": 0,
             "MAX_RUNNING_REPLIES_PER_USER": 0,
             "DB_POOL_SIZE": args.pool_size,
+            "DEMO_REPLY_WORDS": args.reply_words,
         }
         if args.embedding_url:
             env |= {"EMBEDDING_BASE_URL": args.embedding_url, "EMBEDDING_SERVICE_MODEL": args.embedding_model}
@@ -165,11 +208,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # --workers N: N API processes on the port; CPU counts every process of the server.
             extra = ["--workers", str(workers)] if workers > 1 else []
             async with Server(url, with_workers=args.with_indexer, args=extra, **env) as server:
-                for scope in args.memory:
-                    for rate in args.rates:
+                failed: set[str] = set()
+                # Memory settings alternate at each rate, so that both see the same machine.
+                for rate in args.rates:
+                    for scope in args.memory:
+                        if scope in failed:
+                            continue  # higher rates only fail harder
                         load = os.getloadavg()[0]
                         row = await step(
-                            server.url, server.pid, rate, args.seconds, scope, args.users, args.embedding_pid
+                            server.url,
+                            server.pid,
+                            rate,
+                            args.seconds,
+                            scope,
+                            args.users,
+                            args.embedding_pid,
+                            args.warmup_seconds,
                         )
                         # The machine's 1-minute load before and after the step: other work shows there.
                         row = {
@@ -180,7 +234,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         rows.append(row)
                         print(row, flush=True)
                         if not row["sustained"] and not args.all_rates:
-                            break  # higher rates only fail harder
+                            failed.add(scope)
     best = {
         f"{scope}, {workers} worker(s)": max(
             (r["rate"] for r in rows if r["memory"] == scope and r["workers"] == workers and r["sustained"]),
@@ -200,6 +254,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "sent",
             "errors",
             "most_open",
+            "reply_words",
             "accept_p50_ms",
             "accept_p99_ms",
             "ttft_p50_ms",
@@ -221,7 +276,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rates", type=float, nargs="+", default=[5, 10, 20, 30, 40, 60, 80, 100])
-    parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per rate step")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured arrivals per rate step")
+    parser.add_argument(
+        "--warmup-seconds", type=float, default=10.0, help="arrivals at the step's rate before it is measured"
+    )
+    parser.add_argument(
+        "--reply-words",
+        type=int,
+        default=60,
+        help="the demo model's reply length, the same with memory on and off (DEMO_REPLY_WORDS)",
+    )
     parser.add_argument("--memory", nargs="+", default=["none", "user"], choices=["none", "user"])
     parser.add_argument("--tokens-per-second", type=float, default=20.0)
     parser.add_argument("--users", type=int, default=50, help="users the arrivals are spread over")

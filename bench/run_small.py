@@ -28,7 +28,7 @@ SMALL_RUNS: dict[str, list[str]] = {
     "indexer_throughput": ["--turns", "32", "--lag-seconds", "2"],
     "indexer_fairness": ["--import-turns", "40", "--probes", "2"],
     "load_streams": ["--streams", "4"],
-    "capacity": ["--rates", "2", "--seconds", "2", "--users", "2", "--all-rates"],
+    "capacity": ["--rates", "2", "--seconds", "2", "--warmup-seconds", "1", "--users", "2", "--all-rates"],
     "memory_eval": ["--limit-conversations", "1", "--data", str(LOCOMO)],
     "longmemeval_eval": ["--limit-questions", "4", "--data", str(LONGMEMEVAL)],
     "fit_fusion": [

@@ -9,7 +9,10 @@ replies are always streaming at once (each ~1.5 s at the default demo rate).
 The demo's replies all have the same length, so clients that started together would
 stay in lockstep and send in bursts of N at the same instant. The clients' starts are
 spread over one reply's duration and each waits a random 0–100 ms before its next
-message, so arrivals are spread as real users' are.
+message, so arrivals are spread as real users' are. Replies are `--reply-words` long with
+memory on and off alike (DEMO_REPLY_WORDS): left to itself the demo model quotes the
+memories it was given, which makes a memory-on reply two to three times as long and so
+the server busier during memory-on cells than during memory-off ones.
 
 With memory on, recall searches the user's memory. Empty, that flatters memory's cost:
 `--memory-rows N` first imports N turns of varied text into each measuring user's memory
@@ -42,7 +45,8 @@ from common import Server, database, headers, print_table, summary_ms, write_jso
 
 from chat_api.cli.imports import create_conversation, post_turns, wait_until_indexed
 
-REPLY_SECONDS = 1.5  # a demo reply at 40 tokens/s
+REPLY_WORDS = 60  # the demo model's replies, with memory on and off alike
+REPLY_SECONDS = 1.5  # a demo reply of REPLY_WORDS at 40 tokens/s
 
 # Words the memory's turns and the messages are made of: varied enough that no two texts
 # are alike, so that neither the keyword nor the dense search finds the same rows each time.
@@ -209,6 +213,12 @@ async def main() -> None:
     )
     parser.add_argument("--rate", type=float, default=40.0, help="demo tokens per second per stream")
     parser.add_argument(
+        "--reply-words",
+        type=int,
+        default=REPLY_WORDS,
+        help="the demo model's reply length, the same with memory on and off (DEMO_REPLY_WORDS)",
+    )
+    parser.add_argument(
         "--workers", type=int, nargs="+", default=[1], help="API processes (serve --workers N)"
     )
     parser.add_argument("--database-url")
@@ -238,6 +248,7 @@ async def main() -> None:
                     args=extra,
                     demo_first_token_delay_seconds=0,
                     demo_tokens_per_second=args.rate,
+                    demo_reply_words=args.reply_words,
                     IMPORT_TURNS_PER_HOUR=0,  # no import quota for the filling
                 ) as server:
                     for m, n in cells:
