@@ -10,8 +10,8 @@ Poisson stream for `--seconds`, each in a conversation of its own (many users), 
 client reads its reply to the end. Per arrival: accept (until the response headers) and
 time to first token (until the first `message.delta`). The sustainable rate is the highest
 rate whose accept p99 < 250 ms and time-to-first-token p99 < 1 s. Also the server's CPU
-milliseconds per message (the server's processes only, not Postgres or this client) and
-the most streams open at once.
+milliseconds per message (the server's processes only, not Postgres or this client; the
+client's own is reported beside it) and the most streams open at once.
 
 Steady state: each step's arrivals run `--warmup-seconds` first, unmeasured (the pool
 opens its connections and each prepares its statements, caches fill, streams pile up to
@@ -128,13 +128,15 @@ async def step(
 ) -> dict[str, Any]:
     """Poisson arrivals at `rate`/s for `warmup` + `seconds`; measures the last `seconds`."""
     seen, warming = Arrivals(), Arrivals()
-    rng = random.Random(f"{rate}-{scope}")
+    # The same arrival times for every memory setting at a rate; different questions (and users),
+    # so that what one setting's step encoded is not cached for the next one.
+    rng, texts = random.Random(f"{rate}"), random.Random(f"{rate}-{scope}")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
     clients = [
         httpx.AsyncClient(base_url=url, headers=headers(user=f"cap-{scope}-{u}"), timeout=120, limits=limits)
         for u in range(users)
     ]
-    cpu_before = service_before = 0.0
+    cpu_before = service_before = client_before = 0.0
     tasks: list[asyncio.Task[None]] = []
     started = time.perf_counter()
     next_at = 0.0
@@ -143,7 +145,7 @@ async def step(
     while True:
         if not measuring and next_at >= warmup:
             await asyncio.sleep(max(0.0, started + warmup - time.perf_counter()))
-            cpu_before = server_cpu_seconds(pid)
+            cpu_before, client_before = server_cpu_seconds(pid), time.process_time()
             service_before = server_cpu_seconds(embedding_pid) if embedding_pid else 0.0
             measuring = True
         if next_at >= warmup + seconds:
@@ -151,7 +153,7 @@ async def step(
         delay = started + next_at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        text = question(rng, i)
+        text = question(texts, i)
         tasks.append(
             asyncio.create_task(one_message(clients[i % users], text, scope, seen if measuring else warming))
         )
@@ -161,6 +163,7 @@ async def step(
     # The window ends when the last arrival would have come: later, only its replies stream.
     await asyncio.sleep(max(0.0, started + warmup + seconds - time.perf_counter()))
     cpu = server_cpu_seconds(pid) - cpu_before
+    client_cpu = time.process_time() - client_before
     service_cpu = server_cpu_seconds(embedding_pid) - service_before if embedding_pid else None
     await asyncio.gather(*tasks)
     for client in clients:
@@ -184,6 +187,9 @@ async def step(
     if service_cpu is not None:
         per_message = service_cpu * 1000 / arrived if arrived else float("nan")
         row["service_cpu_ms_per_message"] = round(per_message, 1)
+    # This load generator's own CPU (the clients reading every token): on a small machine it
+    # takes a share of the cores the server would otherwise have.
+    row["client_cpu_ms_per_message"] = round(client_cpu * 1000 / arrived, 1) if arrived else float("nan")
     row["sustained"] = (
         row["errors"] == 0 and row["accept_p99_ms"] < ACCEPT_P99_MS and row["ttft_p99_ms"] < TTFT_P99_MS
     )
@@ -261,6 +267,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "ttft_p99_ms",
             "cpu_ms_per_message",
             *(["service_cpu_ms_per_message"] if args.embedding_pid else []),
+            "client_cpu_ms_per_message",
             "sustained",
             "load_1m",
         ],
