@@ -278,3 +278,32 @@ async def test_a_postgres_queue_batch_writes_each_outbox_row_once_after_its_clai
         """,
     )
     assert rows == len(turns) == 5
+
+
+async def test_an_idle_postgres_consumer_claims_only_when_notified(db: Database, pg_url: str) -> None:
+    # The indexer's loop calls poll_batch back to back; it claimed at each call's start and end,
+    # ~10 claim transactions a second with nothing queued.
+    consumer = PgQueueConsumer(db, test_settings(pg_url, relay_poll_seconds=60.0))
+    claims: list[int] = []
+    claim = consumer._claims.claim
+
+    async def counted(statement: Any, limit: int) -> Any:
+        rows = await claim(statement, limit)
+        claims.append(len(rows))
+        return rows
+
+    consumer._claims.claim = counted  # type: ignore[method-assign]
+    await consumer.start()
+    try:
+        for _ in range(10):  # half a second of an idle indexer's loop
+            assert await consumer.poll_batch(10, 0.05) == []
+        assert len(claims) <= 2, f"{len(claims)} claims with nothing queued"
+        published = await Transport("postgres", db, test_settings(pg_url)).publish(3)
+        started = time.monotonic()
+        got = await poll_until(consumer, 3)
+        # Claimed on the outbox write's notification, not at the next poll a minute later.
+        assert time.monotonic() - started < 10
+        assert sorted(turn_ids(got)) == sorted(published)
+        await consumer.commit(got)
+    finally:
+        await consumer.stop()
