@@ -10,8 +10,8 @@ Poisson stream for `--seconds`, each in a conversation of its own (many users), 
 client reads its reply to the end. Per arrival: accept (until the response headers) and
 time to first token (until the first `message.delta`). The sustainable rate is the highest
 rate whose accept p99 < 250 ms and time-to-first-token p99 < 1 s. Also the server's CPU
-milliseconds per message (the server's processes only, not Postgres or this client; the
-client's own is reported beside it) and the most streams open at once.
+milliseconds per message (the server's processes only), with this client's and, when
+Postgres runs on this machine, Postgres's beside it, and the most streams open at once.
 
 Steady state: each step's arrivals run `--warmup-seconds` first, unmeasured (the pool
 opens its connections and each prepares its statements, caches fill, streams pile up to
@@ -70,6 +70,24 @@ def server_cpu_seconds(pid: int) -> float:
     return total
 
 
+async def postgres_pid(url: str) -> int | None:
+    """The postmaster's process id, for a Postgres on this machine (None if not found)."""
+    import asyncpg
+
+    from memory.storage.db import asyncpg_dsn
+
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        backend = int(await conn.fetchval("SELECT pg_backend_pid()"))
+    finally:
+        await conn.close()
+    try:
+        parent = psutil.Process(backend).parent()
+        return parent.pid if parent is not None and "postgres" in parent.name() else None
+    except psutil.Error:
+        return None
+
+
 class Arrivals:
     """What the clients measured during one rate step."""
 
@@ -125,6 +143,7 @@ async def step(
     users: int,
     embedding_pid: int | None = None,
     warmup: float = 0.0,
+    postgres: int | None = None,
 ) -> dict[str, Any]:
     """Poisson arrivals at `rate`/s for `warmup` + `seconds`; measures the last `seconds`."""
     seen, warming = Arrivals(), Arrivals()
@@ -136,7 +155,7 @@ async def step(
         httpx.AsyncClient(base_url=url, headers=headers(user=f"cap-{scope}-{u}"), timeout=120, limits=limits)
         for u in range(users)
     ]
-    cpu_before = service_before = client_before = 0.0
+    cpu_before = service_before = client_before = postgres_before = 0.0
     tasks: list[asyncio.Task[None]] = []
     started = time.perf_counter()
     next_at = 0.0
@@ -147,6 +166,7 @@ async def step(
             await asyncio.sleep(max(0.0, started + warmup - time.perf_counter()))
             cpu_before, client_before = server_cpu_seconds(pid), time.process_time()
             service_before = server_cpu_seconds(embedding_pid) if embedding_pid else 0.0
+            postgres_before = server_cpu_seconds(postgres) if postgres else 0.0
             measuring = True
         if next_at >= warmup + seconds:
             break
@@ -164,6 +184,7 @@ async def step(
     await asyncio.sleep(max(0.0, started + warmup + seconds - time.perf_counter()))
     cpu = server_cpu_seconds(pid) - cpu_before
     client_cpu = time.process_time() - client_before
+    postgres_cpu = server_cpu_seconds(postgres) - postgres_before if postgres else None
     service_cpu = server_cpu_seconds(embedding_pid) - service_before if embedding_pid else None
     await asyncio.gather(*tasks)
     for client in clients:
@@ -190,6 +211,11 @@ async def step(
     # This load generator's own CPU (the clients reading every token): on a small machine it
     # takes a share of the cores the server would otherwise have.
     row["client_cpu_ms_per_message"] = round(client_cpu * 1000 / arrived, 1) if arrived else float("nan")
+    if postgres_cpu is not None:
+        # Postgres's processes (a backend that exits during the window takes its CPU along).
+        row["postgres_cpu_ms_per_message"] = (
+            round(postgres_cpu * 1000 / arrived, 1) if arrived else float("nan")
+        )
     row["sustained"] = (
         row["errors"] == 0 and row["accept_p99_ms"] < ACCEPT_P99_MS and row["ttft_p99_ms"] < TTFT_P99_MS
     )
@@ -199,6 +225,8 @@ async def step(
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with database(args.database_url) as url:
+        # Only the private Postgres is known to run here (a URL's backend pid may be another host's).
+        postgres = None if args.database_url else await postgres_pid(url)
         env = {
             "DEMO_TOKENS_PER_SECOND": args.tokens_per_second,
             "DEMO_FIRST_TOKEN_DELAY_SECONDS": 0,
@@ -230,6 +258,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             args.users,
                             args.embedding_pid,
                             args.warmup_seconds,
+                            postgres,
                         )
                         # The machine's 1-minute load before and after the step: other work shows there.
                         row = {
@@ -268,6 +297,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "cpu_ms_per_message",
             *(["service_cpu_ms_per_message"] if args.embedding_pid else []),
             "client_cpu_ms_per_message",
+            "postgres_cpu_ms_per_message",
             "sustained",
             "load_1m",
         ],
