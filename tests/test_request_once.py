@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
 
 from memory.events import EventName
 from tests.conftest import LiveServer
@@ -116,6 +117,43 @@ async def test_a_queued_message_whose_client_left_is_dropped_with_on_disconnect_
 
         await wait_until(kept_answered)
         assert await user_texts(client, cid) == ["/long go", "kept"]
+
+
+def door_enqueue(client: httpx.AsyncClient, door: str, cid: str, text: str) -> asyncio.Task[httpx.Response]:
+    """A message sent on the AG-UI or AI SDK door with on_busy=enqueue and on_disconnect=stop."""
+    options = {"on_busy": "enqueue", "on_disconnect": "stop"}
+    message_id = str(uuid.uuid4())
+    if door == "ag-ui":
+        path = "/v1/ag-ui"
+        message = {"id": message_id, "role": "user", "content": text}
+        body = {"threadId": cid, "runId": str(uuid.uuid4()), "messages": [message], "forwardedProps": options}
+    else:
+        path = "/v1/ai-sdk/chat"
+        message = {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
+        body = {"id": cid, "trigger": "submit-message", "messages": [message], **options}
+    return asyncio.create_task(client.post(path, json=body))
+
+
+@pytest.mark.parametrize("door", ["ag-ui", "ai-sdk"])
+async def test_a_queued_message_whose_client_left_is_dropped_with_on_disconnect_stop_on_every_door(
+    start_server: Any, door: str
+) -> None:
+    """Found: on the AG-UI and AI SDK doors the message stayed in line, was stored once its
+    turn came, and its reply was started and cut off: a message the user abandoned, kept."""
+    server: LiveServer = await start_server(demo_tokens_per_second=150)
+    queues = server.services.queues
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        running = await start_long_reply(client, cid)
+        async with httpx.AsyncClient(base_url=server.base_url, headers=client.headers) as leaving:
+            gone = door_enqueue(leaving, door, cid, "dropped")
+            await wait_until(lambda: queues.waiting(uuid.UUID(cid)) == 1)
+            gone.cancel()
+            await asyncio.gather(gone, return_exceptions=True)
+        # It leaves the line as soon as its client is seen gone, while the reply before it runs.
+        await wait_until(lambda: queues.waiting(uuid.UUID(cid)) == 0, timeout=5)
+        await client.post(f"/v1/turns/{running}/stop")
+        assert await user_texts(client, cid) == ["/long go"]
 
 
 async def test_same_idempotency_key_with_a_different_body_is_a_422(server: LiveServer) -> None:
