@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from chat_api.metrics import observe_query_ahead
 from chat_api.providers.base import ModelOptions
 from chat_api.replies.idempotency import check_replay
-from chat_api.replies.queue import in_line, until
+from chat_api.replies.queue import drop_if_client_leaves, in_line, until
 from chat_api.replies.reaper import reap_if_owner_gone
 from chat_api.replies.recall import recalls
 from chat_api.replies.reply import Reply, ReplyRequest
@@ -96,6 +96,7 @@ async def accept_message(
     *,
     admitted: AdmittedReply,
     on_busy: str,
+    on_disconnect: str,
     idempotency_key: str | None,
     memory_scope: str,
     parked_gives_way: bool = False,
@@ -112,6 +113,7 @@ async def accept_message(
         begin,
         admitted=admitted,
         on_busy=on_busy,
+        on_disconnect=on_disconnect,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
         content=content,
@@ -235,6 +237,7 @@ async def regenerate_reply(
     admitted: AdmittedReply,
     conversation_id: uuid.UUID,
     on_busy: str,
+    on_disconnect: str,
     idempotency_key: str | None,
     memory_scope: str,
     parked_gives_way: bool = False,
@@ -258,6 +261,7 @@ async def regenerate_reply(
         recorded(begin) if recorded is not None else begin,
         admitted=admitted,
         on_busy=on_busy,
+        on_disconnect=on_disconnect,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
         parked_gives_way=parked_gives_way,
@@ -273,6 +277,7 @@ async def edit_message(
     admitted: AdmittedReply,
     conversation_id: uuid.UUID,
     on_busy: str,
+    on_disconnect: str,
     idempotency_key: str | None,
     memory_scope: str,
     parked_gives_way: bool = False,
@@ -292,6 +297,7 @@ async def edit_message(
         begin,
         admitted=admitted,
         on_busy=on_busy,
+        on_disconnect=on_disconnect,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
         content=content,
@@ -307,6 +313,7 @@ async def start_reply(
     *,
     admitted: AdmittedReply,
     on_busy: str,
+    on_disconnect: str,
     idempotency_key: str | None,
     memory_scope: str,
     content: str | None = None,
@@ -324,7 +331,9 @@ async def start_reply(
     the moment the reply is registered. A request retried with the same Idempotency-Key
     reattaches to the reply it started; `content` (the message's text, None for a regenerate)
     must be the same as then.
-    Requests that may wait (`on_busy=enqueue`) are served in arrival order (chat_api.replies.queue).
+    Requests that may wait (`on_busy=enqueue`) are served in arrival order (chat_api.replies.queue);
+    with `on_disconnect="stop"`, one whose client leaves while it waits is dropped before
+    anything is stored, whichever door it came through.
     """
 
     async def attempt() -> Accepted:
@@ -341,6 +350,7 @@ async def start_reply(
             parked_gives_way=parked_gives_way,
         )
 
+    drop_if_client_leaves(on_disconnect == "stop")
     if on_busy != "enqueue":
         accepted = await attempt()
     else:

@@ -118,6 +118,7 @@ async def regenerate(
             admitted=admitted,
             conversation_id=options.conversation_id or turn.conversation_id,
             on_busy=options.on_busy or services.settings.on_busy_default,
+            on_disconnect=options.on_disconnect,
             idempotency_key=idempotency_key,
             memory_scope=options.memory_scope or services.settings.memory_scope,
         )
@@ -146,6 +147,7 @@ async def edit(
             admitted=admitted,
             conversation_id=body.conversation_id or turn.conversation_id,
             on_busy=body.on_busy or services.settings.on_busy_default,
+            on_disconnect=body.on_disconnect,
             idempotency_key=idempotency_key,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )

@@ -11,7 +11,6 @@ from sse_starlette import EventSourceResponse
 from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.replies import Accepted, accept_message, sse_stream, wait_reply_done
-from chat_api.replies.queue import drop_if_client_leaves
 from chat_api.schemas import MessageCreate, ReplyOptions, ReplyOut, TurnOut
 from chat_api.services import Services
 from memory.record.conversations import Owner
@@ -45,6 +44,7 @@ async def post_message(
             body.content,
             admitted=admitted,
             on_busy=body.on_busy or services.settings.on_busy_default,
+            on_disconnect=body.on_disconnect,
             idempotency_key=idempotency_key,
             memory_scope=body.memory_scope or services.settings.memory_scope,
         )
@@ -53,7 +53,6 @@ async def post_message(
 
 def admit(admission: Admission, owner: Owner, options: ReplyOptions) -> AdmittedReply:
     """Admit the reply a request is about to start: 429 past a cap, before anything is stored."""
-    drop_if_client_leaves(options.on_disconnect == "stop")  # while it waits in line (on_busy=enqueue)
     return admission.admit_reply(owner, stream=options.stream)
 
 

@@ -68,6 +68,7 @@ async def start_and_stream(
             conversation.id,
             begin,
             on_busy=request.on_busy or services.settings.on_busy_default,
+            on_disconnect=request.on_disconnect,
             idempotency_key=idempotency_key(request) if content is not None else None,
             memory_scope=request.memory_scope or services.settings.memory_scope,
             content=content,

@@ -165,6 +165,7 @@ async def chat(
             content,
             admitted=admitted,
             on_busy=_on_busy(services, body),
+            on_disconnect=body.on_disconnect,
             # Without a policy of its own, new input replaces a reply that waits for an approval.
             parked_gives_way=body.on_busy is None,
             # A retried request (same message id) reattaches to the reply it started.
@@ -222,6 +223,7 @@ async def _edit(
             admitted=admitted,
             conversation_id=conversation.id,
             on_busy=_on_busy(services, body),
+            on_disconnect=body.on_disconnect,
             # Without a policy of its own, new input replaces a reply that waits for an approval.
             parked_gives_way=body.on_busy is None,
             idempotency_key=None,
@@ -259,6 +261,7 @@ async def _regenerate(
             begin,
             admitted=admitted,
             on_busy=_on_busy(services, body),
+            on_disconnect=body.on_disconnect,
             # Without a policy of its own, new input replaces a reply that waits for an approval.
             parked_gives_way=body.on_busy is None,
             idempotency_key=None,

@@ -63,6 +63,7 @@ async def start_or_answer_retry(
         recorded(begin) if recorded is not None else begin,
         admitted=admitted,
         on_busy=on_busy,
+        on_disconnect="continue",  # its busy policies never wait in line
         parked_gives_way=parked_gives_way,
         idempotency_key=idempotency_key,
         memory_scope=memory_scope,
@@ -124,6 +125,7 @@ async def _retried_reply(
             admitted=admitted,
             conversation_id=conversation_id,
             on_busy=on_busy,
+            on_disconnect="continue",
             idempotency_key=None,
             memory_scope=memory_scope,
             parked_gives_way=parked_gives_way,
