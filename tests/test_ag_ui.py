@@ -226,3 +226,32 @@ async def test_a_run_that_answers_a_call_a_stop_cut_off_is_refused_and_stores_no
         assert refused.headers["content-type"].startswith("application/json")
         assert refused.json()["error"]["details"]["tool_call_id"] == call["id"]
         assert (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json() == stored
+
+
+async def test_on_disconnect_stop_makes_a_hang_up_a_stop_also_in_a_run_resumed_after_an_approval(
+    start_server: Any,
+) -> None:
+    """Found: a resumed run ignored `forwardedProps.on_disconnect`: hung up on, its reply went on."""
+    server: LiveServer = await start_server(
+        tool_modules=["tests.approval_tools"],
+        tools_requiring_approval=["transfer_funds"],
+        demo_tokens_per_second=10,
+    )
+    thread_id = str(uuid.uuid4())
+    stop = {"on_disconnect": "stop"}
+    body = run_input(thread_id, '/tool transfer_funds {"amount": 5, "to": "bob"}', protocolVersion="1.0")
+    async with server.client() as api:
+        parked = [item.data async for item in iter_sse(await api.post("/v1/ag-ui", json=body))]
+        interrupt = parked[-1]["outcome"]["interrupts"][0]
+        answer = {"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}
+        resumed = {**run_input(thread_id, "", forwardedProps=stop), "messages": [], "resume": [answer]}
+        async with api.stream("POST", "/v1/ag-ui", json=resumed) as response:
+            async for item in iter_sse(response):
+                if item.data["type"] == "TEXT_MESSAGE_CONTENT":
+                    break  # the client goes away
+
+        async def ended() -> str | None:
+            status = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()[-1]["metadata"]["status"]
+            return None if status == "streaming" else str(status)
+
+        assert await wait_until(ended, timeout=10) == "interrupted_by_user"

@@ -568,3 +568,35 @@ async def test_a_reply_resumed_after_an_approval_keeps_the_clients_instructions_
         assert sent.messages[0]["content"].endswith("Answer like a ship's captain.")
         assert "get_weather" in [tool["function"]["name"] for tool in sent.tools or []]
         assert (sent.body["temperature"], sent.body["max_tokens"]) == (0.3, 64)
+
+
+async def test_on_disconnect_stop_makes_a_hang_up_a_stop_in_an_ai_sdk_reply_resumed_after_an_approval(
+    start_server: Any,
+) -> None:
+    """Found: the approval's request ignored its `on_disconnect: stop`: hung up on, the reply went on."""
+    server: LiveServer = await start_server(
+        tool_modules=["tests.approval_tools"],
+        tools_requiring_approval=["transfer_funds"],
+        demo_tokens_per_second=10,
+    )
+    chat_id = str(uuid.uuid4())
+    ask = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": ASK}]}
+    async with server.client() as api:
+        first = await api.post(
+            "/v1/ai-sdk/chat", json={"id": chat_id, "trigger": "submit-message", "messages": [ask]}
+        )
+        assert first.status_code == 200, first.text
+        messages = (await api.get(f"/v1/ai-sdk/chat/{chat_id}/messages")).json()
+        [part] = [p for p in messages[-1]["parts"] if p.get("state") == "approval-requested"]
+        part.update(state="approval-responded", approval={**part["approval"], "approved": True})
+        body = {"id": chat_id, "trigger": "submit-message", "messages": messages, "on_disconnect": "stop"}
+        async with api.stream("POST", "/v1/ai-sdk/chat", json=body) as response:
+            async for line in response.aiter_lines():
+                if '"text-delta"' in line:
+                    break  # the client goes away
+
+        async def ended() -> str | None:
+            status = (await api.get(f"/v1/ai-sdk/chat/{chat_id}/messages")).json()[-1]["metadata"]["status"]
+            return None if status == "streaming" else str(status)
+
+        assert await wait_until(ended, timeout=10) == "interrupted_by_user"
