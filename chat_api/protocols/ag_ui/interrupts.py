@@ -202,5 +202,6 @@ async def resume(request: RunRequest, owner: Owner, services: Services, admissio
         for c in turn.tool_calls or []
     )
     prefix = [translator.run_started(), snapshot(history)]
-    events = run_stream(services, decided.reply_id, decided.after, translator, prefix, stop=False)
+    stop = request.on_disconnect == "stop"
+    events = run_stream(services, decided.reply_id, decided.after, translator, prefix, stop=stop)
     return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)

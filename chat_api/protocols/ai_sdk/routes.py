@@ -345,7 +345,8 @@ async def _approve(
         assert first is not None
     stream = UIMessageStream(continuing=True)
     prefix = stream.start(str(first.reply_id))
-    events = _ui_stream(services, first.reply_id, first.after, stream, prefix, stop_on_disconnect=False)
+    stop = body.on_disconnect == "stop"
+    events = _ui_stream(services, first.reply_id, first.after, stream, prefix, stop_on_disconnect=stop)
     return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
