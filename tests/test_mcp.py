@@ -6,6 +6,7 @@ subprocess, talking to that server over HTTP.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -168,3 +169,17 @@ async def test_each_user_sees_and_forgets_only_their_own_memory(server: LiveServ
             assert "not_found" in await error_of(client, "forget", item_id=item["id"])
     async with server.client("t2", "u1") as api:
         assert (await api.get(f"/v1/memory/items/{theirs['id']}")).status_code == 200
+
+
+async def test_a_post_that_is_not_json_is_refused_in_json_rpc_not_in_plain_text(server: LiveServer) -> None:
+    """Found: a POST without a JSON content type was answered 400 `Invalid Content-Type header`,
+    plain text with no content type, where the SDK answers others in JSON-RPC."""
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    headers = {"Authorization": f"Bearer {token_for()}", "Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(base_url=server.base_url, headers=headers) as client:
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+            sent = {"content-type": content_type} if content_type else {}
+            response = await client.post("/mcp", content=json.dumps(initialize), headers=sent)
+            assert response.status_code == 415, (content_type, response.text)
+            assert response.headers["content-type"] == "application/json"
+            assert response.json()["error"]["code"] == -32600 and response.json()["id"] is None
