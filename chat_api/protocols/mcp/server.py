@@ -13,7 +13,8 @@ Transports:
   same door as every API route (``chat_api.admission.pass_door``): the failed-auth
   throttle, a session token or an API key, the request rate, all before the SDK sees
   the request; a held stream (``GET /mcp``) takes a stream slot like any other; a body
-  is held to the same input bounds (a JSON-RPC parse error otherwise). Every tool call
+  is held to the same input bounds (a JSON-RPC parse error otherwise), and one not declared
+  JSON is a JSON-RPC error too (415). Every tool call
   acts for the caller the door found (in that tenant's row-level-security scope) through
   ``memory.recall.access``. Stateless, so any replica answers any request, and JSON
   responses (each call is one short answer).
@@ -37,6 +38,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import Field
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
@@ -157,6 +159,19 @@ def _refusal(exc: AuthError | RateLimited) -> JSONResponse:
     return JSONResponse(body, status_code=429, headers={"Retry-After": str(exc.retry_after)})
 
 
+def _not_json() -> JSONResponse:
+    """A POST whose body is not declared JSON, as the SDK answers one (its transport check would
+    answer some of them in plain text)."""
+    message = "Unsupported Media Type: Content-Type must be application/json"
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
+    return JSONResponse(body, status_code=415)
+
+
+def _sends_json(scope: Scope) -> bool:
+    media_type = Headers(scope=scope).get("content-type", "").partition(";")[0]
+    return media_type.strip().lower() == "application/json"
+
+
 def _parse_error(exc: Exception) -> JSONResponse:
     """A body outside the input bounds, as JSON-RPC says a request that cannot be read is answered."""
     message = exc.message if isinstance(exc, InvalidInput) else "the body is not valid JSON"
@@ -236,6 +251,9 @@ class McpEndpoint:
             await _refusal(exc)(scope, receive, send)
             return
         if scope["method"] == "POST":
+            if not _sends_json(scope):
+                await _not_json()(scope, receive, send)
+                return
             body = await _read_body(receive)
             try:
                 await parse_json(body)
