@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 import httpx
@@ -20,8 +21,10 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from openai import AsyncOpenAI
+from sqlalchemy import or_, select
 
 from memory.record.conversations import Owner
+from memory.storage.models import Turn
 from tests.conftest import LiveServer, token_for
 from tests.support import new_conversation, wait_until
 
@@ -281,3 +284,77 @@ async def test_mcp_refuses_an_address_the_failed_auth_throttle_holds(start_serve
         for _ in range(3):
             assert (await http.post("/mcp", json={}, headers=BAD_TOKEN)).status_code == 401
         assert (await http.get("/v1/conversations", headers=BAD_TOKEN)).status_code == 429
+
+
+# --- a stop is never refused by the request rate ----------------------------------------
+
+
+async def spend_the_request_rate(api: httpx.AsyncClient) -> None:
+    """Cheap requests until the user's RATE_LIMIT_PER_MINUTE answers 429."""
+    for _ in range(50):
+        if (await api.get("/v1/conversations")).status_code == 429:
+            return
+    raise AssertionError("the request rate never ran out")
+
+
+async def stored_status(server: LiveServer, reply_id: uuid.UUID) -> str:
+    """The status of the reply's last turn, read from the database (the API would answer 429)."""
+    async with server.services.db.session() as session:
+        rows = await session.execute(
+            select(Turn.status)
+            .where(or_(Turn.id == reply_id, Turn.reply_id == reply_id))
+            .order_by(Turn.seq.desc())
+            .limit(1)
+        )
+        return str(rows.scalar_one())
+
+
+@pytest.mark.parametrize("door", ["chatmem", "ai-sdk", "ag-ui"])
+async def test_a_user_at_the_request_rate_limit_can_still_stop_a_streaming_reply(
+    start_server: Any, door: str
+) -> None:
+    server: LiveServer = await start_server(rate_limit_per_minute=5, **SLOW)
+    async with server.client() as api:
+        cid = await new_conversation(api)
+        if door == "chatmem":
+            start = api.stream("POST", f"/v1/conversations/{cid}/messages", json={"content": "/long go"})
+        elif door == "ai-sdk":
+            message = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "/long go"}]}
+            chat = {"id": cid, "trigger": "submit-message", "messages": [message]}
+            start = api.stream("POST", "/v1/ai-sdk/chat", json=chat)
+        else:
+            start = api.stream("POST", "/v1/ag-ui", json={**ag_ui_run(0), "threadId": cid})
+        async with start as streaming:
+            assert streaming.status_code == 200, await streaming.aread()
+            frames = streaming.aiter_bytes()
+            await anext(frames)  # the reply streams, and its stream stays open
+            (reply,) = server.services.registry.all()
+            await spend_the_request_rate(api)
+            if door == "chatmem":
+                stopped = await api.post(f"/v1/turns/{reply.turn_id}/stop")
+            else:
+                stopped = await api.post(f"/v1/{door}{'/chat' if door == 'ai-sdk' else ''}/{cid}/stop")
+            assert stopped.status_code == 200, stopped.text
+        # The rate was spent all along: only the stop got through.
+        assert (await api.get("/v1/conversations")).status_code == 429
+    assert await stored_status(server, reply.id) == "interrupted_by_user"
+
+
+async def test_a_user_at_the_request_rate_limit_can_still_cancel_a_background_response(
+    start_server: Any,
+) -> None:
+    server: LiveServer = await start_server(rate_limit_per_minute=5, **SLOW)
+    client = openai_client(server)
+    started = await client.responses.create(model=MODEL, input="/long a long story", background=True)
+    async with server.client() as api:
+        await spend_the_request_rate(api)
+    cancelled = await client.responses.cancel(started.id)
+    assert cancelled.status == "cancelled"
+
+
+async def test_stops_have_their_own_allowance_apart_from_the_request_rate(start_server: Any) -> None:
+    server: LiveServer = await start_server(rate_limit_per_minute=100, stops_per_minute=3)
+    async with server.client() as api:
+        answers = [(await api.post("/v1/ag-ui/no-such-thread/stop")).status_code for _ in range(4)]
+        assert answers == [200, 200, 200, 429]
+        assert (await api.get("/v1/conversations")).status_code == 200  # the request rate is untouched
