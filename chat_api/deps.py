@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from chat_api.admission.door import OwnerDep, SessionOwnerDep
+from chat_api.admission.door import OwnerDep, SessionOwnerDep, StopOwnerDep
 from chat_api.services import Services
 
 
@@ -16,4 +16,4 @@ def get_services(request: Request) -> Services:
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 
-__all__ = ["OwnerDep", "ServicesDep", "SessionOwnerDep", "get_services"]
+__all__ = ["OwnerDep", "ServicesDep", "SessionOwnerDep", "StopOwnerDep", "get_services"]

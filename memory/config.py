@@ -110,6 +110,14 @@ class HttpSettings(BaseSettings):
     rate_limit_per_minute: int = Field(
         120, ge=0, description="Requests per minute per user, per API process (0: no limit)."
     )
+    stops_per_minute: int = Field(
+        600,
+        ge=0,
+        description=(
+            "Stops per minute per user, per API process (0: no limit); a stop never counts"
+            " against RATE_LIMIT_PER_MINUTE."
+        ),
+    )
     max_streams_per_user: int = Field(
         10, ge=0, description="SSE streams one user may have open at once, per API process (0: no limit)."
     )

@@ -8,7 +8,10 @@
 2. the bearer credential: an API key (`cmk_…`, looked up by its hash on every request,
    so a revocation holds at once on every replica) or a signed session token (JWT); a
    failure counts against the address and answers 401;
-3. one request of the user's RATE_LIMIT_PER_MINUTE;
+3. one request of the user's RATE_LIMIT_PER_MINUTE, or, for a stop, one of the user's
+   STOPS_PER_MINUTE instead: a user who spent their request rate can still stop a reply.
+   A route is a stop when it reads its caller with `StopOwnerDep` (every door's stop and
+   cancel route does); that one dependency is the whole rule, the route adds nothing;
 4. the request is scoped to the tenant (row-level security) and the log context, and its
    `Credential` is kept in the request's state.
 
@@ -76,8 +79,9 @@ def _bearer(headers: Headers) -> str:
     return token.strip()
 
 
-async def pass_door(services: Services, scope: Scope) -> Credential:
-    """Authenticate the request and charge it to the caller's request rate (see the module doc).
+async def pass_door(services: Services, scope: Scope, *, stop: bool = False) -> Credential:
+    """Authenticate the request and charge it to the caller's request rate, or a `stop` to
+    their stop allowance (see the module doc).
 
     AuthError (401) or RateLimited (429); on success the request's state holds the Credential.
     """
@@ -93,7 +97,10 @@ async def pass_door(services: Services, scope: Scope) -> Credential:
     except AuthError:
         admission.failed_authentication(address)
         raise
-    admission.admit_request(credential.owner)
+    if stop:
+        admission.admit_stop(credential.owner)
+    else:
+        admission.admit_request(credential.owner)
     owner = credential.owner
     bind_log_context(tenant_id=owner.tenant_id, user_id=owner.user_id)
     set_tenant(owner.tenant_id)
@@ -138,10 +145,11 @@ class DoorRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         reads_body = self.body_field is not None
+        stop = stop_owner in set(_calls(self.dependant))
 
         async def through_the_door(request: Request) -> Response:
             request = DoorRequest(request.scope, request.receive)
-            await pass_door(request.app.state.services, request.scope)
+            await pass_door(request.app.state.services, request.scope, stop=stop)
             check_url_strings(request.path_params.items())
             check_url_strings(request.query_params.multi_items())
             if reads_body and _sends_json(request):
@@ -175,7 +183,13 @@ async def session_owner(request: Request) -> Owner:
     return credential.owner
 
 
+async def stop_owner(request: Request) -> Owner:
+    """Dependency: the caller of a stop route, charged to STOPS_PER_MINUTE instead of the request rate."""
+    return credential_of(request.scope).owner
+
+
 OwnerDep = Annotated[Owner, Depends(current_owner)]
+StopOwnerDep = Annotated[Owner, Depends(stop_owner)]
 SessionOwnerDep = Annotated[Owner, Depends(session_owner)]
 
 
@@ -187,7 +201,7 @@ def _calls(dependant: Dependant) -> Iterator[Any]:
 
 def unguarded_routes(routers: Iterable[APIRouter]) -> list[str]:
     """Routes that read the caller but do not pass the door (create_app refuses to start with any)."""
-    readers = {current_owner, session_owner}
+    readers = {current_owner, session_owner, stop_owner}
     return [
         f"{sorted(route.methods or ())} {route.path}"
         for router in routers

@@ -46,6 +46,7 @@ class Admission:
     ) -> None:
         self.settings = settings
         self.requests: TokenBuckets[Owner] = TokenBuckets(settings.rate_limit_per_minute, MINUTE, clock=clock)
+        self.stops: TokenBuckets[Owner] = TokenBuckets(settings.stops_per_minute, MINUTE, clock=clock)
         self.auth_failures: TokenBuckets[str] = TokenBuckets(
             settings.auth_failures_per_minute, MINUTE, clock=clock
         )
@@ -85,6 +86,17 @@ class Admission:
         if wait > 0:
             metrics.observe_rate_limited("requests_per_minute")
             raise RateLimited(f"more than {self.requests.capacity} requests per minute", _retry_after(wait))
+
+    def admit_stop(self, owner: Owner) -> None:
+        """Charge one stop to the user's STOPS_PER_MINUTE, or RateLimited; never to the request rate.
+
+        A user at RATE_LIMIT_PER_MINUTE can still stop their replies: a stop ends work, it
+        starts none, so only its own (generous) allowance bounds it.
+        """
+        wait = self.stops.take(owner)
+        if wait > 0:
+            metrics.observe_rate_limited("stops_per_minute")
+            raise RateLimited(f"more than {self.stops.capacity} stops per minute", _retry_after(wait))
 
     # --- work a request starts -----------------------------------------------------------
 

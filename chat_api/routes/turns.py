@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from chat_api.admission import Admission, AdmissionDep, check_text, door_router
-from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.replies import decide, sse_stream, stop_reply, wait_reply_done
 from chat_api.routes.messages import SSE_HEADERS
 from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
@@ -34,7 +34,7 @@ async def read_turn(turn_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) 
 
 
 @router.post("/{turn_id}/stop", response_model=StopOut, responses={202: {"model": StopOut}})
-async def stop(turn_id: uuid.UUID, owner: OwnerDep, services: ServicesDep) -> StopOut | JSONResponse:
+async def stop(turn_id: uuid.UUID, owner: StopOwnerDep, services: ServicesDep) -> StopOut | JSONResponse:
     """Stop the reply this turn belongs to, on whichever process runs it. Idempotent.
 
     200 with the reply's final turn once it has ended (also when it had ended before);

@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import AdmissionDep, door_router
-from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.protocols.ag_ui.input import RunRequest, check_ids, read_run
 from chat_api.protocols.ag_ui.interrupts import (
     active_history,
@@ -254,7 +254,7 @@ class StopResult(BaseModel):
 
 
 @router.post("/{thread_id}/stop", response_model=StopResult, responses={202: {"model": StopResult}})
-async def stop(thread_id: ThreadId, owner: OwnerDep, services: ServicesDep) -> StopResult | JSONResponse:
+async def stop(thread_id: ThreadId, owner: StopOwnerDep, services: ServicesDep) -> StopResult | JSONResponse:
     """Stop the thread's running (or waiting) run on whichever process runs it. Idempotent.
 
     The open stream closes its text message and tool calls, answers every unanswered call,

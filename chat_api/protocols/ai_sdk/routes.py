@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
-from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.protocols.ai_sdk.stream import (
     CLIENT_MESSAGE_ID,
     DONE,
@@ -420,7 +420,7 @@ class StopResult(BaseModel):
 @router.post("/{chat_id}/stop", response_model=StopResult, responses={202: {"model": StopResult}})
 async def stop(
     chat_id: ChatId,
-    owner: OwnerDep,
+    owner: StopOwnerDep,
     services: ServicesDep,
 ) -> StopResult | JSONResponse:
     """Stop the chat's streaming (or waiting) reply on whichever process runs it. Idempotent.

@@ -32,7 +32,7 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import HTTPConnection
 
 from chat_api.admission import Admission, AdmissionDep, AdmittedReply, door_router
-from chat_api.deps import OwnerDep, ServicesDep
+from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.protocols.openai.chat import ChatRequest, ClientMessage, OpenAIError
 from chat_api.protocols.openai.conversations import (
     choose_conversation,
@@ -498,7 +498,7 @@ def response_id_of(stored: StoredResponse) -> str:
 
 
 @router.post("/responses/{response_id}/cancel")
-async def cancel(response_id: str, owner: OwnerDep, services: ServicesDep) -> JSONResponse:
+async def cancel(response_id: str, owner: StopOwnerDep, services: ServicesDep) -> JSONResponse:
     """Stop a background response wherever it runs (chatmem's stop); it then reads `cancelled`."""
     stored = await _stored(services, owner, response_id)
     if not stored.request.get("background"):
