@@ -7,6 +7,7 @@ event is parsed with the AG-UI SDK's own event model.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -255,3 +256,35 @@ async def test_on_disconnect_stop_makes_a_hang_up_a_stop_also_in_a_run_resumed_a
             return None if status == "streaming" else str(status)
 
         assert await wait_until(ended, timeout=10) == "interrupted_by_user"
+
+
+async def test_a_stop_naming_a_run_waiting_in_line_drops_it_and_leaves_the_run_ahead_going(
+    start_server: Any,
+) -> None:
+    """Found: the stop stopped the run ahead, and then the waiting run started anyway."""
+    server: LiveServer = await start_server(**SLOW)
+    thread_id = str(uuid.uuid4())
+    async with server.client() as api:
+        async with api.stream(
+            "POST", "/v1/ag-ui", json=run_input(thread_id, "/long ahead", protocolVersion="1.0")
+        ) as ahead:
+            assert ahead.status_code == 200
+            events = iter_sse(ahead)
+            while (await anext(events)).data["type"] != "TEXT_MESSAGE_CONTENT":
+                pass  # the run ahead streams
+            waiting_body = run_input(thread_id, "waits", forwardedProps={"on_busy": "enqueue"})
+            waiting = asyncio.create_task(api.post("/v1/ag-ui", json=waiting_body))
+            conversation_id = server.services.registry.all()[0].conversation_id
+            await wait_until(
+                lambda: server.services.queues.waiting(conversation_id) == 1, what="the run to wait"
+            )
+            stop = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": waiting_body["runId"]})
+            assert stop.json() == {"success": True}
+            dropped = await waiting
+            assert dropped.status_code == 409, dropped.text
+            assert dropped.json()["error"]["code"] == "stopped_while_waiting"
+            rest = [item.data async for item in events]
+        assert rest[-1]["type"] == "RUN_FINISHED" and rest[-1]["outcome"] != {"type": "cancelled"}
+        stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
+        assert [m["metadata"]["status"] for m in stored if m["role"] == "assistant"] == ["completed"]
+        assert [m["parts"][0]["text"] for m in stored if m["role"] == "user"] == ["/long ahead"]
