@@ -18,6 +18,9 @@ Bounds and departures:
   leaves the line; with `on_disconnect=continue` (the default) it stays and runs in turn,
   as a streaming reply whose client left goes on: a disconnect is not a stop, and the
   person finds the message and its reply in the conversation when they come back.
+- A stop aimed at a waiting request (`stop_waiting`, by the key it was sent with: AG-UI's
+  stop with the run's `runId`) drops that request before anything is stored (409
+  `stopped_while_waiting`); the reply ahead of it goes on: it is not the one stopped.
 
 The lines live in this process. Requests for one conversation that reach different API
 processes are ordered within each process only (a sticky load balancer keeps a
@@ -38,7 +41,7 @@ from fastapi import Request
 
 from chat_api import metrics
 from chat_api.errors import RateLimited
-from memory.errors import DomainError
+from memory.errors import Conflict, DomainError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,8 @@ ClientGone = Callable[[], Awaitable[bool]]
 # and whether its message is dropped if so (set from the request's on_disconnect).
 _client_gone: ContextVar[ClientGone | None] = ContextVar("client_gone", default=None)
 _drop_if_client_leaves: ContextVar[bool] = ContextVar("drop_if_client_leaves", default=False)
+# The request's place in its line, while it holds one (a stop may drop it).
+_place: ContextVar[Place | None] = ContextVar("place", default=None)
 
 
 async def watch_client(request: Request) -> None:
@@ -71,13 +76,21 @@ class ClientLeft(DomainError):
     code = "client_left"
 
 
+class StoppedWhileWaiting(Conflict):
+    """A stop dropped the request while its message waited in line; nothing was stored."""
+
+    code = "stopped_while_waiting"
+
+
 class Place:
     """One request's place in its conversation's line."""
 
-    def __init__(self, queues: ReplyQueues, conversation_id: uuid.UUID) -> None:
+    def __init__(self, queues: ReplyQueues, conversation_id: uuid.UUID, key: str | None) -> None:
         self._queues = queues
         self.conversation_id = conversation_id
+        self.key = key  # the request's idempotency key, by which a stop finds it
         self.at_front = asyncio.Event()
+        self.stopped = asyncio.Event()
         self._left = False
 
     async def wait_front(self) -> None:
@@ -101,7 +114,7 @@ class ReplyQueues:
         """Requests in this conversation's line (the front one included)."""
         return len(self._lines.get(conversation_id, ()))
 
-    def join(self, conversation_id: uuid.UUID, *, limit: int) -> Place:
+    def join(self, conversation_id: uuid.UUID, *, limit: int, key: str | None = None) -> Place:
         """A place at the end of the line, or RateLimited when `limit` requests already wait (0: no bound)."""
         line = self._lines.setdefault(conversation_id, deque())
         if limit > 0 and len(line) >= limit:
@@ -109,11 +122,19 @@ class ReplyQueues:
             raise RateLimited(
                 f"more than {limit} messages wait in this conversation", retry_after=FULL_RETRY_AFTER_SECONDS
             )
-        place = Place(self, conversation_id)
+        place = Place(self, conversation_id, key)
         line.append(place)
         if len(line) == 1:
             place.at_front.set()
         return place
+
+    def stop_waiting(self, conversation_id: uuid.UUID, key: str) -> bool:
+        """Drop the request waiting in this conversation's line with `key`; False if none waits here."""
+        for place in self._lines.get(conversation_id, ()):
+            if place.key == key:
+                place.stopped.set()
+                return True
+        return False
 
     def remove(self, place: Place) -> None:
         """Take `place` out of its line; the new front is woken."""
@@ -129,31 +150,43 @@ class ReplyQueues:
 
 
 @contextlib.asynccontextmanager
-async def in_line(queues: ReplyQueues, conversation_id: uuid.UUID, *, limit: int) -> AsyncIterator[None]:
+async def in_line(
+    queues: ReplyQueues, conversation_id: uuid.UUID, *, limit: int, key: str | None = None
+) -> AsyncIterator[None]:
     """Join the conversation's line, wait to be at its front, and leave the line on exit."""
-    place = queues.join(conversation_id, limit=limit)
+    place = queues.join(conversation_id, limit=limit, key=key)
+    token = _place.set(place)
     try:
         await place.wait_front()
         yield
     finally:
+        _place.reset(token)
         place.leave()
 
 
 async def until(waiting: Awaitable[object]) -> None:
-    """Await `waiting`; raise ClientLeft once the client is gone, if the request asked for a stop then."""
+    """Await `waiting`; raise ClientLeft once the client is gone, if the request asked for a stop then,
+    and StoppedWhileWaiting once a stop drops the request's place in its line."""
     client_gone = _client_gone.get() if _drop_if_client_leaves.get() else None
+    place = _place.get()
     task = asyncio.ensure_future(waiting)
+    stopped = asyncio.ensure_future(place.stopped.wait()) if place is not None else None
+    watched = {task} if stopped is None else {task, stopped}
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=CLIENT_CHECK_SECONDS)
-            if done:
+            done, _ = await asyncio.wait(watched, timeout=CLIENT_CHECK_SECONDS, return_when="FIRST_COMPLETED")
+            if task in done:
                 task.result()
                 return
+            if stopped in done:
+                log.info("a queued message was dropped: a stop named it before its turn")
+                raise StoppedWhileWaiting("the run was stopped while it waited; it was not stored")
             if client_gone is not None and await client_gone():
                 log.info("a queued message was dropped: its client left before its turn")
                 raise ClientLeft("the client left while the message waited; it was not stored")
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for pending in watched:
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending

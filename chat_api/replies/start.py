@@ -355,7 +355,10 @@ async def start_reply(
         accepted = await attempt()
     else:
         async with in_line(
-            services.queues, conversation_id, limit=services.settings.max_queued_per_conversation
+            services.queues,
+            conversation_id,
+            limit=services.settings.max_queued_per_conversation,
+            key=idempotency_key,
         ):
             accepted = await attempt()
     if accepted.reattached:

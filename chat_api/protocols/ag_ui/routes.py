@@ -25,7 +25,7 @@ from ag_ui.core import (
     RunAgentInput,
     RunFinishedEvent,
 )
-from fastapi import Body, Path, Response
+from fastapi import Body, Path, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -49,7 +49,7 @@ from chat_api.protocols.ag_ui.run import (
     now_ms,
     speaks_1_0,
 )
-from chat_api.protocols.ag_ui.streams import idempotency_key, joined_stream, start_and_stream
+from chat_api.protocols.ag_ui.streams import idempotency_key, joined_stream, run_key, start_and_stream
 from chat_api.protocols.ag_ui.thread import (
     CLIENT_MESSAGE_ID,
     RUN_ID,
@@ -57,7 +57,7 @@ from chat_api.protocols.ag_ui.thread import (
     thread_messages,
 )
 from chat_api.services import Services
-from memory.errors import InvalidInput, NotFound
+from memory.errors import DomainError, InvalidInput, NotFound
 from memory.events import StopReason, TurnStatus
 from memory.record.ai_sdk_chats import CHAT_ID, find_chat, remember_message_id
 from memory.record.branches import (
@@ -253,18 +253,39 @@ class StopResult(BaseModel):
     success: bool = Field(description="True once the run's ending is stored (also when none was running).")
 
 
+async def _run_id_named(request: Request) -> str | None:
+    """The `runId` of a stop's JSON body, if it names one (any other body is accepted and ignored)."""
+    if not await request.body():
+        return None
+    try:
+        body = await request.json()
+    except (DomainError, ValueError):
+        return None
+    run_id = body.get("runId") if isinstance(body, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
 @router.post("/{thread_id}/stop", response_model=StopResult, responses={202: {"model": StopResult}})
-async def stop(thread_id: ThreadId, owner: StopOwnerDep, services: ServicesDep) -> StopResult | JSONResponse:
+async def stop(
+    thread_id: ThreadId, request: Request, owner: StopOwnerDep, services: ServicesDep
+) -> StopResult | JSONResponse:
     """Stop the thread's running (or waiting) run on whichever process runs it. Idempotent.
 
     The open stream closes its text message and tool calls, answers every unanswered call,
     and ends with RUN_FINISHED (outcome `cancelled`); the stored reply holds exactly what it
     carried. 202 with `success: false` if the process running it did not confirm within
-    STOP_WAIT_SECONDS. Any body is accepted and not read.
+    STOP_WAIT_SECONDS. Any body is accepted; a JSON `{"runId": …}` naming a run of this
+    thread still waiting in line (`on_busy: enqueue`) drops that run (its request answers
+    409 `stopped_while_waiting`, nothing stored) and leaves the run ahead of it going.
     """
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, thread_id)
-    if conversation is None or conversation.active_reply_id is None:
+    if conversation is None:
+        return StopResult(success=True)
+    run_id = await _run_id_named(request)
+    if run_id is not None and services.queues.stop_waiting(conversation.id, run_key(run_id)):
+        return StopResult(success=True)
+    if conversation.active_reply_id is None:
         return StopResult(success=True)
     if not await stop_reply(services, conversation.active_reply_id, reason=StopReason.USER):
         return JSONResponse(StopResult(success=False).model_dump(), status_code=202)

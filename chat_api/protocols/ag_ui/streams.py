@@ -41,9 +41,14 @@ from chat_api.replies import (
 )
 
 
+def run_key(run_id: str) -> str:
+    """The idempotency key of a run: a retried input (the same runId) reattaches to the reply it
+    started, and a stop naming the runId finds the run waiting in line by it."""
+    return f"ag-ui:{run_id}"
+
+
 def idempotency_key(request: RunRequest) -> str:
-    # A retried input (the same runId) reattaches to the reply it started.
-    return f"ag-ui:{request.run_id}"
+    return run_key(request.run_id)
 
 
 async def start_and_stream(
