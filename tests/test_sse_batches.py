@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any
 
-from chat_api.replies import sse_frame, sse_stream
+from chat_api.replies import ReplyKind, sse_frame, sse_stream
 from memory.events import EventName
 from tests.conftest import LiveServer
 from tests.sse import SSEEvent, iter_sse, parse_sse
@@ -31,7 +31,9 @@ async def test_a_follower_behind_catches_up_in_one_write_of_separate_events(star
             reply_id = uuid.UUID(events[0].data["reply_id"])
             # A second follower of the same live reply, from the start: what is already in the
             # log (turn.started, memory.retrieved, the first delta) comes as one write.
-            follower = sse_stream(server.services, reply_id, 0, stop_on_disconnect=False)
+            follower = sse_stream(
+                server.services, reply_id, 0, on_disconnect="continue", kind=ReplyKind.FOLLOWED
+            )
             writes = [await anext(follower)]
             assert len(parse_sse(writes[0])) >= 3
             # Stall the event loop, as a burst of work would: tokens fall due meanwhile and the

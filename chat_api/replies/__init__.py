@@ -4,6 +4,8 @@
                 your own BeginReply, built from store_message / answer_again / answer_tool_results;
                 hand_over gives the started reply the client's tools, options and instructions
 - follow.py     follow_reply (batches of events from any id, live or stored), sse_stream
+- hang_up.py    hung_up: what a client leaving a reply's stream early does to it (ReplyKind,
+                on_disconnect), decided once for every door
 - stop.py       stop_reply, wait_reply_done, reply_streaming
 - approve.py    decide (approve or reject a waiting tool call; the last decision resumes)
 - run.py        ReplyRunner: model → tools → model, and the one ending call
@@ -17,6 +19,7 @@ their names, are `memory.events`: adapters import them from there.
 
 from chat_api.replies.approve import Decided, decide
 from chat_api.replies.follow import follow_reply, sse_frame, sse_stream
+from chat_api.replies.hang_up import OnDisconnect, ReplyKind, hung_up
 from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.start import (
     Accepted,
@@ -37,7 +40,9 @@ __all__ = [
     "Accepted",
     "BeginReply",
     "Decided",
+    "OnDisconnect",
     "Reply",
+    "ReplyKind",
     "ReplyRequest",
     "Started",
     "accept_message",
@@ -47,6 +52,7 @@ __all__ = [
     "edit_message",
     "follow_reply",
     "hand_over",
+    "hung_up",
     "regenerate_reply",
     "reply_streaming",
     "sse_frame",

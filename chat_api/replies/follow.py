@@ -27,9 +27,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from chat_api.replies.hang_up import OnDisconnect, ReplyKind, hung_up
 from chat_api.replies.reaper import reap_if_owner_gone
 from chat_api.replies.reply import Reply
-from memory.events import ENDING_NAMES, PARKED_EVENT, TERMINAL_NAMES, Event, StopReason, TurnStatus
+from memory.events import ENDING_NAMES, PARKED_EVENT, TERMINAL_NAMES, Event, TurnStatus
 from memory.record.reply_state import reply_state
 from memory.record.turns import last_event, load_events
 
@@ -126,16 +127,19 @@ def sse_frame(event: Event) -> bytes:
 
 
 async def sse_stream(
-    services: Services, reply_id: uuid.UUID, after: int, *, stop_on_disconnect: bool
+    services: Services,
+    reply_id: uuid.UUID,
+    after: int,
+    *,
+    on_disconnect: OnDisconnect,
+    kind: ReplyKind,
 ) -> AsyncIterator[bytes]:
-    """SSE bytes of a reply, one write per batch; with `stop_on_disconnect`, a client leaving stops it."""
+    """SSE bytes of a reply, one write per batch; a client leaving early is `hang_up.hung_up`."""
     ended = False
     try:
         async for batch in follow_reply(services, reply_id, after):
             yield b"".join(sse_frame(event) for event in batch)
             ended = batch[-1][1] in TERMINAL_NAMES
     finally:
-        if stop_on_disconnect and not ended:
-            reply = services.registry.get(reply_id)
-            if reply is not None:
-                reply.request_stop(StopReason.CLIENT_DISCONNECTED)
+        if not ended:
+            hung_up(services, reply_id, on_disconnect, kind)

@@ -10,7 +10,7 @@ from sse_starlette import EventSourceResponse
 
 from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
-from chat_api.replies import Accepted, accept_message, sse_stream, wait_reply_done
+from chat_api.replies import Accepted, ReplyKind, accept_message, sse_stream, wait_reply_done
 from chat_api.schemas import MessageCreate, ReplyOptions, ReplyOut, TurnOut
 from chat_api.services import Services
 from memory.record.conversations import Owner
@@ -61,8 +61,9 @@ async def reply_response(
 ) -> EventSourceResponse | ReplyOut:
     """The started reply as SSE (in the admitted stream slot), or awaited and whole (`stream: false`)."""
     if options.stream:
-        stop_on_disconnect = options.on_disconnect == "stop"
-        stream = sse_stream(services, accepted.reply_id, 0, stop_on_disconnect=stop_on_disconnect)
+        stream = sse_stream(
+            services, accepted.reply_id, 0, on_disconnect=options.on_disconnect, kind=ReplyKind.STARTED
+        )
         return EventSourceResponse(admitted.stream(stream), headers=SSE_HEADERS, ping=15)
     await wait_reply_done(services, accepted.reply_id, timeout=None)
     return await finished_reply(services, owner, accepted.reply_id, accepted.user_turn_id)

@@ -12,7 +12,7 @@ from sse_starlette import EventSourceResponse
 
 from chat_api.admission import Admission, AdmissionDep, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
-from chat_api.replies import decide, sse_stream, stop_reply, wait_reply_done
+from chat_api.replies import ReplyKind, decide, sse_stream, stop_reply, wait_reply_done
 from chat_api.routes.messages import SSE_HEADERS
 from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
 from memory.errors import InvalidInput
@@ -74,7 +74,9 @@ async def events(
     async with services.db.session() as session:
         turn = await get_turn(session, owner, turn_id)
     slot = admission.admit_stream(owner)
-    stream = sse_stream(services, turn.reply_id or turn.id, position, stop_on_disconnect=False)
+    stream = sse_stream(
+        services, turn.reply_id or turn.id, position, on_disconnect="continue", kind=ReplyKind.FOLLOWED
+    )
     return EventSourceResponse(slot.hold(stream), headers=SSE_HEADERS, ping=15)
 
 
@@ -143,7 +145,10 @@ async def _decided(
     with admission.admit_reply(owner, stream=stream) as admitted:
         decided = await decide(services, owner, turn_id, call_id, decision, admitted=admitted)
     if stream:
-        events = sse_stream(services, decided.reply_id, decided.after, stop_on_disconnect=False)
+        # A decision's body has no on_disconnect: leaving never stops the reply it resumed.
+        events = sse_stream(
+            services, decided.reply_id, decided.after, on_disconnect="continue", kind=ReplyKind.RESUMED
+        )
         return EventSourceResponse(admitted.stream(events), headers=SSE_HEADERS, ping=15)
     if decided.resumed:
         await wait_reply_done(services, decided.reply_id, timeout=None)

@@ -56,6 +56,7 @@ from memory.storage.models import Conversation, Turn
 # The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.
 from chat_api.protocols.ag_ui.streams import run_stream
 from chat_api.replies import (
+    ReplyKind,
     decide,
 )
 
@@ -202,6 +203,13 @@ async def resume(request: RunRequest, owner: Owner, services: Services, admissio
         for c in turn.tool_calls or []
     )
     prefix = [translator.run_started(), snapshot(history)]
-    stop = request.on_disconnect == "stop"
-    events = run_stream(services, decided.reply_id, decided.after, translator, prefix, stop=stop)
+    events = run_stream(
+        services,
+        decided.reply_id,
+        decided.after,
+        translator,
+        prefix,
+        on_disconnect=request.on_disconnect,
+        kind=ReplyKind.RESUMED,
+    )
     return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)

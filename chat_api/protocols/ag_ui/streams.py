@@ -26,7 +26,7 @@ from chat_api.protocols.ag_ui.thread import (
     snapshot,
 )
 from chat_api.services import Services
-from memory.events import Event, StopReason
+from memory.events import Event
 from memory.record.ai_sdk_chats import chat_conversation
 from memory.record.conversations import Owner
 from memory.storage.models import Conversation
@@ -35,8 +35,11 @@ from memory.storage.models import Conversation
 # The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.
 from chat_api.replies import (
     Accepted,
+    OnDisconnect,
+    ReplyKind,
     follow_reply,
     hand_over,
+    hung_up,
     start_reply,
 )
 
@@ -81,9 +84,16 @@ async def start_and_stream(
         )
         hand_over(services, accepted, tools=request.tools, instructions=request.instructions)
     translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)
-    stop = request.on_disconnect == "stop"
     prefix = [translator.run_started(), *before]
-    events = run_stream(services, accepted.reply_id, 0, translator, prefix, stop=stop)
+    events = run_stream(
+        services,
+        accepted.reply_id,
+        0,
+        translator,
+        prefix,
+        on_disconnect=request.on_disconnect,
+        kind=ReplyKind.STARTED,
+    )
     return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
@@ -94,7 +104,8 @@ async def run_stream(
     translator: RunTranslator,
     prefix: list[BaseEvent],
     *,
-    stop: bool,
+    on_disconnect: OnDisconnect,
+    kind: ReplyKind,
     batches: AsyncIterator[list[Any]] | None = None,
 ) -> AsyncIterator[bytes]:
     """The reply's events after `after` as AG-UI SSE frames, one write per batch, until the run ends."""
@@ -110,10 +121,8 @@ async def run_stream(
         if not translator.ended:
             yield encode(translator.end())
     finally:
-        if stop and not translator.ended:
-            reply = services.registry.get(reply_id)
-            if reply is not None:
-                reply.request_stop(StopReason.CLIENT_DISCONNECTED)
+        if not translator.ended:
+            hung_up(services, reply_id, on_disconnect, kind)
 
 
 async def joined_stream(
@@ -133,7 +142,17 @@ async def joined_stream(
             return
         prefix += [e for e in folded if getattr(e, "name", None) == MEMORY_EVENT][-1:]
         prefix += translator.open_parts()
-        async for frame in run_stream(services, reply_id, 0, translator, prefix, stop=False, batches=batches):
+        frames = run_stream(
+            services,
+            reply_id,
+            0,
+            translator,
+            prefix,
+            on_disconnect="continue",
+            kind=ReplyKind.FOLLOWED,
+            batches=batches,
+        )
+        async for frame in frames:
             yield frame
     finally:
         await batches.aclose()  # type: ignore[attr-defined]

@@ -73,6 +73,8 @@ from memory.storage.models import Branch, Conversation, Turn
 # block so that a move of those modules is one edit here.
 from chat_api.replies import (
     Accepted,
+    OnDisconnect,
+    ReplyKind,
     Started,
     accept_message,
     answer_again,
@@ -80,6 +82,7 @@ from chat_api.replies import (
     edit_message,
     follow_reply,
     hand_over,
+    hung_up,
     reply_streaming,
     start_reply,
     stop_reply,
@@ -345,8 +348,15 @@ async def _approve(
         assert first is not None
     stream = UIMessageStream(continuing=True)
     prefix = stream.start(str(first.reply_id))
-    stop = body.on_disconnect == "stop"
-    events = _ui_stream(services, first.reply_id, first.after, stream, prefix, stop_on_disconnect=stop)
+    events = _ui_stream(
+        services,
+        first.reply_id,
+        first.after,
+        stream,
+        prefix,
+        on_disconnect=body.on_disconnect,
+        kind=ReplyKind.RESUMED,
+    )
     return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
@@ -360,8 +370,15 @@ def _reply_stream(
     services: Services, admitted: AdmittedReply, accepted: Accepted, body: ChatRequest
 ) -> Response:
     """The started reply as a UI message stream, held in the admitted stream slot."""
-    stop = body.on_disconnect == "stop"
-    events = _ui_stream(services, accepted.reply_id, 0, UIMessageStream(), [], stop_on_disconnect=stop)
+    events = _ui_stream(
+        services,
+        accepted.reply_id,
+        0,
+        UIMessageStream(),
+        [],
+        on_disconnect=body.on_disconnect,
+        kind=ReplyKind.STARTED,
+    )
     return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 
@@ -372,7 +389,8 @@ async def _ui_stream(
     stream: UIMessageStream,
     prefix: list[Chunk],
     *,
-    stop_on_disconnect: bool,
+    on_disconnect: OnDisconnect,
+    kind: ReplyKind,
 ) -> AsyncIterator[bytes]:
     """The reply's events after `after` as UI message stream frames, one write per batch, then [DONE]."""
     ended = False
@@ -386,10 +404,8 @@ async def _ui_stream(
         ended = True
         yield b"".join(encode(chunk) for chunk in stream.end()) + DONE
     finally:
-        if stop_on_disconnect and not ended:
-            reply = services.registry.get(reply_id)
-            if reply is not None:
-                reply.request_stop(StopReason.CLIENT_DISCONNECTED)
+        if not ended:
+            hung_up(services, reply_id, on_disconnect, kind)
 
 
 @router.get(
@@ -407,7 +423,9 @@ async def resume(
     if reply_id is None or not await reply_streaming(services, reply_id):
         return Response(status_code=204)
     slot = admission.admit_stream(owner)
-    events = _ui_stream(services, reply_id, 0, UIMessageStream(), [], stop_on_disconnect=False)
+    events = _ui_stream(
+        services, reply_id, 0, UIMessageStream(), [], on_disconnect="continue", kind=ReplyKind.FOLLOWED
+    )
     return StreamingResponse(slot.hold(events), media_type=MEDIA_TYPE, headers=HEADERS)
 
 

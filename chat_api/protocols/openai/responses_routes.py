@@ -48,6 +48,7 @@ from chat_api.protocols.openai.responses_request import (
 )
 from chat_api.protocols.openai.retries import start_or_answer_retry
 from chat_api.protocols.openai.routes import (
+    ON_DISCONNECT,
     SSE_HEADERS,
     OpenAIRoute,
     chat_target,
@@ -55,8 +56,8 @@ from chat_api.protocols.openai.routes import (
     idempotency_key,
     read_request,
     reply_head,
-    stop_here,
 )
+from chat_api.replies import OnDisconnect, ReplyKind, hung_up
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
 from memory.events import Event, EventName, StopReason, TurnStatus
@@ -114,7 +115,17 @@ async def create_response(
             translator.feed(event)
     headers = _headers(conversation_id, accepted.reply_id, translator)
     if asked.chat.stream:
-        events = _sse(services, accepted.reply_id, translator, head, batches, stop=not asked.background)
+        # A background response goes on without its client, as the protocol says.
+        on_disconnect: OnDisconnect = "continue" if asked.background else ON_DISCONNECT
+        events = _sse(
+            services,
+            accepted.reply_id,
+            translator,
+            head,
+            batches,
+            on_disconnect=on_disconnect,
+            kind=ReplyKind.STARTED,
+        )
         return EventSourceResponse(
             admitted.stream(events), headers={**SSE_HEADERS, **headers}, ping=15, sep="\n"
         )
@@ -353,10 +364,11 @@ async def _sse(
     head: list[Event],
     batches: AsyncIterator[list[Event]],
     *,
-    stop: bool,
+    on_disconnect: OnDisconnect,
+    kind: ReplyKind,
     after: int = -1,
 ) -> AsyncIterator[bytes]:
-    """The reply as Responses events after `after`; with `stop`, the client leaving stops the reply.
+    """The reply as Responses events after `after`; a client leaving early is `hang_up.hung_up`.
 
     A client resuming at or past the stored ending still gets the terminal event (numbered as
     stored; a failure's `error` event with it, as a live stream sends it), never an empty
@@ -391,9 +403,8 @@ async def _sse(
                 return
         yield frames(translator.end_of_log())
     finally:
-        if stop and not translator.ended:
-            # Synchronous, before any await: a cancelled stream may not get to await again.
-            stop_here(services, reply_id)
+        if not translator.ended:
+            hung_up(services, reply_id, on_disconnect, kind)
         aclose = getattr(batches, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -473,7 +484,8 @@ async def get_response(
         _translator(stored),
         [],
         follow_reply(services, stored.id, 0),
-        stop=False,
+        on_disconnect="continue",
+        kind=ReplyKind.FOLLOWED,
         after=starting_after,
     )
     return EventSourceResponse(

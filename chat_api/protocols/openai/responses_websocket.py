@@ -35,13 +35,13 @@ from chat_api.protocols.openai.chat import ChatRequest, OpenAIError
 from chat_api.protocols.openai.responses import ResponseEvent, ResponseTranslator
 from chat_api.protocols.openai.responses_request import ResponsesRequest, parse_request
 from chat_api.protocols.openai.responses_routes import response_base, start_response
-from chat_api.protocols.openai.routes import openai_error, read_request, stop_here
+from chat_api.protocols.openai.routes import ON_DISCONNECT, openai_error, read_request
 from chat_api.services import Services
 from memory.record.conversations import Owner
 from memory.record.responses import StoredResponse
 
 # isort: split
-from chat_api.replies import follow_reply
+from chat_api.replies import ReplyKind, follow_reply, hung_up
 
 router = APIRouter(prefix="/openai/v1", tags=["openai"])
 
@@ -162,7 +162,7 @@ async def _turn(
             await websocket.send_text(json.dumps(event, ensure_ascii=False))
     finally:
         if not translator.ended:
-            stop_here(services, accepted.reply_id)  # the client left mid-response: its stop
+            hung_up(services, accepted.reply_id, ON_DISCONNECT, ReplyKind.STARTED)
     if translator.status == "failed" and named is not None:
         known.pop(named, None)
 

@@ -52,7 +52,7 @@ from chat_api.protocols.openai.chat import (
     sse_data,
 )
 from chat_api.protocols.openai.conversations import choose_conversation, start_chat_reply
-from chat_api.replies import follow_reply, stop_reply
+from chat_api.replies import OnDisconnect, ReplyKind, follow_reply, hung_up, stop_reply
 from chat_api.services import Services
 from memory.errors import Conflict, DomainError, InvalidInput, NotFound
 from memory.events import TERMINAL_NAMES, EventName, StopReason, TurnStatus
@@ -65,6 +65,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CONVERSATION_HEADER = "x-chatmem-conversation-id"
 CHAT_KEY_HEADERS = ("x-chatmem-chat-key", "x-openwebui-chat-id")
 IDEMPOTENCY_HEADER = "idempotency-key"
+# The OpenAI protocols have no such option: a client that leaves a streamed answer means it
+# stopped (the SDKs' abort). A retry with the Idempotency-Key is the same request again.
+ON_DISCONNECT: OnDisconnect = "stop"
 MAX_IDEMPOTENCY_KEY_CHARS = 200  # as on chatmem's own routes
 # Events after which the response's headers can say which memories the reply uses.
 HEAD_EVENTS = (
@@ -329,8 +332,7 @@ async def _stream(
                 return
     finally:
         if not translator.ended:
-            # Synchronous, before any await: a cancelled stream may not get to await again.
-            stop_here(services, reply_id)
+            hung_up(services, reply_id, ON_DISCONNECT, ReplyKind.STARTED)
         aclose = getattr(batches, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -341,13 +343,6 @@ def _frames(translator: ReplyTranslator, events: list[Event]) -> bytes:
     if translator.ended:
         chunks.append(DONE)
     return b"".join(chunks)
-
-
-def stop_here(services: Services, reply_id: uuid.UUID) -> None:
-    # The reply was started by this request, so it runs in this process.
-    reply = services.registry.get(reply_id)
-    if reply is not None:
-        reply.request_stop(StopReason.CLIENT_DISCONNECTED)
 
 
 class Folding(Protocol):
