@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from sqlalchemy import text
 from indexer.pipeline import IndexPipeline
 from indexer.worker import IndexerWorker
 from memory.recall import reindex
+from memory.recall.embedding_service import EmbeddingUnavailable
 from memory.recall.embeddings import HashEmbedder
 from memory.recall.index import ForeignGeneration, IndexChanged, MemoryIndex, spec_key, spec_of
 from memory.recall.items import Embedded, correct_item, forget_item, items_by_key
@@ -137,6 +139,39 @@ async def test_a_process_that_had_not_looked_again_after_a_take_over_ranked_the_
     with pytest.raises(ForeignGeneration, match="taken over"):
         await found_turns(db, first, "locker code climbing gym number 1")
     # The search made it look again at once: it knows now it cannot encode for that generation.
+    with pytest.raises(ForeignGeneration, match="memory reindex"):
+        await first.generation()
+    assert first.refused is not None
+
+
+class Unreachable(HashEmbedder):
+    """The old encoder, as an embedding service that stops answering (recall goes keyword-only)."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.down = False
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if self.down:
+            raise EmbeddingUnavailable("the embedding service did not answer")
+        return await super().embed(texts)
+
+
+async def test_a_keyword_only_recall_of_a_generation_taken_over_makes_the_process_look_again(
+    db: Database, pg_url: str
+) -> None:
+    # The keyword search (no query vector) finds the take-over as the vector search does, and the
+    # process reads the generation again at once rather than after check_seconds.
+    encoder = Unreachable()
+    first = MemoryIndex(db, encoder, check_seconds=3600)  # it has not looked again since it started
+    assert (await first.start()).id == 1
+    second = MemoryIndex(db, NEW)
+    assert (await second.start()).id == 1  # still empty: the second encoder takes it over
+    await index_turns(db, IndexPipeline(db, second, test_settings(pg_url)), [fact(1)])
+
+    encoder.down = True
+    with pytest.raises(ForeignGeneration, match="taken over"):
+        await found_turns(db, first, "locker code climbing gym number 1")
     with pytest.raises(ForeignGeneration, match="memory reindex"):
         await first.generation()
     assert first.refused is not None

@@ -47,7 +47,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -401,6 +401,17 @@ def look_again(embedder: Embedder) -> None:
     """A search or a write found the generation changed: a MemoryIndex re-reads it at its next call."""
     if isinstance(embedder, MemoryIndex):
         embedder.look_again()
+
+
+@contextlib.contextmanager
+def looking_again_if_taken_over(embedder: Embedder) -> Iterator[None]:
+    """Around a search of the generation: ``ForeignGeneration`` (another encoder took it over since
+    this process last read it) goes on up, and a MemoryIndex re-reads the generation at its next call."""
+    try:
+        yield
+    except ForeignGeneration:
+        look_again(embedder)
+        raise
 
 
 async def write_guard(session: AsyncSession, embedder: Embedder, generation: Generation) -> None:

@@ -40,7 +40,7 @@ from memory.recall.embedding_service import EmbeddingServiceError
 from memory.recall.embeddings import Embedder
 from memory.recall.found import FoundMemory, best_distinct
 from memory.recall.fusion import DEFAULT_FUSION, Fusion
-from memory.recall.index import ForeignGeneration, Generation, generation_of, look_again
+from memory.recall.index import Generation, generation_of, looking_again_if_taken_over
 from memory.recall.index_search import fuse, search_candidates
 from memory.recall.keywords import memory_text, photo_caption
 from memory.recall.prepared_queries import PreparedQuery
@@ -113,7 +113,7 @@ async def recall_memories(
     generation = await generation_of(embedder, db)
 
     async def search_index(session: AsyncSession, query_vector: list[float]) -> list[FoundMemory]:
-        try:
+        with looking_again_if_taken_over(embedder):
             return await index_memories(
                 session,
                 tenant_id=tenant_id,
@@ -126,9 +126,6 @@ async def recall_memories(
                 exclude_turn_ids=exclude_turn_ids,
                 fusion=fusion,
             )
-        except ForeignGeneration:
-            look_again(embedder)  # taken over since this process last read it
-            raise
 
     # A vector encoded ahead and ready now: no encoder before the index search, which then
     # shares the unindexed read's transaction. One still encoding is waited for after the read.
@@ -168,7 +165,7 @@ async def recall_memories(
     latency["embed"] = _ms_since(mark)
     mark = time.perf_counter()
     if degraded is not None or query_vector is None:
-        try:
+        with looking_again_if_taken_over(embedder):
             async with db.transaction() as session:
                 memories = await rank_by_keywords(
                     session,
@@ -182,9 +179,6 @@ async def recall_memories(
                     min_score=min_score,
                     depth=max(fusion.candidates, k + OVERFETCH),
                 )
-        except ForeignGeneration:
-            look_again(embedder)
-            raise
     else:
         if indexed is None:
             async with db.transaction() as session:
