@@ -114,6 +114,18 @@ async def test_an_ai_sdk_chats_messages_come_in_bounded_pages_newest_first(serve
         assert bad.json()["error"]["code"] == "invalid_input"
 
 
+async def test_a_page_of_ai_sdk_messages_makes_no_orm_object_of_each_stored_turn(server: LiveServer) -> None:
+    """A page of 500 messages was read as some 1,000 Turn objects, made on the event loop (~14 ms of
+    its CPU), stalling every other stream of the process; a row of the columns a message uses is enough."""
+    async with server.client() as client:
+        chat = await imported(client, TURNS)
+        with turns_loaded() as loaded:
+            messages, cursor = await ui_messages_page(client, chat, limit=500)
+        assert texts(messages) == [f"message {i}" for i in range(TURNS - 500, TURNS)]
+        assert cursor is not None
+        assert loaded[0] == 0, f"{loaded[0]} Turn objects made for a page of 500 messages"
+
+
 async def test_a_reply_of_several_steps_is_one_message_on_a_page_of_ai_sdk_messages(
     server: LiveServer,
 ) -> None:

@@ -25,12 +25,12 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import AsyncGenerator, Collection
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import Row, bindparam, select, text
+from sqlalchemy import Row, TextClause, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -49,6 +49,14 @@ from memory.storage.models import Branch, Conversation, Turn
 # A lineage entry with no upper bound: the branch's own turns.
 NO_LIMIT = 2147483647
 
+
+class _Seq(Protocol):
+    @property
+    def seq(self) -> int: ...
+
+
+_Paged = TypeVar("_Paged", bound=_Seq)
+
 _LINEAGE = "unnest(CAST(:lineage_ids AS uuid[]), CAST(:lineage_max_seqs AS int[])) AS l(branch_id, max_seq)"
 
 BRANCH_HISTORY = text(
@@ -59,21 +67,35 @@ BRANCH_HISTORY = text(
     """
 )
 
-# One page of a history, newest first: the newest `limit` turns below a seq of each lineage
-# entry (an index range scan each), then overall. A long history is never read whole.
-BRANCH_HISTORY_PAGE = text(
-    f"""
-    SELECT t.* FROM {_LINEAGE}
-    CROSS JOIN LATERAL (
-        SELECT * FROM turns t
-        WHERE t.branch_id = l.branch_id AND t.seq <= LEAST(l.max_seq, :below_seq - 1) AND t.deleted_at IS NULL
+
+def _newest_page(columns: str) -> TextClause:
+    """One page of a history, newest first: the newest `limit` turns below a seq of each lineage
+    entry (an index range scan each), then overall; `columns` of each. A long history is never
+    read whole."""
+    return text(
+        f"""
+        SELECT t.* FROM {_LINEAGE}
+        CROSS JOIN LATERAL (
+            SELECT {columns} FROM turns t
+            WHERE t.branch_id = l.branch_id AND t.seq <= LEAST(l.max_seq, :below_seq - 1)
+              AND t.deleted_at IS NULL
+            ORDER BY t.seq DESC
+            LIMIT :limit
+        ) t
         ORDER BY t.seq DESC
         LIMIT :limit
-    ) t
-    ORDER BY t.seq DESC
-    LIMIT :limit
-    """
+        """
+    )
+
+
+BRANCH_HISTORY_PAGE = _newest_page("*")
+# Only what a chat client's message is made of (its text, its tool calls and their results, the
+# reply's status and error, the client's own id in the metadata), as rows, not Turn objects.
+MESSAGE_COLUMNS = (
+    "id, seq, role, status, content, tool_calls, tool_call_id, reply_id, interrupt_reason, error, "
+    "metadata AS meta"
 )
+BRANCH_MESSAGES_PAGE = _newest_page(MESSAGE_COLUMNS)
 
 # One page of a history, oldest first: the oldest `limit` turns above a seq of each lineage
 # entry (an index range scan each), then overall; only what a history match reads of them.
@@ -246,25 +268,63 @@ async def branch_history_page(
     """The newest `limit` turns of the branch's history below `below_seq`, oldest first, and the
     seq to read the page before them from (None: the page reaches the history's start)."""
     rows = await session.execute(
-        select(Turn).from_statement(BRANCH_HISTORY_PAGE),
-        {**_lineage_params(branch), "limit": limit + 1, "below_seq": below_seq},
+        select(Turn).from_statement(BRANCH_HISTORY_PAGE), _page_params(branch, limit, below_seq)
     )
-    newest_first = list(rows.scalars())
+    return _oldest_first(list(rows.scalars()), limit)
+
+
+async def _message_rows_page(
+    session: AsyncSession, branch: Branch, *, limit: int, below_seq: int
+) -> tuple[list[Row[Any]], int | None]:
+    """As `branch_history_page`, each turn a row of MESSAGE_COLUMNS."""
+    rows = await session.execute(BRANCH_MESSAGES_PAGE, _page_params(branch, limit, below_seq))
+    return _oldest_first(list(rows), limit)
+
+
+def _page_params(branch: Branch, limit: int, below_seq: int) -> dict[str, Any]:
+    # One more than the page: whether older turns exist.
+    return {**_lineage_params(branch), "limit": limit + 1, "below_seq": below_seq}
+
+
+def _oldest_first(newest_first: list[_Paged], limit: int) -> tuple[list[_Paged], int | None]:
     more = len(newest_first) > limit
     page = newest_first[:limit]
     page.reverse()
     return page, (page[0].seq if more else None)
 
 
-async def history_newest_first(
+def history_newest_first(
     session: AsyncSession, branch: Branch, *, page: int = 50, below_seq: int = NO_LIMIT
 ) -> AsyncGenerator[Turn, None]:
     """The branch's history (below `below_seq`) newest turn first, read a page at a time: a caller
     that stops early (what it looks for is nearly always among the newest) never reads a long
     history whole."""
+
+    async def read(below: int) -> tuple[list[Turn], int | None]:
+        return await branch_history_page(session, branch, limit=page, below_seq=below)
+
+    return _newest_first(read, below_seq)
+
+
+def message_rows_newest_first(
+    session: AsyncSession, branch: Branch, *, page: int = 50, below_seq: int = NO_LIMIT
+) -> AsyncGenerator[Row[Any], None]:
+    """As `history_newest_first`, each turn a row of MESSAGE_COLUMNS (the `metadata` column as
+    `meta`, as on Turn): Turn objects of a page of 1,001 turns took ~14 ms of the event loop's CPU,
+    rows ~4 ms."""
+
+    async def read(below: int) -> tuple[list[Row[Any]], int | None]:
+        return await _message_rows_page(session, branch, limit=page, below_seq=below)
+
+    return _newest_first(read, below_seq)
+
+
+async def _newest_first(
+    read: Callable[[int], Awaitable[tuple[list[_Paged], int | None]]], below_seq: int
+) -> AsyncGenerator[_Paged, None]:
     below = below_seq
     while True:
-        turns, first_seq = await branch_history_page(session, branch, limit=page, below_seq=below)
+        turns, first_seq = await read(below)
         for turn in reversed(turns):
             yield turn
         if first_seq is None:

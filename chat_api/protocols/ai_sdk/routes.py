@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Path, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
@@ -61,6 +62,7 @@ from memory.record.branches import (
     fork_branch,
     history_newest_first,
     load_branch,
+    message_rows_newest_first,
     newest_turn,
     on_lineage,
 )
@@ -503,15 +505,18 @@ async def messages(
 
 async def _newest_messages(
     session: AsyncSession, branch: Branch, *, limit: int, below_seq: int
-) -> tuple[list[Turn], int | None]:
+) -> tuple[list[Row[Any]], int | None]:
     """The turns of the branch's newest `limit` UIMessages below `below_seq`, oldest first, and
-    the seq to read the messages before them from (None: they start the history)."""
-    turns: list[Turn] = []
+    the seq to read the messages before them from (None: they start the history).
+
+    Rows of the columns a message is made of, not Turn objects: reading a page of 500 messages
+    as Turns took ~14 ms of the event loop's CPU (as rows ~4 ms), stalling every other stream."""
+    turns: list[Row[Any]] = []
     last: tuple[str, uuid.UUID] | None = None
     count = 0
     # A message is whole once the turn before it (another message's) is read.
     async with aclosing(
-        history_newest_first(session, branch, page=2 * limit + 1, below_seq=below_seq)
+        message_rows_newest_first(session, branch, page=2 * limit + 1, below_seq=below_seq)
     ) as history:
         async for turn in history:
             key = message_key(turn)
