@@ -258,6 +258,36 @@ async def test_on_disconnect_stop_makes_a_hang_up_a_stop_also_in_a_run_resumed_a
         assert await wait_until(ended, timeout=10) == "interrupted_by_user"
 
 
+async def test_a_resume_with_nothing_to_decide_carries_the_headers_of_every_run_stream(
+    start_server: Any,
+) -> None:
+    """Found: the answer to a cancellation of interrupts already closed lacked the stream headers
+    (`X-Accel-Buffering: no`) that every other run's stream sends."""
+    server: LiveServer = await start_server(
+        tool_modules=["tests.approval_tools"], tools_requiring_approval=["transfer_funds"]
+    )
+    thread_id = str(uuid.uuid4())
+    body = run_input(thread_id, '/tool transfer_funds {"amount": 7, "to": "eve"}', protocolVersion="1.0")
+    async with server.client() as api:
+        parked = [item.data async for item in iter_sse(await api.post("/v1/ag-ui", json=body))]
+        cancelled = [{"interruptId": parked[-1]["outcome"]["interrupts"][0]["id"], "status": "cancelled"}]
+        steered = await api.post(
+            "/v1/ag-ui", json={**run_input(thread_id, "just say hi"), "resume": cancelled}
+        )
+        assert steered.status_code == 200, steered.text
+        again = {**run_input(thread_id, ""), "messages": [], "resume": cancelled}
+        replay = await api.post("/v1/ag-ui", json=again)
+        assert replay.status_code == 200, replay.text
+    assert [item.data["type"] async for item in iter_sse(replay)] == [
+        "RUN_STARTED",
+        "MESSAGES_SNAPSHOT",
+        "RUN_FINISHED",
+    ]
+    for name in ("content-type", "cache-control", "x-accel-buffering"):
+        assert replay.headers.get(name) == steered.headers.get(name), name
+    assert replay.headers["x-accel-buffering"] == "no"
+
+
 async def test_a_stop_naming_a_run_waiting_in_line_drops_it_and_leaves_the_run_ahead_going(
     start_server: Any,
 ) -> None:

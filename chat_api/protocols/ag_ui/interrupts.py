@@ -176,9 +176,8 @@ async def resume(request: RunRequest, owner: Owner, services: Services, admissio
         # Only cancellations of interrupts already closed: nothing to decide, the thread as it is.
         translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)
         finished = RunFinishedEvent(thread_id=request.thread_id, run_id=request.run_id, timestamp=now_ms())
-        return Response(
-            encode([translator.run_started(), snapshot(history), finished]), media_type=MEDIA_TYPE
-        )
+        body = encode([translator.run_started(), snapshot(history), finished])
+        return Response(body, media_type=MEDIA_TYPE, headers=HEADERS)
     parked = {turn.id: turn for _, turn in checked}
     # Admitted before any decision is stored: the last one resumes the reply.
     with admission.admit_reply(owner, stream=True) as admitted:
