@@ -5,6 +5,9 @@
 - `Cache-Control: no-store` on every API response (JSON bodies and SSE streams alike):
   they hold a user's conversations and memory, which no shared or browser cache should
   keep. The page and the docs' assets keep the caching they chose (`PAGE_PREFIXES`).
+
+`STREAM_HEADERS` are what every door's event stream (SSE) sends besides: a proxy such as
+nginx must pass each event on as it comes (`X-Accel-Buffering: no`), not buffer the stream.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 # Paths whose own Cache-Control stands (the page revalidates its files; docs assets are versioned).
 PAGE_PREFIXES = ("/static/", "/docs-assets/")
 PAGE_PATHS = frozenset({"/", "/docs", "/redoc"})
+# Every event stream's, on every door (no-cache: no-store replaces it on API paths).
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class ResponseHeaders:

@@ -105,6 +105,35 @@ async def test_api_responses_carry_nosniff_and_no_store(server: LiveServer) -> N
         )
 
 
+async def test_every_doors_event_stream_tells_a_proxy_not_to_buffer_it(server: LiveServer) -> None:
+    """Each door kept its own copy of the stream headers, and one AG-UI answer sent none."""
+    user = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    openai = {"model": "chatmem-demo", "stream": True}
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        streams = [
+            (f"/v1/conversations/{cid}/messages", {"content": "hi"}),
+            ("/v1/ai-sdk/chat", {"id": "headers-chat", "trigger": "submit-message", "messages": [user]}),
+            (
+                "/v1/ag-ui",
+                {
+                    "threadId": "headers-thread",
+                    "runId": "r1",
+                    "messages": [{"id": "m1", "role": "user", "content": "hi"}],
+                },
+            ),
+            ("/openai/v1/chat/completions", {**openai, "messages": [{"role": "user", "content": "hi"}]}),
+            ("/openai/v1/responses", {**openai, "input": "hi"}),
+        ]
+        for path, body in streams:
+            async with client.stream("POST", path, json=body) as r:
+                await r.aread()
+            assert r.status_code == 200, (path, r.text)
+            assert r.headers["content-type"].startswith("text/event-stream"), path
+            assert r.headers["x-accel-buffering"] == "no", path
+            assert r.headers.get_list("cache-control") == ["no-store"], path
+
+
 async def test_docs_work_offline_with_no_outside_host(server: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=server.base_url) as client:
         for page in ("/docs", "/redoc"):

@@ -11,14 +11,13 @@ from sse_starlette import EventSourceResponse
 from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.replies import Accepted, ReplyKind, accept_message, sse_stream, wait_reply_done
+from chat_api.response_headers import STREAM_HEADERS
 from chat_api.schemas import MessageCreate, ReplyOptions, ReplyOut, TurnOut
 from chat_api.services import Services
 from memory.record.conversations import Owner
 from memory.record.turns import get_turn, reply_turns
 
 router = door_router(tags=["messages"])
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @router.post(
@@ -64,7 +63,7 @@ async def reply_response(
         stream = sse_stream(
             services, accepted.reply_id, 0, on_disconnect=options.on_disconnect, kind=ReplyKind.STARTED
         )
-        return EventSourceResponse(admitted.stream(stream), headers=SSE_HEADERS, ping=15)
+        return EventSourceResponse(admitted.stream(stream), headers=STREAM_HEADERS, ping=15)
     await wait_reply_done(services, accepted.reply_id, timeout=None)
     return await finished_reply(services, owner, accepted.reply_id, accepted.user_turn_id)
 

@@ -13,7 +13,7 @@ from sse_starlette import EventSourceResponse
 from chat_api.admission import Admission, AdmissionDep, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.replies import ReplyKind, decide, sse_stream, stop_reply, wait_reply_done
-from chat_api.routes.messages import SSE_HEADERS
+from chat_api.response_headers import STREAM_HEADERS
 from chat_api.schemas import ApproveIn, DecisionOut, RejectIn, StopOut, TurnOut
 from memory.errors import InvalidInput
 from memory.events import StopReason, TurnStatus
@@ -77,7 +77,7 @@ async def events(
     stream = sse_stream(
         services, turn.reply_id or turn.id, position, on_disconnect="continue", kind=ReplyKind.FOLLOWED
     )
-    return EventSourceResponse(slot.hold(stream), headers=SSE_HEADERS, ping=15)
+    return EventSourceResponse(slot.hold(stream), headers=STREAM_HEADERS, ping=15)
 
 
 CallId = Annotated[str, Path(min_length=1, max_length=128)]
@@ -149,7 +149,7 @@ async def _decided(
         events = sse_stream(
             services, decided.reply_id, decided.after, on_disconnect="continue", kind=ReplyKind.RESUMED
         )
-        return EventSourceResponse(admitted.stream(events), headers=SSE_HEADERS, ping=15)
+        return EventSourceResponse(admitted.stream(events), headers=STREAM_HEADERS, ping=15)
     if decided.resumed:
         await wait_reply_done(services, decided.reply_id, timeout=None)
     async with services.db.session() as session:

@@ -23,7 +23,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from chat_api.admission import Admission
 from chat_api.protocols.ag_ui.input import Answer, RunRequest
 from chat_api.protocols.ag_ui.run import (
-    HEADERS,
     MEDIA_TYPE,
     RunTranslator,
     encode,
@@ -37,6 +36,7 @@ from chat_api.protocols.ag_ui.thread import (
     thread_messages,
     waiting_interrupts,
 )
+from chat_api.response_headers import STREAM_HEADERS
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound
 from memory.events import ToolCallState, TurnStatus
@@ -84,7 +84,7 @@ def interrupt_again(
     outcome = RunFinishedInterruptOutcome(interrupts=waiting_interrupts(parked))
     finished = RunFinishedEvent(thread_id=thread_id, run_id=run_id, outcome=outcome, timestamp=now_ms())
     body = encode([translator.run_started(), snapshot(history), finished])
-    return Response(body, media_type=MEDIA_TYPE, headers=HEADERS)
+    return Response(body, media_type=MEDIA_TYPE, headers=STREAM_HEADERS)
 
 
 async def checked_answers(
@@ -177,7 +177,7 @@ async def resume(request: RunRequest, owner: Owner, services: Services, admissio
         translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)
         finished = RunFinishedEvent(thread_id=request.thread_id, run_id=request.run_id, timestamp=now_ms())
         body = encode([translator.run_started(), snapshot(history), finished])
-        return Response(body, media_type=MEDIA_TYPE, headers=HEADERS)
+        return Response(body, media_type=MEDIA_TYPE, headers=STREAM_HEADERS)
     parked = {turn.id: turn for _, turn in checked}
     # Admitted before any decision is stored: the last one resumes the reply.
     with admission.admit_reply(owner, stream=True) as admitted:
@@ -211,4 +211,4 @@ async def resume(request: RunRequest, owner: Owner, services: Services, admissio
         on_disconnect=request.on_disconnect,
         kind=ReplyKind.RESUMED,
     )
-    return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
+    return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=STREAM_HEADERS)

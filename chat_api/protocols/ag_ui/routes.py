@@ -42,7 +42,6 @@ from chat_api.protocols.ag_ui.interrupts import (
     steered_away,
 )
 from chat_api.protocols.ag_ui.run import (
-    HEADERS,
     MEDIA_TYPE,
     RunTranslator,
     encode,
@@ -56,6 +55,7 @@ from chat_api.protocols.ag_ui.thread import (
     snapshot,
     thread_messages,
 )
+from chat_api.response_headers import STREAM_HEADERS
 from chat_api.services import Services
 from memory.errors import DomainError, InvalidInput, NotFound
 from memory.events import StopReason, TurnStatus
@@ -226,7 +226,7 @@ async def connect(
         translator = RunTranslator(thread_id, run_id, modern=modern)
         finished = RunFinishedEvent(thread_id=thread_id, run_id=run_id, timestamp=now_ms())
         body_bytes = encode([translator.run_started(), snapshot(thread_messages(turns)), finished])
-        return Response(body_bytes, media_type=MEDIA_TYPE, headers=HEADERS)
+        return Response(body_bytes, media_type=MEDIA_TYPE, headers=STREAM_HEADERS)
     reply_run_id = _run_id_of(turns, reply_id) or str(reply_id)
     if parked is not None:
         return interrupt_again(thread_id, reply_run_id, modern, thread_messages(turns), parked)
@@ -234,7 +234,7 @@ async def connect(
     translator = RunTranslator(thread_id, reply_run_id, modern=modern)
     before = [t for t in turns if t.reply_id != reply_id or t.role == "user"]
     events = joined_stream(services, reply_id, translator, thread_messages(before))
-    return StreamingResponse(slot.hold(events), media_type=MEDIA_TYPE, headers=HEADERS)
+    return StreamingResponse(slot.hold(events), media_type=MEDIA_TYPE, headers=STREAM_HEADERS)
 
 
 def _run_id_of(turns: Sequence[Turn], reply_id: uuid.UUID) -> str | None:

@@ -77,7 +77,6 @@ from memory.events import (
 )
 
 MEDIA_TYPE = EventEncoder().get_content_type()
-HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MEMORY_EVENT = "chatmem.memory"
 # The result a call gets when its reply ended before it had one (AG-UI leaves no call unanswered).
 STOPPED = "the reply was stopped before this tool call finished"

@@ -16,7 +16,6 @@ from fastapi.responses import StreamingResponse
 from chat_api.admission import Admission
 from chat_api.protocols.ag_ui.input import RunRequest
 from chat_api.protocols.ag_ui.run import (
-    HEADERS,
     MEDIA_TYPE,
     MEMORY_EVENT,
     RunTranslator,
@@ -25,6 +24,7 @@ from chat_api.protocols.ag_ui.run import (
 from chat_api.protocols.ag_ui.thread import (
     snapshot,
 )
+from chat_api.response_headers import STREAM_HEADERS
 from chat_api.services import Services
 from memory.events import Event
 from memory.record.ai_sdk_chats import chat_conversation
@@ -94,7 +94,7 @@ async def start_and_stream(
         on_disconnect=request.on_disconnect,
         kind=ReplyKind.STARTED,
     )
-    return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=HEADERS)
+    return StreamingResponse(admitted.stream(events), media_type=MEDIA_TYPE, headers=STREAM_HEADERS)
 
 
 async def run_stream(

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from chat_api.protocols.approvals import approval_id, parse_approval_id
+from chat_api.response_headers import STREAM_HEADERS
 from memory.events import (
     ApprovalRequiredData,
     Event,
@@ -52,11 +53,7 @@ from memory.events import (
 
 Chunk = dict[str, Any]
 
-HEADERS = {
-    "x-vercel-ai-ui-message-stream": "v1",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
+HEADERS = {"x-vercel-ai-ui-message-stream": "v1", **STREAM_HEADERS}
 MEDIA_TYPE = "text/event-stream"
 DONE = b"data: [DONE]\n\n"
 MEMORY_PART = "data-memory"

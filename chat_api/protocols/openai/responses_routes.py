@@ -49,7 +49,6 @@ from chat_api.protocols.openai.responses_request import (
 from chat_api.protocols.openai.retries import start_or_answer_retry
 from chat_api.protocols.openai.routes import (
     ON_DISCONNECT,
-    SSE_HEADERS,
     OpenAIRoute,
     chat_target,
     fold_reply,
@@ -58,6 +57,7 @@ from chat_api.protocols.openai.routes import (
     reply_head,
 )
 from chat_api.replies import OnDisconnect, ReplyKind, hung_up
+from chat_api.response_headers import STREAM_HEADERS
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
 from memory.events import Event, EventName, StopReason, TurnStatus
@@ -127,7 +127,7 @@ async def create_response(
             kind=ReplyKind.STARTED,
         )
         return EventSourceResponse(
-            admitted.stream(events), headers={**SSE_HEADERS, **headers}, ping=15, sep="\n"
+            admitted.stream(events), headers={**STREAM_HEADERS, **headers}, ping=15, sep="\n"
         )
     await fold_reply(request, services, accepted.reply_id, translator, head, batches)
     translator.end_of_log()
@@ -490,7 +490,7 @@ async def get_response(
     )
     return EventSourceResponse(
         slot.hold(events),
-        headers={**SSE_HEADERS, **_headers(stored.conversation_id, stored.id)},
+        headers={**STREAM_HEADERS, **_headers(stored.conversation_id, stored.id)},
         ping=15,
         sep="\n",
     )

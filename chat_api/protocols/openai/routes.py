@@ -53,6 +53,7 @@ from chat_api.protocols.openai.chat import (
 )
 from chat_api.protocols.openai.conversations import choose_conversation, start_chat_reply
 from chat_api.replies import OnDisconnect, ReplyKind, follow_reply, hung_up, stop_reply
+from chat_api.response_headers import STREAM_HEADERS
 from chat_api.services import Services
 from memory.errors import Conflict, DomainError, InvalidInput, NotFound
 from memory.events import TERMINAL_NAMES, EventName, StopReason, TurnStatus
@@ -61,7 +62,6 @@ log = logging.getLogger(__name__)
 
 Asked = TypeVar("Asked")
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CONVERSATION_HEADER = "x-chatmem-conversation-id"
 CHAT_KEY_HEADERS = ("x-chatmem-chat-key", "x-openwebui-chat-id")
 IDEMPOTENCY_HEADER = "idempotency-key"
@@ -211,7 +211,7 @@ async def chat_completions(
     }
     if chat.stream:
         stream = _stream(services, accepted.reply_id, translator, head, batches)
-        return EventSourceResponse(admitted.stream(stream), headers={**SSE_HEADERS, **headers}, ping=15)
+        return EventSourceResponse(admitted.stream(stream), headers={**STREAM_HEADERS, **headers}, ping=15)
     await fold_reply(request, services, accepted.reply_id, translator, head, batches)
     # A reply that waits for a person's approval has not failed: answered as far as it goes (a 200,
     # as the Responses API's `incomplete`). A 5xx made the SDKs send it again, and each retry
