@@ -103,6 +103,15 @@ class HttpSettings(BaseSettings):
             " message (AI SDK chat, AG-UI run and connect, OpenAI chat completions and Responses create)."
         ),
     )
+    max_body_values: int = Field(
+        250_000,
+        ge=1000,
+        description=(
+            "Most JSON values (object keys included) in one request body, on every route, counted before"
+            " it is parsed: parsing and validating holds up every stream of the process. A full import"
+            " (IMPORT_MAX_TURNS) holds ~85,000, an 8 MB chat of tool calls ~170,000."
+        ),
+    )
     import_max_turns: int = Field(5000, ge=1, description="Most turns in one import request.")
     import_max_body_bytes: int = Field(
         25_000_000, ge=1024, description="Largest body accepted by the import endpoint."

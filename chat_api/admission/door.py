@@ -123,7 +123,8 @@ class DoorRequest(Request):
 
     async def json(self) -> Any:
         if not hasattr(self, "_checked"):
-            self._checked = await parse_json(await self.body())
+            max_values = self.app.state.services.settings.max_body_values
+            self._checked = await parse_json(await self.body(), max_values=max_values)
         return self._checked
 
 

@@ -9,12 +9,23 @@ anywhere past the door (an id, a chat key, a metadata value, a time filter), was
 path strings are held to the same rule; times are checked where a route takes them
 (`check_time`). Each refusal is `InvalidInput` naming the field, which each protocol
 answers in its own error shape.
+
+Before it is parsed, a body is held to MAX_BODY_VALUES: the JSON values (and object keys)
+it may hold, counted on its bytes. Parsing and validating a body holds the GIL, in a worker
+thread too (`json.loads` and pydantic are each one call into C), so every stream of the
+process waits for it: 100,000 to 200,000 tiny messages, well within
+MAX_HISTORY_BODY_BYTES, held them all for 0.2 to 1.8 s, on the AG-UI and AI SDK doors
+(which bound no message count) as on chat completions (which refused more than 5,000 turns
+only once it had read them all). The count costs a few C-speed scans of the bytes, and,
+when the strings may hold enough commas or colons to matter, a windowed scan that skips
+them, ~1 ms of the GIL at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -67,7 +78,66 @@ def check_tools(tools: Iterable[Mapping[str, Any]]) -> None:
             check_json(parameters, field=f"tools[{index}].parameters", max_bytes=MAX_TOOL_PARAMETERS_BYTES)
 
 
-def _parse(body: bytes) -> Any:
+# A string's content, up to (without) its closing quote.
+_STRING_CONTENT = rb'(?:[^"\\]++|\\.)*+'
+_STRINGS = re.compile(rb'"' + _STRING_CONTENT + rb'"')
+# Text outside strings and whole strings, up to the first string the scanned window cuts.
+_WHOLE_STRINGS = re.compile(rb'(?:[^"]*+"' + _STRING_CONTENT + rb'")*+[^"]*+')
+_STRING_REST = re.compile(_STRING_CONTENT)
+_QUOTE = ord('"')
+# Each scan of a body's strings looks at this much of it: the GIL is held ~1 ms at a time.
+SCAN_WINDOW = 32_768
+# Every value or key but the first comes after one of these (outside strings).
+_VALUE_STARTS = (b",", b":", b"[", b"{")
+
+
+def _starts(text: bytes, start: int = 0, end: int | None = None) -> int:
+    end = len(text) if end is None else end
+    return sum(text.count(mark, start, end) for mark in _VALUE_STARTS)
+
+
+def _scanned_to(pattern: re.Pattern[bytes], body: bytes, start: int) -> int:
+    """Where `pattern` (which matches the empty string too) ends, from `start`, within a window."""
+    match = pattern.match(body, start, min(start + SCAN_WINDOW, len(body)))
+    assert match is not None
+    return match.end()
+
+
+def count_values(body: bytes, *, up_to: int) -> int:
+    """The JSON values and object keys in `body` (an empty array or object counts twice), counted
+    exactly as far as needed to tell whether there are more than `up_to`, without parsing it.
+
+    Each one but the first comes after a `,`, `:`, `[` or `{` outside the strings. These are
+    counted in the whole body first; only when that count is over `up_to` (the strings may hold
+    many of them: prose, code, CSV) are the strings skipped, window by window.
+    """
+    count = 1 + _starts(body)
+    if count <= up_to:
+        return count
+    count, position, end = 1, 0, len(body)
+    while position < end and count <= up_to:
+        reached = _scanned_to(_WHOLE_STRINGS, body, position)
+        count += _starts(_STRINGS.sub(b"", body[position:reached]))
+        position = reached
+        if position < end and body[position] == _QUOTE:  # a string the window cut: to its end
+            position += 1
+            while position < end:
+                reached = _scanned_to(_STRING_REST, body, position)
+                if reached < end and body[reached] == _QUOTE:
+                    position = reached + 1
+                    break
+                # No way on: an unterminated string (a backslash the body ends with).
+                position = reached if reached > position else end
+    return count
+
+
+def _parse(body: bytes, max_values: int) -> Any:
+    if count_values(body, up_to=max_values) > max_values:
+        raise JsonOutOfBounds(
+            f"the body holds more than {max_values} JSON values; send fewer messages",
+            field="body",
+            max_values=max_values,
+        )
     try:
         document = json.loads(body)
     except RecursionError:
@@ -138,11 +208,12 @@ def _dotted(path: Path) -> str:
     return shown.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
 
 
-async def parse_json(body: bytes) -> Any:
-    """The body as JSON, checked (see the module doc); large bodies are parsed off the event loop."""
+async def parse_json(body: bytes, *, max_values: int) -> Any:
+    """The body as JSON, checked (see the module doc), with at most `max_values` values
+    (MAX_BODY_VALUES); large bodies are counted and parsed off the event loop."""
     if len(body) > INLINE_PARSE_BYTES:
-        return await asyncio.to_thread(_parse, body)
-    return _parse(body)
+        return await asyncio.to_thread(_parse, body, max_values)
+    return _parse(body, max_values)
 
 
 def check_url_strings(pairs: Iterable[tuple[str, Any]]) -> None:

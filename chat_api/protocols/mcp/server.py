@@ -256,7 +256,7 @@ class McpEndpoint:
                 return
             body = await _read_body(receive)
             try:
-                await parse_json(body)
+                await parse_json(body, max_values=self.services.settings.max_body_values)
             except Exception as exc:  # RequestValidationError or InvalidInput: the body is not readable
                 await _parse_error(exc)(scope, receive, send)
                 return

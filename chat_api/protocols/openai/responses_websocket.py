@@ -37,6 +37,7 @@ from chat_api.protocols.openai.responses_request import ResponsesRequest, parse_
 from chat_api.protocols.openai.responses_routes import response_base, start_response
 from chat_api.protocols.openai.routes import ON_DISCONNECT, openai_error, read_request
 from chat_api.services import Services
+from memory.config import HttpSettings
 from memory.record.conversations import Owner
 from memory.record.responses import StoredResponse
 
@@ -124,7 +125,7 @@ async def _turn(
     """One `response.create`: refused with an envelope, or its events until the response ends."""
     named: uuid.UUID | None = None
     try:
-        message = await _message(text, services.settings.max_body_bytes)
+        message = await _message(text, services.settings)
 
         def chat_of(asked: ResponsesRequest) -> ChatRequest:
             nonlocal named
@@ -167,12 +168,12 @@ async def _turn(
         known.pop(named, None)
 
 
-async def _message(text: str, max_bytes: int) -> dict[str, Any]:
+async def _message(text: str, settings: HttpSettings) -> dict[str, Any]:
     """A `response.create` message as a create body: read by the door's strict JSON decoder."""
-    raw = text.encode()
+    raw, max_bytes = text.encode(), settings.max_body_bytes
     if len(raw) > max_bytes:
         raise OpenAIError(413, f"a message may hold at most {max_bytes} bytes", code="request_too_large")
-    message = await parse_json(raw)
+    message = await parse_json(raw, max_values=settings.max_body_values)
     if not isinstance(message, dict) or message.get("type") != "response.create":
         raise OpenAIError(400, 'send {"type": "response.create", ...}', param="type")
     for field in ("stream", "background"):
