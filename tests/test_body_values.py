@@ -30,7 +30,7 @@ from chat_api.admission.inputs import SCAN_WINDOW, count_values
 from memory.config import HttpSettings
 from tests.conftest import LiveServer, token_for
 from tests.support import new_conversation, run_node_tests
-from tests.test_history_bodies import MODEL, openai_client
+from tests.test_history_bodies import MODEL, frozen_startup_objects, gaps_while, openai_client
 
 MAX_VALUES: int = HttpSettings.model_fields["max_body_values"].default
 TINY = 100_000  # one-letter messages: 500,000 values as chat completions messages
@@ -167,6 +167,53 @@ async def test_an_mcp_call_past_the_value_cap_is_a_json_rpc_error_before_it_is_r
             assert f"more than {MAX_VALUES} JSON values" in str(refused.value)
             # The session goes on.
             assert (await client.call_tool("search_memory", {"query": "bees"})).is_error is False
+
+
+# A door and a body of tiny messages it takes (8 MB at most): 100,000 AG-UI and AI SDK messages
+# (700,000 and 1.2 million values), 200,000 chat completions messages and Responses items.
+STALLING_BODIES = {
+    "/v1/ag-ui": lambda: {
+        "threadId": "a-thread",
+        "runId": "a-run",
+        "state": {},
+        "messages": [{"id": f"m{i}", "role": "user", "content": "a"} for i in range(TINY)],
+        "tools": [],
+        "context": [],
+        "forwardedProps": {},
+    },
+    "/v1/ai-sdk/chat": lambda: {
+        "id": "a-chat",
+        "messages": [
+            {"id": f"m{i}", "role": "user", "parts": [{"type": "text", "text": "a"}]} for i in range(TINY)
+        ],
+        "trigger": "submit-message",
+    },
+    "/openai/v1/chat/completions": lambda: {"model": MODEL, "messages": tiny_messages(2 * TINY)},
+    "/openai/v1/responses": lambda: {"model": MODEL, "input": tiny_messages(2 * TINY)},
+}
+
+
+@pytest.mark.parametrize("path", list(STALLING_BODIES))
+async def test_another_streams_events_keep_flowing_while_100k_tiny_messages_are_refused(
+    start_server: Any, path: str
+) -> None:
+    """Parsed and validated, these bodies held another reply's next event for 0.5-1.8 s (AG-UI and
+    AI SDK: 0.3-0.8 s of the event loop's own CPU, pydantic on the loop) and 0.7-1.0 s (chat
+    completions and Responses: the GIL held by their worker thread) at load 4-5 on 2 cores;
+    refused on their count, 30-60 ms and 10-20 ms of the loop's CPU."""
+    server: LiveServer = await start_server(demo_tokens_per_second=50.0)
+    body = json.dumps(STALLING_BODIES[path](), separators=(",", ":")).encode()
+    assert len(body) < 8_000_000  # within MAX_HISTORY_BODY_BYTES
+    async with openai_client(server) as client:
+        with frozen_startup_objects():
+            gaps, response = await gaps_while(server, client, path, body)
+    assert gaps.cpu < 0.1, (
+        f"the event loop spent {gaps.cpu * 1000:.0f} ms between two events of another stream"
+    )
+    assert gaps.wall < 0.3, f"another stream waited {gaps.wall * 1000:.0f} ms for its next event"
+    assert response.status_code == (400 if path.startswith("/openai") else 422), response.text[:300]
+    assert "json_out_of_bounds" in response.text
+    assert len(await stored_conversations(server)) == 1  # the other reply's alone
 
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI
@@ -271,9 +272,23 @@ class Gaps:
 async def _gaps_while(
     server: LiveServer, client: AsyncOpenAI, path: str, body: bytes
 ) -> tuple[Gaps, str, str]:
+    """The largest gaps between another reply's events while `body` was answered (see
+    `gaps_while`), the conversation `body` went to, and its answer."""
+    gaps, response = await gaps_while(server, client, path, body)
+    assert response.status_code == 200, response.text[:300]
+    made = response.json()
+    if path.endswith("/responses"):
+        answer = Response.model_validate(made).output_text
+    else:
+        answer = ChatCompletion.model_validate(made).choices[0].message.content or ""
+    return gaps, response.headers["X-Chatmem-Conversation-Id"], answer
+
+
+async def gaps_while(
+    server: LiveServer, client: AsyncOpenAI, path: str, body: bytes
+) -> tuple[Gaps, httpx.Response]:
     """Stream a long reply in another conversation, send `body` to `path` once it streams, and return the
-    largest gaps between that reply's events while `body` was answered, the conversation `body`
-    went to, and its answer."""
+    largest gaps between that reply's events while `body` was answered, and the answer."""
     stream = await client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "/long another chat" + " word" * 1000}],
@@ -292,18 +307,12 @@ async def _gaps_while(
             arrivals.append((loop.time(), time.thread_time()))
         answered = (loop.time(), time.thread_time())
         response = await sending
-    assert response.status_code == 200, response.text[:300]
     during = [started, *[a for a in arrivals if a[0] <= answered[0]], answered]
     gaps = Gaps(
         wall=max(b[0] - a[0] for a, b in itertools.pairwise(during)),
         cpu=max(b[1] - a[1] for a, b in itertools.pairwise(during)),
     )
-    made = response.json()
-    if path.endswith("/responses"):
-        answer = Response.model_validate(made).output_text
-    else:
-        answer = ChatCompletion.model_validate(made).choices[0].message.content or ""
-    return gaps, response.headers["X-Chatmem-Conversation-Id"], answer
+    return gaps, response
 
 
 async def test_the_history_that_chose_a_chat_completions_conversation_is_not_read_again(
