@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,6 +168,31 @@ async def test_an_unauthenticated_large_body_on_a_history_door_is_a_401_before_i
     # Every other route keeps MAX_BODY_BYTES.
     answer = await raw_request(server, head("POST", "/v1/conversations", 2_000_000, token_for()), b"{")
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+
+
+async def test_a_chunked_history_past_the_history_limit_is_the_doors_413_not_a_500(
+    server: LiveServer,
+) -> None:
+    """A body sent without a Content-Length (chunked, as `fetch` sends a stream) passes the limit
+    only as it arrives: raised from receive() inside the route, the OpenAI door's error mapping
+    did not know it and answered 500 `server_error` (and logged a failure)."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"messages": ['
+        for _ in range(OVER_HISTORY // 100_000):
+            yield b'{"role": "user", "content": "' + b"x" * 100_000 + b'"},'
+        yield b'{"role": "user", "content": "the newest question"}]}'
+
+    async with server.client() as api:
+        for path in HISTORY_DOORS:
+            answer = await api.post(path, content=chunks(), headers={"Content-Type": "application/json"})
+            assert answer.status_code == 413, (path, answer.text[:300])
+            error = answer.json()["error"]
+            assert error["code"] == "payload_too_large", (path, error)
+            assert f"over {MAX_HISTORY_BODY} bytes" in error["message"], (path, error)
+            if path.startswith("/openai"):
+                assert error["type"] == "invalid_request_error", error
+        assert (await api.get("/v1/conversations")).json()["items"] == []
 
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
