@@ -54,7 +54,7 @@ class BodyLimit:
 
     @staticmethod
     def _too_large(limit: int) -> JSONResponse:
-        body = error_body("payload_too_large", f"request body over {limit} bytes")
+        body = error_body("payload_too_large", BodyTooLarge(limit).detail)
         body["error"].update(type="invalid_request_error", param=None)  # also OpenAI's shape (/openai/v1)
         return JSONResponse(body, status_code=413)
 
@@ -76,7 +76,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(limit)
             return message  # type: ignore[no-any-return]
 
         try:
@@ -90,8 +90,9 @@ class BodyTooLarge(HTTPException):
 
     An HTTPException, because FastAPI turns any other error raised while it reads a body
     into a 400 ("error parsing the body"): a chunked body with no Content-Length would
-    answer 400 where one with a Content-Length answers 413. FastAPI re-raises these as is.
+    answer 400 where one with a Content-Length answers 413. FastAPI re-raises these as is;
+    a route class that answers errors itself (OpenAIRoute) maps it in its own shape.
     """
 
-    def __init__(self) -> None:
-        super().__init__(status_code=413, detail="request body too large")
+    def __init__(self, limit: int) -> None:
+        super().__init__(status_code=413, detail=f"request body over {limit} bytes")

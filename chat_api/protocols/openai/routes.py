@@ -36,6 +36,7 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import HTTPConnection
 
 from chat_api.admission import AdmissionDep, DoorRoute, check_text, check_tools, door_router
+from chat_api.admission.body import BodyTooLarge
 from chat_api.auth import AuthError
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.errors import Forbidden, RateLimited, ShuttingDown
@@ -98,6 +99,8 @@ def openai_error(exc: Exception) -> OpenAIError | None:
             code="rate_limit_exceeded",
             headers={"Retry-After": str(exc.retry_after)},
         )
+    if isinstance(exc, BodyTooLarge):  # a body with no Content-Length, past the limit as it arrived
+        return OpenAIError(413, exc.detail, code="payload_too_large")
     if isinstance(exc, RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         if first.get("type") == "json_invalid":
