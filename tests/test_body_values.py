@@ -115,6 +115,25 @@ async def test_100k_tiny_responses_input_items_are_openais_400_before_they_are_r
     assert await stored_conversations(server) == []
 
 
+async def test_a_responses_websocket_message_past_the_value_cap_is_an_error_and_the_connection_goes_on(
+    server: LiveServer,
+) -> None:
+    async with openai_client(server) as client, client.responses.connect() as connection:
+        # 260,000 values in 520 KB, within MAX_BODY_BYTES (a message's limit).
+        padded = {"type": "response.create", "model": MODEL, "input": "hi", "padding": [0] * 260_000}
+        await connection.send_raw(json.dumps(padded))
+        refused = await connection.recv()
+        assert refused.type == "error", refused
+        assert refused.error.code == "json_out_of_bounds", refused  # type: ignore[union-attr]
+        assert f"more than {MAX_VALUES} JSON values" in refused.error.message  # type: ignore[union-attr]
+        await connection.response.create(model=MODEL, input="and now?", store=False)
+        async for event in connection:
+            if event.type in ("response.completed", "response.failed", "error"):
+                assert event.type == "response.completed", event
+                break
+    assert len(await stored_conversations(server)) == 1
+
+
 async def test_a_native_message_and_an_import_past_the_value_cap_are_422_and_store_nothing(
     server: LiveServer,
 ) -> None:
