@@ -2,7 +2,8 @@
 
 - door.py     who is asking, before the body is read: failed-auth throttle, session token or
               API key, request rate; `DoorRoute`/`door_router` for routes, `pass_door` for /mcp
-- inputs.py   input bounds: the strict JSON decoder, storable strings, times UTC can hold
+- inputs.py   input bounds: the strict JSON decoder (MAX_BODY_VALUES counted before it parses),
+              storable strings, times UTC can hold
 - limits.py   `Admission`: this process's rates, caps and quotas, and the admit_* calls
 - running.py  replies running at once (`AdmittedReply`)
 - streams.py  streams held open (`StreamSlot`)
