@@ -87,13 +87,25 @@ _STRING_REST = re.compile(_STRING_CONTENT)
 _QUOTE = ord('"')
 # Each scan of a body's strings looks at this much of it: the GIL is held ~1 ms at a time.
 SCAN_WINDOW = 32_768
-# Every value or key but the first comes after one of these (outside strings).
-_VALUE_STARTS = (b",", b":", b"[", b"{")
+# Every value or key but the first comes after one of these (outside strings); deleting every
+# other byte counts them in one pass.
+_NOT_VALUE_STARTS = bytes(byte for byte in range(256) if byte not in b",:[{")
+# And every string has two quotes, every number a digit, every array or object its bracket.
+_NOT_QUOTES_DIGITS_BRACKETS = bytes(byte for byte in range(256) if byte not in b'"0123456789[{')
+_LITERALS = (b"true", b"false", b"null")
 
 
-def _starts(text: bytes, start: int = 0, end: int | None = None) -> int:
-    end = len(text) if end is None else end
-    return sum(text.count(mark, start, end) for mark in _VALUE_STARTS)
+def _starts(text: bytes) -> int:
+    return len(text.translate(None, _NOT_VALUE_STARTS))
+
+
+def _at_most(body: bytes) -> int:
+    """What `count_values` counts, at most, by what begins each value or key (strings included)."""
+    kept = body.translate(None, _NOT_QUOTES_DIGITS_BRACKETS)
+    quotes, brackets = kept.count(b'"'), kept.count(b"[") + kept.count(b"{")
+    digits = len(kept) - quotes - brackets
+    literals = sum(body.count(literal) for literal in _LITERALS)
+    return quotes // 2 + digits + literals + 2 * brackets
 
 
 def _scanned_to(pattern: re.Pattern[bytes], body: bytes, start: int) -> int:
@@ -108,10 +120,13 @@ def count_values(body: bytes, *, up_to: int) -> int:
     exactly as far as needed to tell whether there are more than `up_to`, without parsing it.
 
     Each one but the first comes after a `,`, `:`, `[` or `{` outside the strings. These are
-    counted in the whole body first; only when that count is over `up_to` (the strings may hold
-    many of them: prose, code, CSV) are the strings skipped, window by window.
+    counted in the whole body first, and, when the strings may hold many of them (prose, code),
+    a second bound by what begins each value is tried; only when both are over `up_to` are the
+    strings skipped, window by window (~10 ms a MB).
     """
     count = 1 + _starts(body)
+    if count > up_to:
+        count = min(count, _at_most(body))
     if count <= up_to:
         return count
     count, position, end = 1, 0, len(body)
