@@ -29,6 +29,12 @@ def test_each_language_loads_every_template_the_code_renders(language: str) -> N
         assert prompts.templates[name].strip(), f"{language}/{name} is empty"
 
 
+def test_prompts_readme_lists_every_template_the_code_renders() -> None:
+    """tool_result_interrupted was rendered and shipped but missing from the README's table."""
+    readme = (Path(__file__).resolve().parent.parent / "prompts" / "README.md").read_text(encoding="utf-8")
+    assert [name for name in TEMPLATE_FIELDS if f"`{name}`" not in readme] == []
+
+
 def test_languages_have_the_same_templates_and_placeholders() -> None:
     english, chinese = load_prompts("en"), load_prompts("zh")
     assert set(english.templates) == set(chinese.templates)
