@@ -4,6 +4,7 @@
               API key, request rate; `DoorRoute`/`door_router` for routes, `pass_door` for /mcp
 - inputs.py   input bounds: the strict JSON decoder (MAX_BODY_VALUES counted before it parses),
               storable strings, times UTC can hold
+- lists.py    a body's long list (a history's messages) validated slice by slice, off the loop
 - limits.py   `Admission`: this process's rates, caps and quotas, and the admit_* calls
 - running.py  replies running at once (`AdmittedReply`)
 - streams.py  streams held open (`StreamSlot`)
@@ -55,6 +56,7 @@ from chat_api.admission.door import (
 from chat_api.admission.imports import AdmittedImport
 from chat_api.admission.inputs import check_time, check_tools, parse_json
 from chat_api.admission.limits import Admission
+from chat_api.admission.lists import checked
 from chat_api.admission.running import AdmittedReply
 from chat_api.admission.streams import StreamSlot
 from memory.json_bounds import check_text
@@ -84,6 +86,7 @@ __all__ = [
     "check_text",
     "check_time",
     "check_tools",
+    "checked",
     "door_router",
     "get_admission",
     "parse_json",

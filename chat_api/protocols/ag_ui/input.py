@@ -21,7 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ag_ui.core import DeveloperMessage, Message, RunAgentInput, SystemMessage, ToolMessage, UserMessage
+from ag_ui import core
+from ag_ui.core import DeveloperMessage, Message, SystemMessage, ToolMessage, UserMessage
+from pydantic import SkipValidation
 
 from chat_api.admission import check_text, check_tools
 from chat_api.protocols.ag_ui.run import speaks_1_0
@@ -77,6 +79,14 @@ class RunRequest:
     on_busy: OnBusy | None
     memory_scope: Literal["user", "conversation", "none"] | None
     instructions: str | None = None  # the app's system messages and context, for this run
+
+
+class RunAgentInput(core.RunAgentInput):
+    # AG-UI's, its `messages` validated by `chat_api.admission.checked`, off the event loop (of a
+    # whole history, only the last messages are read). Its name and doc are AG-UI's, as is its schema.
+    __doc__ = core.RunAgentInput.__doc__
+
+    messages: SkipValidation[list[Message]]
 
 
 def check_ids(thread_id: str, run_id: str) -> None:

@@ -22,11 +22,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Path, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
+from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, checked, door_router
 from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.protocols.ai_sdk.stream import (
     CLIENT_MESSAGE_ID,
@@ -121,7 +121,8 @@ class ChatRequest(BaseModel):
     id: str = Field(
         min_length=1, max_length=128, pattern=CHAT_ID.pattern, description="The client's chat id."
     )
-    messages: list[UIMessageIn] = Field(min_length=1)
+    # Validated by `checked`, off the event loop: only the last messages are read.
+    messages: SkipValidation[list[UIMessageIn]] = Field(min_length=1)
     trigger: Literal["submit-message", "regenerate-message"]
     messageId: str | None = Field(None, max_length=200)  # the SDK's name
     on_busy: Literal["reject", "interrupt", "enqueue"] | None = None
@@ -136,6 +137,7 @@ async def chat(
     body: ChatRequest, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
 ) -> Response:
     """Answer the chat's last message (or edit, regenerate, or approve) as a UI message stream."""
+    body = await checked(body, "messages")
     last = body.messages[-1]
     instructions = _instructions(body, services.settings.max_message_chars)
     if body.trigger == "regenerate-message":

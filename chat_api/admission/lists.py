@@ -1,0 +1,74 @@
+"""A body's long list (a door's `messages`) validated slice by slice, in a worker thread.
+
+FastAPI validates a route's body model in one pydantic call, on the event loop; and one
+pydantic call holds the GIL however long it takes, in a worker thread too. A history of
+35,000 AG-UI messages or 20,000 AI SDK messages, within MAX_BODY_VALUES, held every other
+stream of the process for 100-500 ms, though those doors read only the last messages.
+
+Such a field is declared `SkipValidation[list[Item]]` (FastAPI takes it as it is; its
+schema stays the item's), and the route's first step is `body = await checked(body, "messages")`:
+the list validated by the field's own annotation, SLICE items per pydantic call, in a worker
+thread for a long list. The GIL is given up between two slices (one switch interval, 5 ms,
+after the loop asks for it), so other streams go on. Refusals are the ones FastAPI gave, at
+the same `loc` (`body.messages.<index>…`), and every slice's refusals are reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Annotated, Any, TypeVar
+
+from annotated_types import BaseMetadata
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+# Items per pydantic call: ~1-2 ms of the GIL for small messages.
+SLICE = 1000
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+@functools.cache
+def _adapter(model: type[BaseModel], name: str) -> tuple[TypeAdapter[list[Any]], str]:
+    """The field's annotation and constraints (`min_length`), without its SkipValidation; its JSON name."""
+    field = model.model_fields[name]
+    metadata = [m for m in field.metadata if isinstance(m, BaseMetadata)]  # not SkipValidation
+    # Each slice is held to them: a minimum of one item at most, no maximum.
+    assert all(getattr(m, "min_length", 0) <= 1 and not hasattr(m, "max_length") for m in metadata)
+    annotation: Any = Annotated[(field.annotation, *metadata)] if metadata else field.annotation
+    return TypeAdapter(annotation), field.alias or name
+
+
+def _validated(adapter: TypeAdapter[list[Any]], items: Any, where: str) -> list[Any]:
+    if not isinstance(items, list) or len(items) <= SLICE:
+        # Not a list, empty or short: validated whole (the list's own refusals, as FastAPI's).
+        slices: list[tuple[int, Any]] = [(0, items)]
+    else:
+        slices = [(start, items[start : start + SLICE]) for start in range(0, len(items), SLICE)]
+    validated: list[Any] = []
+    errors: list[dict[str, Any]] = []
+    for start, part in slices:
+        try:
+            validated += adapter.validate_python(part)
+        except ValidationError as exc:
+            for error in exc.errors(include_url=False):
+                loc = error["loc"]
+                if loc and isinstance(loc[0], int):
+                    loc = (start + loc[0], *loc[1:])
+                errors.append({**error, "loc": ("body", where, *loc)})
+    if errors:
+        raise RequestValidationError(errors)
+    return validated
+
+
+async def checked(body: Model, name: str) -> Model:
+    """`body` with its field `name` (a `SkipValidation[list[…]]`) validated; RequestValidationError
+    (the door's 422) as FastAPI's would have been. A long list is validated in a worker thread."""
+    adapter, where = _adapter(type(body), name)
+    items = getattr(body, name)
+    if isinstance(items, list) and len(items) > SLICE:
+        validated = await asyncio.to_thread(_validated, adapter, items, where)
+    else:
+        validated = _validated(adapter, items, where)
+    return body.model_copy(update={name: validated})
