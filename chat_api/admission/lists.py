@@ -50,7 +50,7 @@ def _validated(adapter: TypeAdapter[list[Any]], items: Any, where: str) -> list[
     errors: list[dict[str, Any]] = []
     for start, part in slices:
         try:
-            validated += adapter.validate_python(part)
+            validated += adapter.validate_python(part, from_attributes=True)  # as FastAPI validates
         except ValidationError as exc:
             for error in exc.errors(include_url=False):
                 loc = error["loc"]
