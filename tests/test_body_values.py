@@ -247,3 +247,68 @@ async def test_the_ai_sdk_and_ag_ui_clients_sending_100k_tiny_messages_are_refus
         "CHATMEM_MAX_BODY_VALUES": str(MAX_VALUES),
     }
     await run_node_tests(JS_DIR, "body_values.test.mjs", env, timeout=120)
+
+
+# A body just under MAX_BODY_VALUES, taken: 35,000 AG-UI messages (245,000 values) and 20,500 AI SDK
+# messages (246,000 values), the last one new.
+UNDER_THE_CAP_BODIES = {
+    "/v1/ag-ui": lambda: {
+        "threadId": "a-thread",
+        "runId": "a-run",
+        "messages": [{"id": f"m{i}", "role": "user", "content": "a"} for i in range(35_000)],
+    },
+    "/v1/ai-sdk/chat": lambda: {
+        "id": "a-chat",
+        "messages": [
+            {"id": f"m{i}", "role": "user", "parts": [{"type": "text", "text": "a"}]} for i in range(20_500)
+        ],
+        "trigger": "submit-message",
+    },
+}
+
+
+@pytest.mark.parametrize("path", list(UNDER_THE_CAP_BODIES))
+async def test_another_streams_events_keep_flowing_while_a_history_just_under_the_value_cap_is_validated(
+    start_server: Any, path: str
+) -> None:
+    """Those doors read only the last messages, but FastAPI validated every message with pydantic on
+    the event loop: a body within the cap held another reply's next event for 100-550 ms. Validated
+    slice by slice in a worker thread, the loop gets the GIL back every few ms. Before: 70-86 ms of
+    the loop's CPU between two events at load 2.7 (the 100 ms bound of the refusals above passes);
+    after: 14-22 ms, 10-13 ms of it the reply's own (a one-message body). So the bound is the 8 MB
+    history's (test_history_bodies)."""
+    server: LiveServer = await start_server(demo_tokens_per_second=50.0)
+    body = json.dumps(UNDER_THE_CAP_BODIES[path](), separators=(",", ":")).encode()
+    assert MAX_VALUES - 10_000 < count_values(body, up_to=MAX_VALUES) <= MAX_VALUES
+    async with openai_client(server) as client:
+        with frozen_startup_objects():
+            gaps, response = await gaps_while(server, client, path, body)
+    assert response.status_code == 200, response.text[:300]
+    assert gaps.cpu < 0.045, (
+        f"the event loop spent {gaps.cpu * 1000:.0f} ms between two events of another stream"
+    )
+    assert gaps.wall < 0.3, f"another stream waited {gaps.wall * 1000:.0f} ms for its next event"
+    assert len(await stored_conversations(server)) == 2  # the other reply's and this one's
+
+
+@pytest.mark.parametrize("path", list(UNDER_THE_CAP_BODIES))
+async def test_a_malformed_message_deep_in_a_long_history_is_refused_at_its_index_as_before(
+    server: LiveServer, path: str
+) -> None:
+    """Validated slice by slice, an earlier message is held to its schema as when FastAPI validated
+    the whole body: the same 422, naming the message's index (past the first slices), every
+    malformed message named."""
+    document = UNDER_THE_CAP_BODIES[path]()
+    messages = document["messages"][:2_500]
+    messages[1_500] = {**messages[1_500], "role": "robot"}
+    messages[2_400] = {key: value for key, value in messages[2_400].items() if key != "id"}
+    async with server.client() as api:
+        answer = await api.post(path, json={**document, "messages": messages})
+        assert answer.status_code == 422, answer.text[:300]
+        error = answer.json()["error"]
+        assert error["code"] == "validation_error", error
+        locs = [detail["loc"][:3] for detail in error["details"]["errors"]]
+        assert locs == [["body", "messages", "1500"], ["body", "messages", "2400"]], error
+        answer = await api.post(path, json={**document, "messages": []})
+        assert answer.status_code == 422, answer.text[:300]
+    assert await stored_conversations(server) == []
