@@ -129,7 +129,16 @@ async def create_response(
         return EventSourceResponse(
             admitted.stream(events), headers={**STREAM_HEADERS, **headers}, ping=15, sep="\n"
         )
-    await fold_reply(request, services, accepted.reply_id, translator, head, batches)
+    await fold_reply(
+        request,
+        services,
+        accepted.reply_id,
+        translator,
+        head,
+        batches,
+        on_disconnect=ON_DISCONNECT,
+        kind=ReplyKind.STARTED,
+    )
     translator.end_of_log()
     return JSONResponse(translator.response(), headers=headers)
 

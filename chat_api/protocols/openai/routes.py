@@ -53,11 +53,11 @@ from chat_api.protocols.openai.chat import (
     sse_data,
 )
 from chat_api.protocols.openai.conversations import choose_conversation, start_chat_reply
-from chat_api.replies import OnDisconnect, ReplyKind, follow_reply, hung_up, stop_reply
+from chat_api.replies import OnDisconnect, ReplyKind, follow_reply, hung_up
 from chat_api.response_headers import STREAM_HEADERS
 from chat_api.services import Services
 from memory.errors import Conflict, DomainError, InvalidInput, NotFound
-from memory.events import TERMINAL_NAMES, EventName, StopReason, TurnStatus
+from memory.events import TERMINAL_NAMES, EventName, TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,16 @@ async def chat_completions(
     if chat.stream:
         stream = _stream(services, accepted.reply_id, translator, head, batches)
         return EventSourceResponse(admitted.stream(stream), headers={**STREAM_HEADERS, **headers}, ping=15)
-    await fold_reply(request, services, accepted.reply_id, translator, head, batches)
+    await fold_reply(
+        request,
+        services,
+        accepted.reply_id,
+        translator,
+        head,
+        batches,
+        on_disconnect=ON_DISCONNECT,
+        kind=ReplyKind.STARTED,
+    )
     # A reply that waits for a person's approval has not failed: answered as far as it goes (a 200,
     # as the Responses API's `incomplete`). A 5xx made the SDKs send it again, and each retry
     # interrupted the waiting reply, its approval cancelled.
@@ -364,8 +373,11 @@ async def fold_reply(
     translator: Folding,
     head: list[Event],
     batches: AsyncIterator[list[Event]],
+    *,
+    on_disconnect: OnDisconnect,
+    kind: ReplyKind,
 ) -> None:
-    """Fold the whole reply into the translator; a client that leaves first stops it."""
+    """Fold the whole reply into the translator; a client that leaves first is `hang_up.hung_up`."""
     for event in head:
         if event[1] != EventName.MEMORY_RETRIEVED:
             translator.feed(event)
@@ -388,7 +400,7 @@ async def fold_reply(
     try:
         await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
         if not collecting.done():
-            await stop_reply(services, reply_id, reason=StopReason.CLIENT_DISCONNECTED)
+            hung_up(services, reply_id, on_disconnect, kind)
         await collecting
     finally:
         for task in (collecting, watching):
