@@ -36,11 +36,12 @@ from memory.config import Settings
 from memory.recall.embedding_service import EmbeddingServiceError
 from memory.recall.embeddings import Embedder, load_embedder
 from memory.recall.fact_keys import FactAsker
-from memory.recall.index import IndexChanged, open_index
+from memory.recall.index import IndexChanged, MemoryIndex, open_index
 from memory.recall.vector_cache import VectorCache
 from memory.storage.db import Database
 
 from . import metrics
+from .health import Readiness, serve_health
 from .kafka_transport import KafkaQueueConsumer, is_kafka_error
 from .pg_queue import PgQueueConsumer
 from .pipeline import IndexPipeline, IndexResult
@@ -58,6 +59,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+READY_DATABASE_SECONDS = 3.0  # /readyz's database check (a healthcheck's timeout is a few seconds)
 
 _TRANSIENT_ASYNCPG = (
     asyncpg.PostgresConnectionError,
@@ -98,6 +101,17 @@ def make_consumer(db: Database, settings: Settings) -> Consumer:
     return PgQueueConsumer(db, settings)
 
 
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 class _BatchUnavailable(Exception):
     """The batch was given back because the database or broker is away."""
 
@@ -134,6 +148,9 @@ class IndexerWorker:
         self._backoff_max = backoff_max_seconds
         # indexed_turns, chunks, dead_lettered, batches, retried_batches (for logs, tests and the bench).
         self.stats: Counter[str] = Counter()
+        # Why the last batch was given back, if the queue, broker, database or embedding service
+        # was away (None once a poll went through again; a memory index that refuses says so itself).
+        self.unavailable: str | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Index until `stop` is set; the batch in hand is finished before returning."""
@@ -148,9 +165,12 @@ class IndexerWorker:
                     if batch:
                         await self.process(batch)
                     delay = self._backoff_base
+                    self.unavailable = None
                 except Exception as exc:
                     if not is_transient(exc) and not isinstance(exc, _BatchUnavailable):
                         raise
+                    if not _caused_by(exc, IndexChanged):
+                        self.unavailable = _describe(exc.__cause__ or exc)[:300]
                     log.warning(
                         "indexer: database, broker or embedding service unavailable, retrying in %.1fs: %r",
                         delay,
@@ -280,13 +300,11 @@ def _database(settings: Settings) -> Database:
     return Database(settings.database_url, pool_size=settings.db_pool_size)
 
 
-def serve_metrics(settings: Settings) -> None:
-    """Serve this worker's Prometheus metrics on METRICS_PORT, if set (a daemon thread)."""
+def serve_metrics(settings: Settings, readiness: Readiness | None = None) -> None:
+    """Serve this worker's /metrics, /healthz and (with `readiness`) /readyz on METRICS_PORT, if set."""
     if settings.metrics_port is None:
         return
-    from prometheus_client import start_http_server
-
-    start_http_server(settings.metrics_port, addr=settings.host)
+    serve_health(settings.host, settings.metrics_port, readiness)
     log.info("metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
 
 
@@ -311,13 +329,46 @@ async def run_indexer_main(
 ) -> None:
     """`chatmem indexer`: index finished turns until SIGTERM/SIGINT (``facts``: FACT_KEYS=model;
     ``on_refused``: told when its memory index starts or stops refusing memory, as ``open_index``)."""
-    serve_metrics(settings)
     db = _database(settings)
     stop = asyncio.Event()
+    running: list[tuple[MemoryIndex, IndexerWorker]] = []
+    serve_metrics(settings, _readiness(asyncio.get_running_loop(), db, stop, running))
     try:
         encoder = embedder if embedder is not None else await load_embedder(settings, threads=0)
         model = await open_index(db, settings, encoder, threads=0, on_refused=on_refused)
+        worker = IndexerWorker(db, settings, model, facts=facts)
+        running.append((model, worker))
         with _stop_on_signals(stop):
-            await IndexerWorker(db, settings, model, facts=facts).run(stop)
+            await worker.run(stop)
     finally:
         await db.dispose()
+
+
+def _readiness(
+    loop: asyncio.AbstractEventLoop,
+    db: Database,
+    stop: asyncio.Event,
+    running: list[tuple[MemoryIndex, IndexerWorker]],
+) -> Readiness:
+    """The indexer's /readyz (indexer/health.py), asked from the server's thread."""
+
+    def readiness() -> tuple[int, dict[str, str]]:
+        if stop.is_set():
+            return 503, {"status": "shutting_down"}
+        if not running:
+            return 503, {"status": "starting"}  # loading its encoder, opening the index
+        try:
+            asyncio.run_coroutine_threadsafe(db.ping(), loop).result(READY_DATABASE_SECONDS)
+        except Exception as exc:
+            return 503, {"status": "unavailable", "database": _describe(exc)[:200]}
+        index, worker = running[0]
+        refused, unavailable = index.refused, worker.unavailable
+        body = {
+            "status": "ready" if refused is None and unavailable is None else "unavailable",
+            "database": "ok",
+            "queue": "ok" if unavailable is None else f"unavailable: {unavailable}",
+            "memory": "ok" if refused is None else f"unavailable: {refused[:300]}",
+        }
+        return (200 if body["status"] == "ready" else 503), body
+
+    return readiness

@@ -491,7 +491,11 @@ class ObservabilitySettings(BaseSettings):
         None,
         ge=1,
         le=65535,
-        description="Port of /metrics for `chatmem relay` and `chatmem indexer` (the API serves its own).",
+        description=(
+            "Port of /metrics and /healthz for `chatmem relay` and `chatmem indexer` (the API serves"
+            " its own); the indexer's also answers /readyz (503 while it refuses memory or has lost"
+            " its queue)."
+        ),
     )
 
     @field_validator("log_level", mode="before")

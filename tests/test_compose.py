@@ -207,3 +207,17 @@ def test_dockerfile_is_slim_non_root_and_runs_chatmem() -> None:
     assert "download.pytorch.org/whl/cpu" in dockerfile, "torch must come from the CPU index"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
+
+
+def test_the_indexer_healthcheck_read_its_metrics_not_whether_it_can_index(compose: dict[str, Any]) -> None:
+    """An indexer refusing memory (an encoder it cannot load) or without its queue was healthy:
+    its check fetched /metrics. It asks /readyz on its METRICS_PORT; the relay, /healthz."""
+    for name, service in services_of(compose, CHATMEM_IMAGE).items():
+        which = command_of(service)[0]
+        if which not in ("indexer", "relay"):
+            continue
+        check = " ".join(service["healthcheck"]["test"])
+        url = re.search(r"http://127\.0\.0\.1:(\d+)(/\w+)", check)
+        assert url is not None, name
+        assert url[1] == str(env_of(service)["METRICS_PORT"]), name
+        assert url[2] == ("/readyz" if which == "indexer" else "/healthz"), name

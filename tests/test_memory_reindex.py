@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -416,38 +419,44 @@ main(["indexer"])
 """
 
 
-async def test_the_standalone_indexer_refusing_memory_showed_nothing_on_its_metrics_port(
-    db: Database, pg_url: str, tmp_path: Any
-) -> None:
-    # Regression: `chatmem indexer` whose generation was switched to an encoder it cannot load retried
-    # its batches forever while its /metrics (METRICS_PORT) said chatmem_memory_index_refused 0.
-    import os
-    import subprocess
-    import sys
-
+@contextlib.contextmanager
+def standalone_indexer(pg_url: str, tmp_path: Any) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A `chatmem indexer` process on the Postgres queue, and its METRICS_PORT."""
     from tests.conftest import free_port
-    from tests.test_indexer import scalar
-    from tests.test_observability import sample
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "FACT_KEYS")}
     env |= {"DATABASE_URL": pg_url, "METRICS_PORT": str(port), "INDEXER_BATCH_WAIT_MS": "50"}
     env["DATA_DIR"] = str(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", STANDALONE_INDEXER], env=env)
+    try:
+        yield proc, port
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
-    async def refused() -> float | None:
-        async with httpx.AsyncClient() as scraper:
-            return sample(
-                (await scraper.get(f"http://127.0.0.1:{port}/metrics")).text, "chatmem_memory_index_refused"
-            )
 
-    async def refusing() -> bool:
-        return await refused() == 1
+async def test_the_standalone_indexer_refusing_memory_showed_nothing_on_its_metrics_port(
+    db: Database, pg_url: str, tmp_path: Any
+) -> None:
+    # Regression: `chatmem indexer` whose generation was switched to an encoder it cannot load retried
+    # its batches forever while its /metrics (METRICS_PORT) said chatmem_memory_index_refused 0.
+    from tests.test_indexer import scalar
+    from tests.test_observability import sample
 
     async def indexed(count: int) -> bool:
         return await scalar(db, "SELECT count(DISTINCT turn_id) FROM memory_items") >= count
 
-    proc = subprocess.Popen([sys.executable, "-c", STANDALONE_INDEXER], env=env)
-    try:
+    with standalone_indexer(pg_url, tmp_path) as (proc, port):
+
+        async def refused() -> float | None:
+            async with httpx.AsyncClient() as scraper:
+                metrics = (await scraper.get(f"http://127.0.0.1:{port}/metrics")).text
+                return sample(metrics, "chatmem_memory_index_refused")
+
+        async def refusing() -> bool:
+            return await refused() == 1
+
         await chat_turns(db, [fact(1)])
         await wait_until(lambda: indexed(1), 30, "the indexer to index a turn")  # generation 1, its encoder
         assert await refused() == 0
@@ -456,9 +465,44 @@ async def test_the_standalone_indexer_refusing_memory_showed_nothing_on_its_metr
         await chat_turns(db, [fact(2)])  # its next batch reads the index again: it cannot load NEW's encoder
         await wait_until(refusing, 15, "the indexer's gauge to say it refuses memory")
         assert proc.poll() is None and not await indexed(2)  # retrying its batch, writing nothing
-    finally:
-        proc.terminate()
-        proc.wait(10)
+
+
+async def test_the_standalone_indexer_had_no_readiness_endpoint_to_say_it_refuses_memory(
+    db: Database, pg_url: str, tmp_path: Any
+) -> None:
+    # Regression: an indexer that could not load its generation's encoder indexed nothing, and
+    # nothing an orchestrator's probe reads said so: METRICS_PORT served /metrics at every path.
+    from tests.test_indexer import scalar
+
+    with standalone_indexer(pg_url, tmp_path) as (proc, port):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as probe:
+
+            async def ready() -> bool:
+                try:
+                    return (await probe.get("/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return False  # not listening yet
+
+            await wait_until(ready, 30, "the indexer to be ready")
+            assert (await probe.get("/healthz")).json() == {"status": "ok"}
+            answer = await probe.get("/readyz")
+            assert answer.headers["content-type"] == "application/json"
+            assert answer.json() == {"status": "ready", "database": "ok", "queue": "ok", "memory": "ok"}
+
+            old, new = await reindex.begin(db, NEW) or (0, 0)
+            await reindex.build(db, NEW, old, new)
+            await chat_turns(db, [fact(1)])  # its next batch reads the index again: it cannot load NEW's
+
+            async def not_ready() -> bool:
+                return (await probe.get("/readyz")).status_code == 503
+
+            await wait_until(not_ready, 15, "the indexer's /readyz to say it refuses memory")
+            body = (await probe.get("/readyz")).json()
+            assert body["status"] == "unavailable" and body["database"] == "ok" and body["queue"] == "ok"
+            assert body["memory"].startswith("unavailable: ") and len(body["memory"]) > len("unavailable: ")
+            assert (await probe.get("/healthz")).status_code == 200  # up: restarting it would not help
+            assert proc.poll() is None
+            assert await scalar(db, "SELECT count(*) FROM memory_items") == 0
 
 
 def test_the_reindex_command_rebuilds_with_the_configured_runtime_and_switches(pg_url: str) -> None:
