@@ -221,3 +221,22 @@ def test_a_route_that_reads_the_caller_without_the_door_is_refused_at_start() ->
     inside = door_router()
     inside.add_api_route("/v1/fine", sneaky)
     assert unguarded_routes([outside, inside]) == ["['GET'] /v1/sneaky"]
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+async def test_nan_or_infinity_in_a_responses_body_was_a_500_that_left_an_empty_conversation(
+    server: LiveServer, number: str
+) -> None:
+    """Python's JSON reader takes NaN and Infinity (and 1e400 as inf); a tool's parameters
+    holding one reached a jsonb column after the conversation was made: a 500, and a
+    conversation with no turn left behind. Neither is JSON: refused at the door."""
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "x": "NUMBER"}}
+    body = json.dumps({"model": MODEL, "input": "hi", "tools": [tool]}).replace('"NUMBER"', number)
+    async with httpx.AsyncClient(base_url=server.base_url, headers=auth()) as http:
+        r = await http.post(
+            "/openai/v1/responses", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 400, (r.status_code, r.text)
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+        assert (await http.get("/v1/conversations")).json()["items"] == []

@@ -1,7 +1,8 @@
 """Input bounds at the door: what any request may carry, checked before a handler sees it.
 
 Postgres stores no NUL in text or jsonb and asyncpg encodes no lone surrogate, Python
-refuses integers of more than 4,300 digits and JSON nested ~1,000 levels deep, and
+refuses integers of more than 4,300 digits and JSON nested ~1,000 levels deep, Python reads
+NaN, Infinity and 1e400 (as inf), which are not JSON numbers and which jsonb refuses, and
 Python's datetimes end at year 1 and 9999 whatever the zone. Each of these, met
 anywhere past the door (an id, a chat key, a metadata value, a time filter), was a
 500. So every JSON body is parsed here, once, and refused whole when any string in it
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -146,6 +148,21 @@ def count_values(body: bytes, *, up_to: int) -> int:
     return count
 
 
+class _NotJson(Exception):
+    """A number Python reads but JSON has not (NaN, Infinity, or a float overflowing to it)."""
+
+
+def _not_json(constant: str) -> float:
+    raise _NotJson(f"{constant} is not a JSON number")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if math.isinf(value):
+        raise _NotJson(f"{number[:40]} is beyond what a JSON number may hold here")
+    return value
+
+
 def _parse(body: bytes, max_values: int) -> Any:
     if count_values(body, up_to=max_values) > max_values:
         raise JsonOutOfBounds(
@@ -154,7 +171,13 @@ def _parse(body: bytes, max_values: int) -> Any:
             max_values=max_values,
         )
     try:
-        document = json.loads(body)
+        # Python reads NaN and Infinity (and 1e400 as inf); Postgres's jsonb stores neither,
+        # so one in any stored field (a tool's parameters, an input item) was a 500.
+        document = json.loads(body, parse_constant=_not_json, parse_float=_finite)
+    except _NotJson as exc:
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}"}]
+        ) from None
     except RecursionError:
         raise JsonOutOfBounds(
             f"the body is nested more than {MAX_JSON_DEPTH} levels deep",
