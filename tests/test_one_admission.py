@@ -358,3 +358,24 @@ async def test_stops_have_their_own_allowance_apart_from_the_request_rate(start_
         answers = [(await api.post("/v1/ag-ui/no-such-thread/stop")).status_code for _ in range(4)]
         assert answers == [200, 200, 200, 429]
         assert (await api.get("/v1/conversations")).status_code == 200  # the request rate is untouched
+
+
+async def test_a_responses_websocket_over_the_request_rate_was_refused_as_a_bad_credential(
+    start_server: Any,
+) -> None:
+    """The HTTP door answers a spent request rate with OpenAI's 429 and Retry-After; the
+    WebSocket handshake was closed as a 403, which a client reads as a credential refused."""
+    import websockets
+
+    server: LiveServer = await start_server(rate_limit_per_minute=5)
+    async with server.client() as api:
+        await spend_the_request_rate(api)
+    client = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with client.responses.connect() as connection:
+            await connection.response.create(model="chatmem-demo", input="hi")
+            await connection.recv()
+    answer = refused.value.response
+    assert answer.status_code == 429, answer
+    assert json.loads(answer.body)["error"]["code"] == "rate_limit_exceeded"
+    assert int(answer.headers["Retry-After"]) >= 1

@@ -642,6 +642,33 @@ async def test_a_key_revoked_while_its_websocket_was_open_kept_creating_response
     assert [t["content"] for t in stored if t["role"] == "user"] == ["first, while the key is live"]
 
 
+async def test_a_binary_websocket_message_dropped_the_connection_without_a_word(live: ServerProcess) -> None:
+    """A binary frame raised in the server (it read text only): no close frame, no error."""
+    _user, client = await client_for(live)
+    with client.responses.connect() as connection:
+        connection.send_raw(json.dumps({"type": "response.create", "model": MODEL, "input": "hi"}).encode())
+        refused = _until_terminal(connection)
+        assert [e.type for e in refused] == ["error"] and refused[0].status == 400
+        assert refused[0].error.type == "invalid_request_error" and "text message" in refused[0].error.message
+        connection.response.create(model=MODEL, input="and as text?")
+        assert _until_terminal(connection)[-1].type == "response.completed"  # the connection stayed open
+
+
+async def test_a_websocket_handshake_without_a_valid_key_was_a_bare_403(live: ServerProcess) -> None:
+    """The HTTP door answers OpenAI's 401 `invalid_api_key`; the handshake was closed (403, no body)."""
+    import websockets
+
+    for api_key in ("not-a-key", "sk-chatmem-0000"):
+        client = openai.OpenAI(base_url=f"{live.base_url}/openai/v1", api_key=api_key, max_retries=0)
+        with pytest.raises(websockets.InvalidStatus) as refused, client.responses.connect() as connection:
+            connection.response.create(model=MODEL, input="hi")
+            _until_terminal(connection)
+        answer = refused.value.response
+        assert answer.status_code == 401, answer
+        assert json.loads(answer.body)["error"]["code"] == "invalid_api_key"
+        assert answer.headers["WWW-Authenticate"] == "Bearer"
+
+
 async def test_closing_the_websocket_mid_response_stops_it(live: ServerProcess) -> None:
     user, client = await client_for(live)
     received = ""

@@ -7,8 +7,10 @@ responses it made, so `previous_response_id` can name a `store: false` response 
 it; a stored response is found as over HTTP. A failed continuation forgets the response
 it named, so naming it again is `previous_response_not_found`. Failures are error
 envelopes, `{"type": "error", "status", "error": {"type", "code", "message", "param"}}`,
-and the connection stays open. Closing the connection while a response streams is a
-stop, like closing a foreground stream.
+and the connection stays open (a binary message too). A handshake without a valid
+credential, or over its rate limit, is refused as the HTTP door answers: 401, or 429 with
+Retry-After. Closing the connection while a response streams is a stop, like closing a
+foreground stream.
 
 At a deploy's SIGTERM (chat_api/replies/drain.py) the connection stays open through the
 drain: its response ends as a stream's would (completed, or `error` and `response.failed`
@@ -27,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
 
 from chat_api.admission import parse_json, pass_door
 from chat_api.auth import AuthError
@@ -72,8 +75,8 @@ async def responses_socket(websocket: WebSocket) -> None:
     try:
         # The one door, as for every route (the connection's headers carry the credential).
         owner = (await pass_door(services, websocket.scope)).owner
-    except (AuthError, RateLimited):
-        await websocket.close(code=1008)
+    except (AuthError, RateLimited) as exc:
+        await _refuse(websocket, exc)
         return
     await websocket.accept()
     opened = datetime.now(UTC)
@@ -105,10 +108,37 @@ async def responses_socket(websocket: WebSocket) -> None:
     await websocket.close(code=GOING_AWAY, reason="the server is shutting down")
 
 
+async def _refuse(websocket: WebSocket, exc: AuthError | RateLimited) -> None:
+    """Refuse the handshake as the HTTP door answers: OpenAI's error body, 401 (or 429 with
+    Retry-After). A server without the denial-response extension can only close it (1008)."""
+    refused = openai_error(exc)
+    assert refused is not None
+    if "websocket.http.response" not in websocket.scope.get("extensions", {}):
+        await websocket.close(code=1008)
+        return
+    await websocket.send_denial_response(
+        JSONResponse(refused.body(), status_code=refused.status, headers=refused.headers)
+    )
+
+
+async def _receive(websocket: WebSocket) -> str:
+    """The next text message; a binary one is refused with an envelope (the connection stays open)."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
+        if message.get("text") is not None:
+            return str(message["text"])
+        binary = OpenAIError(
+            400, "send each response.create as a text message of JSON", code="invalid_request"
+        )
+        await websocket.send_json(_envelope(binary))
+
+
 async def _next_message(websocket: WebSocket, services: Services) -> str | None:
     """The client's next message; None once a shutdown's drain is over (every reply of this
     process ended, and this connection's response, if any, sent to its end)."""
-    receiving = asyncio.ensure_future(websocket.receive_text())
+    receiving = asyncio.ensure_future(_receive(websocket))
     drained = asyncio.ensure_future(services.drain.over())
     try:
         await asyncio.wait([receiving, drained], return_when=asyncio.FIRST_COMPLETED)
