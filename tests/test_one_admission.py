@@ -379,3 +379,29 @@ async def test_a_responses_websocket_over_the_request_rate_was_refused_as_a_bad_
     assert answer.status_code == 429, answer
     assert json.loads(answer.body)["error"]["code"] == "rate_limit_exceeded"
     assert int(answer.headers["Retry-After"]) >= 1
+
+
+async def test_idle_responses_websockets_took_no_stream_slot(start_server: Any) -> None:
+    """A user held any number of WebSocket-mode connections open (40 on a cap of 10), where
+    every other held stream (a follower's SSE, GET /mcp) takes a slot of MAX_STREAMS_PER_USER."""
+    import websockets
+
+    server: LiveServer = await start_server(max_streams_per_user=2)
+    client = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+    owner = Owner("t1", "u1")
+    async with client.responses.connect() as first, client.responses.connect():
+        assert server.services.admission.streams.open_count(owner) == 2
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with client.responses.connect():
+                pass
+        assert refused.value.response.status_code == 429
+        assert json.loads(refused.value.response.body)["error"]["code"] == "rate_limit_exceeded"
+        # A response streams in its connection's slot: it takes no other.
+        await first.response.create(model="chatmem-demo", input="hi")
+        async for event in first:
+            if event.type in ("response.completed", "response.failed", "error"):
+                assert event.type == "response.completed", event
+                break
+    await wait_until(lambda: server.services.admission.streams.open_count(owner) == 0)
+    async with client.responses.connect():
+        pass

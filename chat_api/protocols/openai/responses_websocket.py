@@ -9,7 +9,9 @@ it named, so naming it again is `previous_response_not_found`. Failures are erro
 envelopes, `{"type": "error", "status", "error": {"type", "code", "message", "param"}}`,
 and the connection stays open (a binary message too). A handshake without a valid
 credential, or over its rate limit, is refused as the HTTP door answers: 401, or 429 with
-Retry-After. Closing the connection while a response streams is a stop, like closing a
+Retry-After. A connection is a stream held open: it holds one of its user's stream slots
+(MAX_STREAMS_PER_USER) for its life (429 at the handshake past the cap), and its responses
+stream in it without taking another. Closing the connection while a response streams is a stop, like closing a
 foreground stream.
 
 At a deploy's SIGTERM (chat_api/replies/drain.py) the connection stays open through the
@@ -75,9 +77,20 @@ async def responses_socket(websocket: WebSocket) -> None:
     try:
         # The one door, as for every route (the connection's headers carry the credential).
         owner = (await pass_door(services, websocket.scope)).owner
+        # A connection held open is a stream, as a follower's SSE or a GET /mcp: it holds a
+        # stream slot for its life, and its responses stream in it without taking another.
+        slot = services.admission.admit_stream(owner)
     except (AuthError, RateLimited) as exc:
         await _refuse(websocket, exc)
         return
+    try:
+        await _connection(websocket, services, owner)
+    finally:
+        slot.release()
+
+
+async def _connection(websocket: WebSocket, services: Services, owner: Owner) -> None:
+    """The accepted connection's `response.create` messages, one after another, until it closes."""
     await websocket.accept()
     opened = datetime.now(UTC)
     known: dict[uuid.UUID, StoredResponse] = {}
@@ -163,7 +176,7 @@ async def _turn(
             return asked.chat
 
         asked = await read_request({**message, "stream": True}, services, parse_request, chat_of)
-        admitted = services.admission.admit_reply(owner, stream=True)
+        admitted = services.admission.admit_reply(owner, stream=False)  # the connection's slot
         with admitted:
             accepted, conversation_id, previous = await start_response(
                 websocket, services, services.admission, owner, asked, admitted, known
@@ -189,7 +202,7 @@ async def _turn(
         created_at=datetime.now(UTC),
     )
     try:
-        async for event in admitted.stream(_events(services, accepted.reply_id, translator)):
+        async for event in _events(services, accepted.reply_id, translator):
             await websocket.send_text(json.dumps(event, ensure_ascii=False))
     finally:
         if not translator.ended:
