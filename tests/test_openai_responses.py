@@ -848,3 +848,23 @@ async def test_two_inputs_at_once_beside_a_waiting_reply_replace_it_once_and_the
     async with server.client(TENANT, user) as api:
         stored = (await api.get(f"/v1/conversations/{conversation}/turns")).json()["items"]
     assert_replaced_once(stored)
+
+
+@pytest.mark.parametrize("continuing", [False, True], ids=["new", "continuing"])
+@pytest.mark.parametrize("content", ["   ", [{"type": "input_image", "image_url": PIXEL}]])
+async def test_a_message_without_text_continuing_a_response_was_refused_naming_messages(
+    live: ServerProcess, content: Any, continuing: bool
+) -> None:
+    """Continuing a response, a blank message (or an image alone) was refused as `messages is
+    empty`, param `messages`, a field the Responses API has not; a new one, as an empty message
+    when it held an image. Either way: a 400 on `input` that says the text is missing."""
+    user, client = await client_for(live)
+    previous = client.responses.create(model=MODEL, input="first").id if continuing else None
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=MODEL, input=[{"role": "user", "content": content}], previous_response_id=previous
+        )
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == "input", error
+    assert "no text" in error["message"]
+    assert len(await conversations(live, user)) == (1 if continuing else 0)

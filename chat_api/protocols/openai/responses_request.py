@@ -284,8 +284,12 @@ def _chat(
     last = messages[-1]
     if last.role == "user":
         history, prompt, results = messages[:-1], last.text, []
-        if not prompt.strip() and not continuing:
-            raise bad_request("the last user message is empty", "input")
+        if not prompt.strip():
+            # Continuing or not, an image or a file alone included: the check of the chat's
+            # texts would refuse it later, as `messages`, a field the Responses API has not.
+            raise bad_request(
+                "the last user message has no text (send the question with any image or file)", "input"
+            )
     elif last.role == "tool":
         start = len(messages)
         while start > 0 and messages[start - 1].role == "tool":
