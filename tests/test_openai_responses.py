@@ -868,3 +868,23 @@ async def test_a_message_without_text_continuing_a_response_was_refused_naming_m
     assert isinstance(error, dict) and error["param"] == "input", error
     assert "no text" in error["message"]
     assert len(await conversations(live, user)) == (1 if continuing else 0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("stream", '"yes"'), ("store", '"false"'), ("max_output_tokens", '"64"'), ("temperature", '"0.5"')],
+)
+async def test_a_flag_or_a_number_sent_as_a_string_was_read_as_its_value(
+    live: ServerProcess, field: str, value: str
+) -> None:
+    """`"stream": "yes"` answered a stream, `"store": "false"` stored nothing, `"64"` was 64:
+    a value of the wrong JSON type is a 400 naming it, before anything is stored."""
+    user = new_user()
+    headers = {"Authorization": f"Bearer {await make_key(live, user)}", "Content-Type": "application/json"}
+    body = f'{{"model": "{MODEL}", "input": "hi", "{field}": {value}}}'
+    async with httpx.AsyncClient(base_url=live.base_url, headers=headers) as http:
+        response = await http.post("/openai/v1/responses", content=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == field, error
+    assert await conversations(live, user) == []

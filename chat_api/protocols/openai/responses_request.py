@@ -105,8 +105,9 @@ class _Conversation(BaseModel):
 
 
 class _Body(BaseModel):
-    # Options chatmem does not act on (include, service_tier, …) are accepted and echoed.
-    model_config = ConfigDict(extra="allow")
+    # Options chatmem does not act on (include, service_tier, …) are accepted and echoed. Strict:
+    # a value of the wrong JSON type is a 400, not read as another ("yes" as stream: true).
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str = Field(min_length=1)
     input: str | list[dict[str, Any]] | None = None
