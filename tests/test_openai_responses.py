@@ -888,3 +888,20 @@ async def test_a_flag_or_a_number_sent_as_a_string_was_read_as_its_value(
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == field, error
     assert await conversations(live, user) == []
+
+
+async def test_a_response_sent_again_with_its_idempotency_key_had_a_new_created_at(
+    live: ServerProcess,
+) -> None:
+    """A request sent again with its Idempotency-Key reattached to the reply it started, but
+    the answer's created_at was the second request's time: not the response it names."""
+    user, client = await client_for(live)
+    key = {"Idempotency-Key": f"again-{user}"}
+    first = client.responses.create(model=MODEL, input="once, please", extra_headers=key)
+    await wait_until(lambda: int(time.time()) > first.created_at, what="a later second")
+    again = client.responses.create(model=MODEL, input="once, please", extra_headers=key)
+    assert again.id == first.id
+    assert again.created_at == first.created_at == client.responses.retrieve(first.id).created_at
+    assert text_of(again.output) == text_of(first.output)
+    [conversation] = await conversations(live, user)
+    assert [t["role"] for t in await turns(live, user, conversation["id"])] == ["user", "assistant"]

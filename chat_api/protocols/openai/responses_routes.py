@@ -101,10 +101,14 @@ async def create_response(
         accepted, conversation_id, previous = await start_response(
             request, services, admission, owner, asked, admitted, key=idempotency_key(request)
         )
-    translator = ResponseTranslator(
-        response_base(accepted.reply_id, asked.echo, previous, asked.conversation_id),
-        frozenset(tool["function"]["name"] for tool in asked.chat.tools),
-    )
+    if accepted.reattached and asked.store:
+        # Sent again with its Idempotency-Key: the response as it was created (its created_at).
+        translator = _translator(await _stored(services, owner, response_ref(accepted.reply_id)))
+    else:
+        translator = ResponseTranslator(
+            response_base(accepted.reply_id, asked.echo, previous, asked.conversation_id),
+            frozenset(tool["function"]["name"] for tool in asked.chat.tools),
+        )
     if asked.background and not asked.chat.stream:
         translator.status = "queued"
         return JSONResponse(translator.response(), headers=_headers(conversation_id, accepted.reply_id))
