@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -905,3 +906,20 @@ async def test_a_response_sent_again_with_its_idempotency_key_had_a_new_created_
     assert text_of(again.output) == text_of(first.output)
     [conversation] = await conversations(live, user)
     assert [t["role"] for t in await turns(live, user, conversation["id"])] == ["user", "assistant"]
+
+
+async def test_another_users_conversation_was_a_404_naming_no_param(live: ServerProcess) -> None:
+    """A `conversation` id that is well formed but not the caller's was refused as chatmem's
+    `conversation not found`, param null, where a malformed one names `conversation`."""
+    _owner, client = await client_for(live)
+    made = client.responses.with_raw_response.create(model=MODEL, input="mine")
+    theirs = f"conv_{uuid.UUID(made.headers['x-chatmem-conversation-id']).hex}"
+    intruder, other = await client_for(live)
+    for conversation in (theirs, "conv_not-an-id"):
+        with pytest.raises(openai.NotFoundError) as refused:
+            other.responses.create(model=MODEL, input="hi", conversation=conversation)
+        error = refused.value.body
+        assert isinstance(error, dict) and error["param"] == "conversation", error
+        assert error["code"] == "not_found"
+        assert error["message"] == f"Conversation with id '{conversation}' not found."
+    assert await conversations(live, intruder) == []

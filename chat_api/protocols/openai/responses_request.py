@@ -264,10 +264,14 @@ def _conversation(value: str | _Conversation | None) -> uuid.UUID | None:
     ref = value if isinstance(value, str) else value.id
     found = parse_conversation_ref(ref)
     if found is None:
-        raise OpenAIError(
-            404, f"Conversation with id '{ref}' not found.", param="conversation", code="not_found"
-        )
+        raise conversation_not_found(ref)
     return found
+
+
+def conversation_not_found(ref: str) -> OpenAIError:
+    """The 404 for a `conversation` that names none of the caller's (or none at all)."""
+    message = f"Conversation with id '{ref}' not found."
+    return OpenAIError(404, message, param="conversation", code="not_found")
 
 
 def _chat(

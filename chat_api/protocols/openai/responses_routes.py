@@ -41,6 +41,7 @@ from chat_api.protocols.openai.conversations import (
 from chat_api.protocols.openai.responses import ResponseEvent, ResponseTranslator
 from chat_api.protocols.openai.responses_request import (
     ResponsesRequest,
+    conversation_not_found,
     conversation_ref,
     parse_request,
     parse_response_id,
@@ -185,8 +186,11 @@ async def start_response(
         begin = _continue(services, admission, owner, asked, after_turn(owner, asked.compacted), key)
     elif asked.conversation_id is not None:
         conversation_id = asked.conversation_id
-        async with services.db.session() as session:
-            await get_conversation(session, owner, conversation_id)  # 404 unless the caller's
+        try:
+            async with services.db.session() as session:
+                await get_conversation(session, owner, conversation_id)  # 404 unless the caller's
+        except NotFound:
+            raise conversation_not_found(conversation_ref(conversation_id)) from None
         begin = _continue(services, admission, owner, asked, None, key)
     else:
         # Mapped exactly as a chat completion is (its admission of imported history included).
