@@ -11,8 +11,8 @@ and the connection stays open (a binary message too). A handshake without a vali
 credential, or over its rate limit, is refused as the HTTP door answers: 401, or 429 with
 Retry-After. A connection is a stream held open: it holds one of its user's stream slots
 (MAX_STREAMS_PER_USER) for its life (429 at the handshake past the cap), and its responses
-stream in it without taking another. Closing the connection while a response streams is a stop, like closing a
-foreground stream.
+stream in it without taking another. Closing the connection while a response streams is a
+stop, like closing a foreground stream.
 
 At a deploy's SIGTERM (chat_api/replies/drain.py) the connection stays open through the
 drain: its response ends as a stream's would (completed, or `error` and `response.failed`
