@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from chat_api.protocols.openai.chat import MAX_OUTPUT_TOKENS
 from tests.conftest import auth
 from tests.openai_support import (
     MODEL,
@@ -361,6 +362,22 @@ async def test_bad_requests_are_openai_shaped_and_store_nothing(
     assert isinstance(payload, dict) and payload["message"] and payload["type"] == "invalid_request_error"
     if param is not None:
         assert payload["param"] == param
+    assert await conversations(live, user) == []
+
+
+async def test_max_tokens_of_ten_to_the_thirty_was_accepted(live: ServerProcess) -> None:
+    # No upper bound on either name: 10**30 was taken; an upstream model would refuse it only
+    # after the user's turn was stored.
+    user = new_user()
+    client = sdk(live, await make_key(live, user))
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    for param in ("max_tokens", "max_completion_tokens"):
+        for asked in (10**30, MAX_OUTPUT_TOKENS + 1):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(model=MODEL, messages=messages, **{param: asked})
+            payload = caught.value.body
+            assert isinstance(payload, dict) and payload["param"] == param, payload
+            assert payload["type"] == "invalid_request_error" and str(MAX_OUTPUT_TOKENS) in payload["message"]
     assert await conversations(live, user) == []
 
 

@@ -20,6 +20,7 @@ import pytest
 from openai.types.responses import Response
 from sqlalchemy import text
 
+from chat_api.protocols.openai.chat import MAX_OUTPUT_TOKENS
 from tests.conftest import auth
 from tests.openai_support import MODEL, TENANT, conversations, ended_turns, make_key, new_user, sdk, turns
 from tests.procs import ServerProcess, server_process
@@ -503,6 +504,20 @@ async def test_bad_requests_are_openai_shaped_before_any_stream_and_store_nothin
         assert isinstance(payload, dict) and payload["message"] and payload["type"] == "invalid_request_error"
         if param is not None:
             assert payload["param"] == param
+    assert await conversations(live, user) == []
+
+
+async def test_max_output_tokens_of_ten_to_the_thirty_was_accepted(live: ServerProcess) -> None:
+    # No upper bound: 10**30 was taken and stored with the response; an upstream model would
+    # refuse it only after the user's turn was stored.
+    user, client = await client_for(live)
+    for asked in (10**30, MAX_OUTPUT_TOKENS + 1):
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.responses.create(model=MODEL, input="hi", max_output_tokens=asked, stream=stream)
+            payload = caught.value.body
+            assert isinstance(payload, dict) and payload["param"] == "max_output_tokens", payload
+            assert payload["type"] == "invalid_request_error" and str(MAX_OUTPUT_TOKENS) in payload["message"]
     assert await conversations(live, user) == []
 
 

@@ -28,6 +28,10 @@ from chat_api.providers.base import ModelOptions
 from memory.events import TERMINAL_NAMES, Event, EventName, ToolCallDeltaData, TurnEndedData
 
 MAX_TOOLS = 128
+# Most output tokens one request may ask for (max_tokens, max_completion_tokens, max_output_tokens):
+# the most any OpenAI model writes. Beyond it is a 400 naming the parameter, before anything is
+# stored (an upstream would refuse it only after the user's turn was).
+MAX_OUTPUT_TOKENS = 128_000
 # Between the texts of two model steps (a server tool ran in between): one answer to the client.
 STEP_SEPARATOR = "\n\n"
 
@@ -165,8 +169,8 @@ class _Request(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | _NamedToolChoice | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     metadata: dict[str, Any] | None = None
     user: str | None = None
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from chat_api.protocols.openai.chat import (
+    MAX_OUTPUT_TOKENS,
     MAX_TOOLS,
     ChatRequest,
     ClientMessage,
@@ -122,7 +123,7 @@ class _Body(BaseModel):
     metadata: dict[str, str] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    max_output_tokens: int | None = Field(None, ge=16)
+    max_output_tokens: int | None = Field(None, ge=16, le=MAX_OUTPUT_TOKENS)
     max_tool_calls: int | None = Field(None, ge=1)
     parallel_tool_calls: bool = True
     truncation: Literal["auto", "disabled"] = "disabled"
