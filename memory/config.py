@@ -130,6 +130,15 @@ class HttpSettings(BaseSettings):
     max_streams_per_user: int = Field(
         10, ge=0, description="SSE streams one user may have open at once, per API process (0: no limit)."
     )
+    responses_websocket_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description=(
+            "How long a Responses WebSocket-mode connection lasts (OpenAI's limit: 60 minutes). Then the"
+            " server sends `websocket_connection_limit_reached` and closes it, idle or not, freeing its"
+            " stream slot (a response streaming at that moment ends first)."
+        ),
+    )
     max_running_replies_per_user: int = Field(
         10,
         ge=0,

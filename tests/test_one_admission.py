@@ -405,3 +405,22 @@ async def test_idle_responses_websockets_took_no_stream_slot(start_server: Any) 
     await wait_until(lambda: server.services.admission.streams.open_count(owner) == 0)
     async with client.responses.connect():
         pass
+
+
+async def test_an_idle_responses_websocket_held_its_stream_slot_past_its_time_limit(
+    start_server: Any,
+) -> None:
+    """The connection's time limit was checked only when a message came: an idle connection was
+    never closed by the server, and held one of its user's stream slots for good."""
+    server: LiveServer = await start_server(max_streams_per_user=1, responses_websocket_seconds=1)
+    client = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+    owner = Owner("t1", "u1")
+    async with client.responses.connect() as idle:
+        assert server.services.admission.streams.open_count(owner) == 1
+        async with asyncio.timeout(30):  # the server closes it: iterating ends at its close frame
+            events = [event async for event in idle]
+    assert [(e.type, getattr(e, "status", None)) for e in events] == [("error", 400)], events
+    assert events[0].error.code == "websocket_connection_limit_reached"  # type: ignore[union-attr]
+    await wait_until(lambda: server.services.admission.streams.open_count(owner) == 0)
+    async with client.responses.connect():  # the slot is free again: no 429 on a cap of 1
+        pass

@@ -12,7 +12,9 @@ credential, or over its rate limit, is refused as the HTTP door answers: 401, or
 Retry-After. A connection is a stream held open: it holds one of its user's stream slots
 (MAX_STREAMS_PER_USER) for its life (429 at the handshake past the cap), and its responses
 stream in it without taking another. Closing the connection while a response streams is a
-stop, like closing a foreground stream.
+stop, like closing a foreground stream. The server closes a connection at its time limit
+(RESPONSES_WEBSOCKET_SECONDS, OpenAI's 60 minutes), idle or not, with the specification's
+`websocket_connection_limit_reached` envelope; a response streaming then ends first.
 
 At a deploy's SIGTERM (chat_api/replies/drain.py) the connection stays open through the
 drain: its response ends as a stream's would (completed, or `error` and `response.failed`
@@ -28,6 +30,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -51,8 +54,6 @@ from chat_api.replies import ReplyKind, follow_reply, hung_up
 
 router = APIRouter(prefix="/openai/v1", tags=["openai"])
 
-# A connection is closed after this long (the specification's limit, with its error code).
-CONNECTION_SECONDS = 60 * 60
 # The close code once a shutdown's drain is over: the server is going away (RFC 6455 7.4.1).
 GOING_AWAY = 1001
 
@@ -89,16 +90,29 @@ async def responses_socket(websocket: WebSocket) -> None:
         slot.release()
 
 
+class _Ended(Enum):
+    """Why no message came: the connection's time limit passed, or a shutdown's drain is over."""
+
+    TIME_LIMIT = "time_limit"
+    DRAINED = "drained"
+
+
 async def _connection(websocket: WebSocket, services: Services, owner: Owner) -> None:
     """The accepted connection's `response.create` messages, one after another, until it closes."""
     await websocket.accept()
-    opened = datetime.now(UTC)
+    limit_seconds = services.settings.responses_websocket_seconds
+    deadline = asyncio.get_running_loop().time() + limit_seconds
     known: dict[uuid.UUID, StoredResponse] = {}
     try:
-        while (text := await _next_message(websocket, services)) is not None:
-            if (datetime.now(UTC) - opened).total_seconds() > CONNECTION_SECONDS:
+        while True:
+            text = await _next_message(websocket, services, deadline)
+            if text is _Ended.DRAINED:
+                break
+            if not isinstance(text, str) or asyncio.get_running_loop().time() >= deadline:
                 limit = OpenAIError(
-                    400, "this connection is over its 60 minutes", code="websocket_connection_limit_reached"
+                    400,
+                    f"this connection has reached its limit of {limit_seconds:g} seconds; open a new one",
+                    code="websocket_connection_limit_reached",
                 )
                 await websocket.send_json(_envelope(limit))
                 await websocket.close()
@@ -148,18 +162,22 @@ async def _receive(websocket: WebSocket) -> str:
         await websocket.send_json(_envelope(binary))
 
 
-async def _next_message(websocket: WebSocket, services: Services) -> str | None:
-    """The client's next message; None once a shutdown's drain is over (every reply of this
-    process ended, and this connection's response, if any, sent to its end)."""
+async def _next_message(websocket: WebSocket, services: Services, deadline: float) -> str | _Ended:
+    """The client's next message; or why none will be read: the connection's deadline (loop
+    time) passed, or a shutdown's drain is over (every reply of this process ended, and this
+    connection's response, if any, sent to its end)."""
     receiving = asyncio.ensure_future(_receive(websocket))
     drained = asyncio.ensure_future(services.drain.over())
+    timeout = max(0.0, deadline - asyncio.get_running_loop().time())
     try:
-        await asyncio.wait([receiving, drained], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([receiving, drained], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         drained.cancel()
         if not receiving.done():
             receiving.cancel()
-    return receiving.result() if receiving.done() and not receiving.cancelled() else None
+    if receiving.done() and not receiving.cancelled():
+        return receiving.result()
+    return _Ended.DRAINED if drained.done() and not drained.cancelled() else _Ended.TIME_LIMIT
 
 
 async def _turn(
