@@ -10,7 +10,8 @@ from chat_api.admission.door import OwnerDep, SessionOwnerDep, StopOwnerDep
 from chat_api.services import Services
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.
     return request.app.state.services  # type: ignore[no-any-return]
 
 

@@ -11,13 +11,17 @@ answered bare 500s, on the OpenAI adapter in chatmem's shape instead of OpenAI's
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 from fastapi import APIRouter
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from openai import AsyncOpenAI
 
 from chat_api.admission import OwnerDep, door_router, unguarded_routes
@@ -240,3 +244,33 @@ async def test_nan_or_infinity_in_a_responses_body_was_a_500_that_left_an_empty_
         error = r.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
         assert (await http.get("/v1/conversations")).json()["items"] == []
+
+
+async def test_no_request_dependency_runs_in_the_thread_pool(server: LiveServer) -> None:
+    """FastAPI runs a plain `def` dependency in its thread pool: a thread hop per request.
+
+    `get_services` and `get_admission` were such dependencies, two hops for every message sent.
+    """
+
+    def calls(dependant: Dependant) -> Iterator[Any]:
+        for dependency in dependant.dependencies:
+            yield dependency.call
+            yield from calls(dependency)
+
+    def api_routes(routes: list[Any]) -> Iterator[APIRoute]:
+        # FastAPI keeps an included router as one route that points at it.
+        for route in routes:
+            if isinstance(route, APIRoute):
+                yield route
+            elif hasattr(route, "original_router"):
+                yield from api_routes(route.original_router.routes)
+
+    routes = list(api_routes(server.app.routes))
+    assert "/v1/conversations/{conversation_id}/messages" in {route.path for route in routes}
+    in_threads = {
+        f"{route.path}: {call.__qualname__}"
+        for route in routes
+        for call in calls(route.dependant)
+        if not (inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call))
+    }
+    assert not in_threads

@@ -62,8 +62,8 @@ from chat_api.admission.streams import StreamSlot
 from memory.json_bounds import check_text
 
 
-def get_admission(request: Request) -> Admission:
-    """The admission of the app serving this request."""
+async def get_admission(request: Request) -> Admission:
+    """The admission of the app serving this request (async: no thread-pool hop per request)."""
     admission: Admission = request.app.state.services.admission
     return admission
 
