@@ -15,11 +15,10 @@ never for a row it cannot see yet, and not at all when the caller rolls back.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, text
+from sqlalchemy import Table, bindparam, func, insert, literal_column, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.events import TurnStatus
@@ -77,20 +76,23 @@ def _row(turn: Turn) -> dict[str, Any]:
     }
 
 
-# A plain INSERT, not an ORM flush: it runs twice for every message (its user turn and its
-# reply), and nothing reads the rows back in the transaction that writes them.
-INSERT_ROWS = insert(cast(Table, OutboxRow.__table__))
+# The row and the relay's wake-up in one statement (one round trip, not an INSERT and a
+# `SELECT pg_notify`): a data-modifying WITH runs whether or not the query reads it. A plain
+# INSERT, not an ORM flush: it runs twice for every message (its user turn and its reply), and
+# nothing reads the row back in the transaction that writes it. The defaults are written out:
+# the INSERT inside a SELECT gets no client-side column defaults.
+_OUTBOX = cast(Table, OutboxRow.__table__)
+_RECORDED = (
+    insert(_OUTBOX)
+    .values({name: bindparam(name) for name in ("tenant_id", "user_id", "conversation_id", "turn_id")})
+    .values(payload=bindparam("payload"), attempts=0, priority=0)
+    .cte("recorded")
+)
+_WAKE = func.pg_notify(literal_column(f"'{NOTIFY_CHANNEL}'"), literal_column("''"))
+RECORD_AND_NOTIFY = select(_WAKE).add_cte(_RECORDED)
 
 
 async def record_finished_turn(session: AsyncSession, turn: Turn) -> None:
-    """Add the turn's outbox row to the caller's transaction (no-op for turns not recorded)."""
-    await record_finished_turns(session, [turn])
-
-
-async def record_finished_turns(session: AsyncSession, turns: Iterable[Turn]) -> None:
-    """Add outbox rows for many turns (imports) and notify once; the caller commits."""
-    rows = [_row(turn) for turn in turns if is_recorded(turn)]
-    if not rows:
-        return
-    await session.execute(INSERT_ROWS, rows)
-    await session.execute(NOTIFY)
+    """Add the turn's outbox row to the caller's transaction and notify (no-op for turns not recorded)."""
+    if is_recorded(turn):
+        await session.execute(RECORD_AND_NOTIFY, _row(turn))
