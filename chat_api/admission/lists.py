@@ -30,7 +30,7 @@ Model = TypeVar("Model", bound=BaseModel)
 
 
 @functools.cache
-def _adapter(model: type[BaseModel], name: str) -> tuple[TypeAdapter[list[Any]], str]:
+def list_adapter(model: type[BaseModel], name: str) -> tuple[TypeAdapter[list[Any]], str]:
     """The field's annotation and constraints (`min_length`), without its SkipValidation; its JSON name."""
     field = model.model_fields[name]
     metadata = [m for m in field.metadata if isinstance(m, BaseMetadata)]  # not SkipValidation
@@ -40,9 +40,14 @@ def _adapter(model: type[BaseModel], name: str) -> tuple[TypeAdapter[list[Any]],
     return TypeAdapter(annotation), field.alias or name
 
 
-def _validated(adapter: TypeAdapter[list[Any]], items: Any, where: str) -> list[Any]:
+def in_slices(
+    adapter: TypeAdapter[list[Any]], items: Any, *, from_attributes: bool = False
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """`items` validated by `adapter`, SLICE items per pydantic call: the validated items and
+    every slice's refusals (pydantic's error dicts), their `loc` starting at the item's index
+    in the whole list, as one call over the list would have given them."""
     if not isinstance(items, list) or len(items) <= SLICE:
-        # Not a list, empty or short: validated whole (the list's own refusals, as FastAPI's).
+        # Not a list, empty or short: validated whole (the list's own refusals).
         slices: list[tuple[int, Any]] = [(0, items)]
     else:
         slices = [(start, items[start : start + SLICE]) for start in range(0, len(items), SLICE)]
@@ -50,22 +55,27 @@ def _validated(adapter: TypeAdapter[list[Any]], items: Any, where: str) -> list[
     errors: list[dict[str, Any]] = []
     for start, part in slices:
         try:
-            validated += adapter.validate_python(part, from_attributes=True)  # as FastAPI validates
+            validated += adapter.validate_python(part, from_attributes=from_attributes)
         except ValidationError as exc:
             for error in exc.errors(include_url=False):
                 loc = error["loc"]
                 if loc and isinstance(loc[0], int):
                     loc = (start + loc[0], *loc[1:])
-                errors.append({**error, "loc": ("body", where, *loc)})
+                errors.append({**error, "loc": loc})
+    return validated, errors
+
+
+def _validated(adapter: TypeAdapter[list[Any]], items: Any, where: str) -> list[Any]:
+    validated, errors = in_slices(adapter, items, from_attributes=True)  # as FastAPI validates
     if errors:
-        raise RequestValidationError(errors)
+        raise RequestValidationError([{**error, "loc": ("body", where, *error["loc"])} for error in errors])
     return validated
 
 
 async def checked(body: Model, name: str) -> Model:
     """`body` with its field `name` (a `SkipValidation[list[…]]`) validated; RequestValidationError
     (the door's 422) as FastAPI's would have been. A long list is validated in a worker thread."""
-    adapter, where = _adapter(type(body), name)
+    adapter, where = list_adapter(type(body), name)
     items = getattr(body, name)
     if isinstance(items, list) and len(items) > SLICE:
         validated = await asyncio.to_thread(_validated, adapter, items, where)

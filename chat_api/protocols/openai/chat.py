@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation, ValidationError
 
+from chat_api.admission.lists import in_slices, list_adapter
 from chat_api.providers.base import ModelOptions
 from memory.events import TERMINAL_NAMES, Event, EventName, ToolCallDeltaData, TurnEndedData
 
@@ -69,15 +70,43 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def validated(schema: type[BodyT], raw: object) -> BodyT:
-    """A request body read as `schema`; its first problem is a 400 naming the parameter."""
+    """A request body read as `schema`; its first problem is a 400 naming the parameter.
+
+    A field declared `SkipValidation[list[…]]` (a history) is validated slice by slice
+    (`chat_api.admission.lists`): one pydantic call over 49,000 messages held the GIL, in the
+    door's worker thread too, 50-150 ms. The first problem is the one a single call gives: the
+    fields' in their declared order, a list's by index."""
     if not isinstance(raw, dict):
         raise bad_request("the request body must be a JSON object")
+    errors: list[dict[str, Any]] = []
+    request: BodyT | None = None
     try:
-        return schema.model_validate(raw)
+        request = schema.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors += [dict(error) for error in exc.errors(include_url=False)]
+    order = list(schema.model_fields)
+    for name in order:
+        if not _is_skipped_list(schema, name) or name not in raw:
+            continue
+        adapter, _ = list_adapter(schema, name)
+        items, problems = in_slices(adapter, raw[name])
+        errors += [{**error, "loc": (name, *error["loc"])} for error in problems]
+        if request is not None and not problems:
+            request = request.model_copy(update={name: items})
+    if errors:
+        first = min(
+            errors,
+            key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order else len(order),
+        )
         param = ".".join(str(p) for p in first.get("loc", ()))
-        raise bad_request(f"{param}: {first.get('msg', 'invalid')}", param or None) from None
+        raise bad_request(f"{param}: {first.get('msg', 'invalid')}", param or None)
+    assert request is not None
+    return request
+
+
+def _is_skipped_list(schema: type[BaseModel], name: str) -> bool:
+    # SkipValidation is a class at run time (an Annotated alias to type checkers).
+    return any(isinstance(m, SkipValidation) for m in schema.model_fields[name].metadata)  # type: ignore[misc]
 
 
 def check_served(model: str, served_models: Sequence[str]) -> None:
@@ -161,7 +190,7 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
-    messages: list[_Message]
+    messages: SkipValidation[list[_Message]]  # validated in slices (see `validated`)
     stream: bool = False
     stream_options: _StreamOptions | None = None
     n: int | None = None
