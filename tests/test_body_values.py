@@ -312,3 +312,31 @@ async def test_a_malformed_message_deep_in_a_long_history_is_refused_at_its_inde
         answer = await api.post(path, json={**document, "messages": []})
         assert answer.status_code == 422, answer.text[:300]
     assert await stored_conversations(server) == []
+
+
+async def test_another_streams_events_keep_flowing_while_49k_chat_completions_messages_are_validated(
+    start_server: Any,
+) -> None:
+    """The chat completions door validated its body in one pydantic call in its worker thread:
+    over 49,000 messages (245,000 values, under the cap) that call held the GIL, so another reply
+    waited 140-200 ms for its next event though the event loop was idle (load 3-4.4 on 2 cores);
+    and the body was refused anyway, a new conversation's history being more than
+    IMPORT_MAX_TURNS. Its messages are now validated slice by slice, as the AG-UI and AI SDK
+    doors' are: 56-121 ms, the rest mostly the collector's pauses over the body's objects. (The
+    turn count cannot be checked first: a known conversation resending a longer history imports
+    only what it lacks.)"""
+    server: LiveServer = await start_server(demo_tokens_per_second=50.0)
+    document = {"model": MODEL, "messages": tiny_messages(49_000)}
+    body = json.dumps(document, separators=(",", ":")).encode()
+    assert MAX_VALUES - 10_000 < count_values(body, up_to=MAX_VALUES) <= MAX_VALUES
+    async with openai_client(server) as client:
+        with frozen_startup_objects():
+            gaps, response = await gaps_while(server, client, "/openai/v1/chat/completions", body)
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["param"] == "turns", response.text[:300]
+    assert "at most 5000 turns" in response.json()["error"]["message"]
+    assert gaps.cpu < 0.045, (
+        f"the event loop spent {gaps.cpu * 1000:.0f} ms between two events of another stream"
+    )
+    assert gaps.wall < 0.13, f"another stream waited {gaps.wall * 1000:.0f} ms for its next event"
+    assert len(await stored_conversations(server)) == 1  # the other reply's alone
