@@ -429,16 +429,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def slice_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a bench that collects candidates over both slices: where they are, how
+    much of each, and the database."""
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "bench" / "locomo_dev.json")
     parser.add_argument("--limit-conversations", type=int, default=0)
     parser.add_argument(
         "--lme-data", type=Path, default=ROOT.parent / "shared" / "bench" / "longmemeval_dev.json"
     )
     parser.add_argument("--lme-limit-questions", type=int, default=0)
+    parser.add_argument(
+        "--database-url", help="an empty Postgres with pgvector; default: a private embedded one"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    slice_arguments(parser)
     parser.add_argument(
         "--depth", type=int, nargs="+", default=[100], help="candidates of each list (the first is written)"
     )
@@ -452,9 +461,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/fit_fusion.json"))
     parser.add_argument(
         "--cache", type=Path, help="keep the collected candidates here and reuse them (refits skip the load)"
-    )
-    parser.add_argument(
-        "--database-url", help="an empty Postgres with pgvector; default: a private embedded one"
     )
     args = parser.parse_args()
     result = asyncio.run(run(args))

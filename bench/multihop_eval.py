@@ -30,7 +30,7 @@ from typing import Any
 import fit_fusion as ff
 import longmemeval_eval as lme
 import numpy as np
-from common import ROOT, Server, database, write_json
+from common import Server, database, write_json
 from memory_eval import ADVERSARIAL, CATEGORIES, KS, LAYOUTS, RATE_LIMIT_PER_MINUTE, load_questions, tenant_of
 from memory_eval import load as load_both_layouts
 
@@ -290,17 +290,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "bench" / "locomo_dev.json")
-    parser.add_argument("--limit-conversations", type=int, default=0)
-    parser.add_argument(
-        "--lme-data", type=Path, default=ROOT.parent / "shared" / "bench" / "longmemeval_dev.json"
-    )
-    parser.add_argument("--lme-limit-questions", type=int, default=0)
+    ff.slice_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("bench/results/multihop_eval.json"))
     parser.add_argument("--cache", type=Path, help="keep the collected candidates here and reuse them")
-    parser.add_argument(
-        "--database-url", help="an empty Postgres with pgvector; default: a private embedded one"
-    )
     args = parser.parse_args()
     write_json(args.out, asyncio.run(run(args)))
 
