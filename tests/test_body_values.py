@@ -348,7 +348,7 @@ async def test_another_streams_events_keep_flowing_while_49k_chat_completions_me
                 again, response = await gaps_while(server, client, "/openai/v1/chat/completions", body)
                 gaps = min(gaps, again, key=lambda g: max(g.cpu / 0.045, g.wall / 0.13))
     assert response.status_code == 400, response.text[:300]
-    assert response.json()["error"]["param"] == "turns", response.text[:300]
+    assert response.json()["error"]["param"] == "messages", response.text[:300]
     assert "at most 5000 turns" in response.json()["error"]["message"]
     assert gaps.cpu < 0.045, (
         f"the event loop spent {gaps.cpu * 1000:.0f} ms between two events of another stream"

@@ -68,10 +68,32 @@ async def test_openai_unmatched_history_is_held_to_the_per_request_turn_limit(st
         with pytest.raises(openai.BadRequestError) as refused:
             await client.chat.completions.create(model=MODEL, messages=history(4))  # 8 turns to import
         assert refused.value.body["code"] == "invalid_input"  # type: ignore[index]
-        assert refused.value.body["param"] == "turns"  # type: ignore[index]
+        assert refused.value.body["param"] == "messages"  # type: ignore[index]
         assert await stored_conversations(server) == []  # nothing stored, not even a conversation
         answer = await client.chat.completions.create(model=MODEL, messages=history(3))  # 6: fits
         assert answer.choices[0].message.content
+
+
+async def test_responses_history_over_the_turn_limit_was_refused_naming_turns_not_input(
+    start_server: Any,
+) -> None:
+    """The Responses API has no `turns`: its history comes in `input`, and the 400 names that."""
+    server: LiveServer = await start_server(import_max_turns=6)
+    async with openai_client(server) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(model=MODEL, input=history(4))  # type: ignore[arg-type]
+        assert refused.value.body["code"] == "invalid_input"  # type: ignore[index]
+        assert refused.value.body["param"] == "input"  # type: ignore[index]
+        assert await stored_conversations(server) == []
+        # Continuing a response, the history it imports is refused the same way.
+        first = await client.responses.create(model=MODEL, input="hello")
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(
+                model=MODEL,
+                input=history(4),  # type: ignore[arg-type]
+                previous_response_id=first.id,
+            )
+        assert refused.value.body["param"] == "input"  # type: ignore[index]
 
 
 async def test_openai_unmatched_history_is_held_to_the_per_message_size_limit(start_server: Any) -> None:

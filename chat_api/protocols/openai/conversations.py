@@ -52,7 +52,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmittedImport, AdmittedReply
-from chat_api.protocols.openai.chat import ChatRequest, ClientMessage
+from chat_api.protocols.openai.chat import ChatRequest, ClientMessage, OpenAIError
 from chat_api.protocols.openai.retries import start_or_answer_retry
 
 # The reply seam (one block, so it can be re-pointed when the lifecycle modules move).
@@ -304,6 +304,7 @@ async def start_chat_reply(
     *,
     admitted: AdmittedReply,
     memory_scope: str,
+    history_param: str,
     recorded: Callable[[BeginReply], BeginReply] | None = None,
     idempotency_key: str | None = None,
 ) -> tuple[uuid.UUID, Accepted]:
@@ -312,6 +313,7 @@ async def start_chat_reply(
     Returns the conversation (made here for a new target) and the started reply.
     `recorded` wraps what is stored (another adapter's own rows go in the same
     transaction). With `idempotency_key`, a request already started reattaches to its reply.
+    `history_param` is the request's field holding the history, named by a refused import.
     """
     history: AdmittedImport | None = None
     if target.sent is None and not chat.tool_results:
@@ -319,7 +321,7 @@ async def start_chat_reply(
     rows = _turn_rows(target.sent[:-1]) if target.new and target.sent else []
     if rows:
         # A new conversation: all the client sent before its new message is history to import.
-        history = await admission.admit_import(owner, rows)
+        history = await admit_history(admission, owner, rows, param=history_param)
     with history or contextlib.nullcontext():
         conversation_id = await _make(services, owner, chat, target) if target.new else target.conversation_id
         assert conversation_id is not None
@@ -327,7 +329,9 @@ async def start_chat_reply(
             begin = _begin_tool_answer(services, chat, idempotency_key)
         else:
             assert target.sent is not None
-            begin = _begin_prompt(services, admission, owner, chat, target, history, idempotency_key)
+            begin = _begin_prompt(
+                services, admission, owner, chat, target, history, history_param, idempotency_key
+            )
         accepted = await start_or_answer_retry(
             services,
             owner,
@@ -343,6 +347,22 @@ async def start_chat_reply(
     return conversation_id, accepted
 
 
+async def admit_history(
+    admission: Admission, owner: Owner, rows: list[dict[str, Any]], *, param: str
+) -> AdmittedImport:
+    """`rows` admitted as an import, or a 400 naming `param`, the request's field the history came in.
+
+    The import rules name `turns`, the field of chatmem's own import; an OpenAI request has
+    none (`messages` on chat completions, `input` on the Responses API).
+    """
+    try:
+        return await admission.admit_import(owner, rows)
+    except InvalidInput as exc:
+        if exc.details.get("field") != "turns":
+            raise
+        raise OpenAIError(400, exc.message, param=param, code=exc.code) from exc
+
+
 def _turn_rows(units: list[Unit]) -> list[dict[str, Any]]:
     """Sent units as the turns of an import request."""
     return [{"role": unit.role, "content": unit.raw} for unit in units]
@@ -355,6 +375,7 @@ def _begin_prompt(
     chat: ChatRequest,
     target: Target,
     history: AdmittedImport | None,
+    history_param: str,
     idempotency_key: str | None = None,
 ) -> BeginReply:
     """Store the new message after the sent history; what chatmem lacks of it is imported.
@@ -390,7 +411,7 @@ def _begin_prompt(
                 admitted = history  # admitted for exactly these turns before the conversation was made
             else:
                 # Refused (422, or 429 past the hourly quota) before this transaction stores anything.
-                admitted = await admission.admit_import(owner, _turn_rows(missing))
+                admitted = await admit_history(admission, owner, _turn_rows(missing), param=history_param)
             with admitted:
                 result = await import_turns(session, owner, conversation.id, admitted.turns)
                 admitted.settle(result.created)

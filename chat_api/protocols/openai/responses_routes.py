@@ -35,6 +35,7 @@ from chat_api.admission import Admission, AdmissionDep, AdmittedReply, door_rout
 from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.protocols.openai.chat import ChatRequest, ClientMessage, OpenAIError
 from chat_api.protocols.openai.conversations import (
+    admit_history,
     choose_conversation,
     start_chat_reply,
 )
@@ -206,6 +207,7 @@ async def start_response(
             target,
             admitted=admitted,
             memory_scope=services.settings.memory_scope,
+            history_param="input",
             recorded=lambda begin: _recorded(owner, asked, begin),
             idempotency_key=key,
         )
@@ -309,7 +311,7 @@ async def import_history(
     """Store those messages as turns, within the import admission (refused before anything is stored)."""
     rows = import_rows(messages)
     if rows:
-        with await admission.admit_import(owner, rows) as imported:
+        with await admit_history(admission, owner, rows, param="input") as imported:
             result = await import_turns(session, owner, conversation.id, imported.turns)
             imported.settle(result.created)
 

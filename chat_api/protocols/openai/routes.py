@@ -193,6 +193,7 @@ async def chat_completions(
             target,
             admitted=admitted,
             memory_scope=services.settings.memory_scope,
+            history_param="messages",
             idempotency_key=key,
         )
     translator = ReplyTranslator(
