@@ -22,7 +22,8 @@ from chat_api.errors import install_error_handlers
 from chat_api.observability import install_observability
 from chat_api.protocols.ag_ui import routes as ag_ui_routes
 from chat_api.protocols.ai_sdk import routes as ai_sdk_routes
-from chat_api.protocols.mcp.server import install_mcp
+from chat_api.protocols.mcp.server import MCP_PATH, install_mcp
+from chat_api.protocols.mcp.server import too_large as mcp_too_large
 from chat_api.protocols.openai import responses_compaction as compaction_routes
 from chat_api.protocols.openai import responses_routes, responses_websocket
 from chat_api.protocols.openai import routes as openai_routes
@@ -324,7 +325,9 @@ def create_app(
     ]
     if len(large) != len(larger):
         raise RuntimeError("a route given a larger body limit is not among these routers")
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, large=large)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, large=large, answers={MCP_PATH: mcp_too_large}
+    )
     app.add_middleware(ResponseHeaders)
     install_observability(app, settings)
     return app

@@ -183,3 +183,34 @@ async def test_a_post_that_is_not_json_is_refused_in_json_rpc_not_in_plain_text(
             assert response.status_code == 415, (content_type, response.text)
             assert response.headers["content-type"] == "application/json"
             assert response.json()["error"]["code"] == -32600 and response.json()["id"] is None
+
+
+async def test_a_post_over_the_body_size_limit_was_refused_in_chatmems_shape_not_json_rpc(
+    start_server: Any,
+) -> None:
+    """Found: `/mcp`'s 413 was `{"error": {"code": "payload_too_large", ...}}`, chatmem's (and
+    OpenAI's) shape, where an MCP client reads a JSON-RPC error, as for the 415 and -32700."""
+    server: LiveServer = await start_server(max_body_bytes=4096)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"padding": "x" * 10_000}}
+    body = json.dumps(ping).encode()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    headers = {
+        "Authorization": f"Bearer {token_for()}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    async with httpx.AsyncClient(base_url=server.base_url, headers=headers) as client:
+        sized = await client.post("/mcp", content=body)
+        chunked = await client.post("/mcp", content=chunks())
+        assert "content-length" not in chunked.request.headers
+        for response in (sized, chunked):
+            assert response.status_code == 413, response.text
+            assert response.headers["content-type"] == "application/json"
+            answer = response.json()
+            assert answer["jsonrpc"] == "2.0" and answer["id"] is None, answer
+            assert answer["error"]["code"] == -32600, answer
+            assert "4096 bytes" in answer["error"]["message"], answer

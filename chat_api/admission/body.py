@@ -7,17 +7,19 @@ path pattern (`LargeBody`), not by how a path ends: a limit keyed on the suffix 
 gave any such path, `PATCH /v1/memory/items/import` included, the 25 MB import limit.
 A larger limit lets no one make the server read more before authentication: nothing here
 reads a body, and a route reads its body only after the door (chat_api.admission.door).
+The 413 is chatmem's error shape (OpenAI's too), except on a path whose clients read errors
+in another protocol's shape, which gives its own answer (`/mcp`: a JSON-RPC error).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -43,10 +45,19 @@ class LargeBody:
 class BodyLimit:
     """Answer 413 to bodies over the limit, by Content-Length or as they arrive."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, large: Sequence[LargeBody] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        large: Sequence[LargeBody] = (),
+        answers: Mapping[str, Callable[[int], Response]] | None = None,
+    ) -> None:
+        """`answers`: by exact path, the 413 (given the limit) of a protocol with its own error shape."""
         self.app = app
         self.max_bytes = max_bytes
         self.large = tuple(large)
+        self.answers = dict(answers or {})
 
     def limit(self, scope: Scope) -> int:
         """The largest body this request may carry."""
@@ -58,6 +69,10 @@ class BodyLimit:
         body["error"].update(type="invalid_request_error", param=None)  # also OpenAI's shape (/openai/v1)
         return JSONResponse(body, status_code=413)
 
+    def _refusal(self, scope: Scope, limit: int) -> Response:
+        answer = self.answers.get(scope.get("path", ""), self._too_large)
+        return answer(limit)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -66,7 +81,7 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
-            await self._too_large(limit)(scope, receive, send)
+            await self._refusal(scope, limit)(scope, receive, send)
             return
         seen = 0
 
@@ -82,7 +97,7 @@ class BodyLimit:
         try:
             await self.app(scope, limited_receive, send)
         except BodyTooLarge:
-            await self._too_large(limit)(scope, receive, send)
+            await self._refusal(scope, limit)(scope, receive, send)
 
 
 class BodyTooLarge(HTTPException):
@@ -96,3 +111,4 @@ class BodyTooLarge(HTTPException):
 
     def __init__(self, limit: int) -> None:
         super().__init__(status_code=413, detail=f"request body over {limit} bytes")
+        self.limit = limit

@@ -14,7 +14,7 @@ Transports:
   throttle, a session token or an API key, the request rate, all before the SDK sees
   the request; a held stream (``GET /mcp``) takes a stream slot like any other; a body
   is held to the same input bounds (a JSON-RPC parse error otherwise), and one not declared
-  JSON is a JSON-RPC error too (415). Every tool call
+  JSON is a JSON-RPC error too (415), as is one over the body size limit (413). Every tool call
   acts for the caller the door found (in that tenant's row-level-security scope) through
   ``memory.recall.access``. Stateless, so any replica answers any request, and JSON
   responses (each call is one short answer).
@@ -43,6 +43,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from chat_api.admission.body import BodyTooLarge
 from chat_api.admission.door import credential_of, pass_door
 from chat_api.admission.inputs import parse_json
 from chat_api.auth import AuthError
@@ -167,6 +168,13 @@ def _not_json() -> JSONResponse:
     return JSONResponse(body, status_code=415)
 
 
+def too_large(limit: int) -> JSONResponse:
+    """A body over the size limit, refused as the SDK refuses a request it will not take (413)."""
+    message = f"Payload Too Large: request body over {limit} bytes"
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
+    return JSONResponse(body, status_code=413)
+
+
 def _sends_json(scope: Scope) -> bool:
     media_type = Headers(scope=scope).get("content-type", "").partition(";")[0]
     return media_type.strip().lower() == "application/json"
@@ -254,7 +262,11 @@ class McpEndpoint:
             if not _sends_json(scope):
                 await _not_json()(scope, receive, send)
                 return
-            body = await _read_body(receive)
+            try:
+                body = await _read_body(receive)
+            except BodyTooLarge as exc:  # a body with no Content-Length, past the limit as it arrived
+                await too_large(exc.limit)(scope, receive, send)
+                return
             try:
                 await parse_json(body, max_values=self.services.settings.max_body_values)
             except Exception as exc:  # RequestValidationError or InvalidInput: the body is not readable
