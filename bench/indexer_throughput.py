@@ -32,7 +32,7 @@ from memory.events import TurnStatus
 from memory.recall.embeddings import load_embedder
 from memory.recall.keywords import memory_text
 from memory.record.conversations import Owner, create_conversation
-from memory.record.outbox import record_finished_turns
+from memory.record.outbox import record_finished_turn
 from memory.record.turns import add_turn
 from memory.storage.db import Database, upgrade
 from memory.storage.embedded import EmbeddedPostgres
@@ -58,7 +58,8 @@ async def add_turns(db: Database, conversation_id: uuid.UUID, texts: list[str]) 
             await add_turn(session, conversation, role="user", status=TurnStatus.COMPLETED, content=t)
             for t in texts
         ]
-        await record_finished_turns(session, turns)
+        for turn in turns:
+            await record_finished_turn(session, turn)
     return [t.id for t in turns]
 
 
