@@ -440,12 +440,27 @@ def test_memory_block_lists_items_best_first_with_date_and_conversation() -> Non
     built = build(history(user("what's my dog's name?")), memory=memory)
     assert built.messages[0] == {"role": "system", "content": EN.render("system")}
     assert built.messages[-1]["content"].endswith("\n\nwhat's my dog's name?")
-    system = reply_part(built)
-    assert system.startswith("<memories>") and "Current time: Friday, 14 March 2025, 09:30 UTC." in system
-    assert '- [2024-07-05, conversation "Pets"] the user said: My dog is called Rex' in system
-    assert "- [2024-07-02, an untitled conversation] the user said: I live in Lyon" in system
-    assert system.index("Rex") < system.index("Lyon")
+    # The tags, the time and the items only: how to read them is said once, in the system prompt.
+    assert reply_part(built) == (
+        "<memories>\n"
+        "Current time: Friday, 14 March 2025, 09:30 UTC.\n"
+        '- [2024-07-05, conversation "Pets"] the user said: My dog is called Rex\n'
+        "- [2024-07-02, an untitled conversation] the user said: I live in Lyon\n"
+        "</memories>\n\n"
+    )
     assert built.memory_used == [memory[1], memory[0]]
+
+
+def test_memory_block_in_chinese() -> None:
+    memory = [memory_item("我的狗叫旺财", 0.9, day=5, title="宠物")]
+    built = build(history(user("我的狗叫什么？")), prompts=ZH, memory=memory)
+    assert built.messages[0] == {"role": "system", "content": ZH.render("system")}
+    assert reply_part(built) == (
+        "<memories>\n"
+        "当前时间：Friday, 14 March 2025, 09:30 UTC。\n"
+        "- [2024-07-05，对话“宠物”] 用户说：我的狗叫旺财\n"
+        "</memories>\n\n"
+    )
 
 
 def test_memory_from_the_current_conversation_says_so() -> None:

@@ -53,8 +53,11 @@ def test_an_earlier_message_is_shown_again_with_the_part_its_reply_was_given() -
     built = build_context(turns_with_part(), prompts=EN, budget=ContextBudget(), now=NOW)
     assert check_chat_messages(built.messages) is None
     first = built.messages[1]["content"]
-    assert first.startswith("<memories>") and first.endswith("\n\nwhat's my dog called?")
-    assert f"Current time: {SHOWN_AT}." in first and "My dog is called Rex" in first
+    assert first == (
+        f"<memories>\nCurrent time: {SHOWN_AT}.\n"
+        '- [2024-07-05, conversation "Pets"] the user said: My dog is called Rex\n'
+        "</memories>\n\nwhat's my dog called?"
+    )
     # The new message gets its own part; a memory shown earlier in the window is not repeated.
     again = build_context(turns_with_part(), prompts=EN, budget=ContextBudget(), now=NOW, memory=[rex()])
     assert again.messages[:3] == built.messages[:3]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from memory.prompt.templates import LANGUAGES, TEMPLATE_FIELDS, PromptTemplateError, load_prompts
+from memory.prompt.tokens import count_tokens
 
 
 @pytest.fixture
@@ -46,6 +47,20 @@ def test_languages_have_the_same_templates_and_placeholders() -> None:
 def test_chinese_set_is_written_in_chinese() -> None:
     system = load_prompts("zh").render("system")
     assert sum("\u4e00" <= ch <= "\u9fff" for ch in system) > 50
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_the_system_prompt_says_how_to_read_the_memory_block(language: str) -> None:
+    """What the memory block is, and how to use it, is said once in the system prompt, which a
+    model server caches; every reply's block is then only its tags, the time and the memories.
+    (It was a 75-token preamble in every block, read again whenever the cache was lost.)"""
+    prompts = load_prompts(language)
+    system = prompts.render("system")
+    block = prompts.render("memory_block", items="", now="")
+    lines = block.splitlines()
+    assert lines[0] == "<memories>" and lines[-1] == "</memories>" and len(lines) <= 4
+    assert "<memories>" in system and prompts.render("memory_role_user") in system
+    assert count_tokens(block) <= 16
 
 
 def test_render_fills_placeholders_and_leaves_no_dollar_names() -> None:
