@@ -2,7 +2,9 @@
 
 The window is read and built once per reply before its first token: recall uses it (the
 rewriter's history, the turns retrieval must not return again) and the first model step
-is sent it, with the recalled memories. Later steps read the turns the reply added.
+is sent it, with the recalled memories. A reply started by a request reads its window's
+rows in the transaction that stores its turns (`read_at_start`: no transaction of its own).
+Later steps read the turns the reply added.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from chat_api.replies.recall import recall_for_reply, recalls
 from chat_api.replies.reply import Reply, ReplyRequest
 from memory.config import Settings
@@ -19,9 +23,12 @@ from memory.prompt.context import (
     BuiltContext,
     ContextBudget,
     PromptWindow,
+    StoredWindow,
     prompt_from_window,
+    read_stored_window,
     read_window,
     unless_still_shown,
+    window_from,
 )
 from memory.prompt.templates import PromptSet
 from memory.prompt.tokens import count_tokens
@@ -45,9 +52,16 @@ class Prompter:
     def version(self) -> str:
         return self.prompts.version
 
+    async def read_at_start(self, session: AsyncSession, reply: Reply) -> None:
+        """Read the reply's window rows in the transaction that stores its turns (no transaction of
+        its own before the first token); its first prompt is built from them."""
+        await session.flush()  # the turns just added are in the window
+        reply.stored_window = await read_stored_window(session, reply.conversation_id, self.budget)
+
     async def prepare(self, reply: Reply, request: ReplyRequest) -> PromptWindow:
         """Read the prompt window, recall long-term memory with it and announce it; returns the window."""
-        window = await self.window_for(reply.conversation_id, reply.instructions)
+        stored, reply.stored_window = reply.stored_window, None
+        window = await self.window_for(reply.conversation_id, reply.instructions, stored)
         if recalls(request.memory_scope, window.use_memory):
             await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
         else:
@@ -55,14 +69,18 @@ class Prompter:
             self.recaller.forget_query(reply.id)  # memory was switched off since it was accepted
         return window
 
-    async def window_for(self, conversation_id: uuid.UUID, instructions: str | None = None) -> PromptWindow:
-        """The conversation's recent window as it stands now (one read).
+    async def window_for(
+        self, conversation_id: uuid.UUID, instructions: str | None = None, stored: StoredWindow | None = None
+    ) -> PromptWindow:
+        """The conversation's recent window as it stands now (one read), or as `stored` read it.
 
         A client's `instructions` go into the system message, so the history gets that much less.
         """
         budget = self.budget
         if instructions:
             budget = replace(budget, max_tokens=budget.max_tokens - count_tokens(instructions) - 1)
+        if stored is not None:  # the rows to read do not depend on the instructions
+            return window_from(stored, prompts=self.prompts, budget=budget)
         return await read_window(self.db, conversation_id, prompts=self.prompts, budget=budget)
 
     def prompt(self, window: PromptWindow, memory: Sequence[FoundMemory] = ()) -> BuiltContext:

@@ -25,6 +25,7 @@ from memory.events import (
     ToolCallState,
 )
 from memory.json_values import JsonObject
+from memory.prompt.context import StoredWindow
 from memory.recall.found import FoundMemory
 from memory.record.conversations import Owner
 from memory.record.tool_calls import ToolCall
@@ -64,6 +65,9 @@ class Reply:
         self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
         self.memories: list[FoundMemory] = []  # recalled once per reply, shown to every step
+        # The window's rows, read by the transaction that stored the reply's turns; taken by its
+        # first prompt (None: that prompt reads them itself, as a resumed reply's does).
+        self.stored_window: StoredWindow | None = None
         self.rewritten_query: str | None = None  # what recall searched; stored with the first step
         # Whether the reply is made with memory: on (recall ran, even if it found nothing), off
         # (the user turned it off), unavailable (recall failed or timed out). Not remembered unless on.

@@ -2,12 +2,13 @@
 
 Each stores the reply's turns in one transaction with the conversation row locked, applies
 the busy policy (reject, interrupt the running reply, or wait for it; a reply waiting for an
-approval may give way, decided and ended under that same lock), registers the reply in this
-process before commit and launches it. A reply whose process is gone does not make the
-conversation busy: whatever the policy, it is ended first, as the reaper would
-(`reaper.reap_if_owner_gone`), and the request goes on as after any ended reply. A request
-retried with the same Idempotency-Key reattaches to the reply it started (ended first the
-same way).
+approval may give way, decided and ended under that same lock), reads the rows of the reply's
+prompt window in that transaction too (one transaction fewer before the first token),
+registers the reply in this process before commit and launches it. A reply whose process
+is gone does not make the conversation busy: whatever the policy, it is ended first, as the
+reaper would (`reaper.reap_if_owner_gone`), and the request goes on as after any ended
+reply. A request retried with the same Idempotency-Key reattaches to the reply it started
+(ended first the same way).
 """
 
 from __future__ import annotations
@@ -414,6 +415,7 @@ async def _start_reply(
                     if content is None:
                         prepared = _prepare_query(services, conversation, reply_id, user_text, memory_scope)
                     reply = Reply(reply_id, owner, conversation.id, user_turn.id)
+                    await services.prompter.read_at_start(session, reply)
                     reply.publish(
                         EventName.TURN_STARTED,
                         TurnStartedData(

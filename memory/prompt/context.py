@@ -788,16 +788,42 @@ def unless_still_shown(memories: Sequence[ShownMemory]) -> tuple[str, dict[str, 
     return NOT_ALL_STILL_SHOWN, {**params, "shown_count": len(params["turn_ids"])}
 
 
+@dataclass(frozen=True)
+class StoredWindow:
+    """What a window is built from, as read: the newest turns, the still existing memories of
+    their parts, and the conversation's memory switch. Built into a window with any budget
+    of the same `rows_to_read` (`window_from`)."""
+
+    turns: list[TurnView]
+    alive: set[tuple[str, int]]
+    use_memory: bool
+
+
+async def read_stored_window(
+    session: AsyncSession, conversation_id: Any, budget: ContextBudget
+) -> StoredWindow:
+    """The rows of the conversation's recent window, in the caller's transaction."""
+    rows = await recent_turn_rows(session, conversation_id, budget.rows_to_read)
+    turns = [TurnView.from_row(row) for row in rows]
+    alive = await _live(session, _shown_memories(turns))
+    use_memory = bool(rows[-1].use_memory) if rows else True
+    return StoredWindow(turns, alive, use_memory)
+
+
+def window_from(stored: StoredWindow, *, prompts: PromptSet, budget: ContextBudget) -> PromptWindow:
+    """The window those rows make within `budget`."""
+    return build_window(
+        stored.turns, prompts=prompts, budget=budget, alive=stored.alive, use_memory=stored.use_memory
+    )
+
+
 async def read_window(
     db: Database, conversation_id: Any, *, prompts: PromptSet, budget: ContextBudget
 ) -> PromptWindow:
     """The conversation's recent window as it stands now (one read)."""
     async with db.session() as session:
-        rows = await recent_turn_rows(session, conversation_id, budget.rows_to_read)
-        turns = [TurnView.from_row(row) for row in rows]
-        alive = await _live(session, _shown_memories(turns))
-    use_memory = bool(rows[-1].use_memory) if rows else True
-    return build_window(turns, prompts=prompts, budget=budget, alive=alive, use_memory=use_memory)
+        stored = await read_stored_window(session, conversation_id, budget)
+    return window_from(stored, prompts=prompts, budget=budget)
 
 
 def prompt_from_window(
