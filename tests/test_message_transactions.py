@@ -2,7 +2,8 @@
 
 A whole transaction costs the server far more CPU than a statement inside one (a session,
 BEGIN, COMMIT, each a round trip): a reply's start reads its prompt window in the
-transaction that stores its turns.
+transaction that stores its turns, and its ending releases the conversation and announces
+the end (`chatmem_turn_done`) in one statement.
 
 Live server, real Postgres, real HTTP; transactions as SQLAlchemy's engine events see them.
 """
@@ -127,3 +128,18 @@ async def test_a_reply_started_with_its_window_read_at_start_is_sent_the_whole_h
     assert "how many hives is enough?" in second[3][1]
     assert [role for role, _ in edited] == ["system", "user", "assistant", "user"], edited
     assert "and in Nice?" in edited[3][1] and "hives" not in " ".join(text for _, text in edited)
+
+
+async def test_a_replys_ending_releases_the_conversation_and_announces_it_in_one_statement(
+    server: LiveServer,
+) -> None:
+    async with server.client() as client:
+        cid = await new_conversation(client)
+        with recorded(server) as seen:
+            await say(client, f"/v1/conversations/{cid}/messages", "hello")
+        # Released: the next message is taken at once.
+        await say(client, f"/v1/conversations/{cid}/messages", "hello again")
+    endings = seen.with_statement("active_reply_id = NULL")
+    assert len(endings) == 1, endings
+    announced = [s for s in endings[0] if "chatmem_turn_done" in s]
+    assert len(announced) == 1 and "active_reply_id = NULL" in announced[0], endings[0]

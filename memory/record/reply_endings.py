@@ -15,7 +15,7 @@ It is conditional on the turn's status (`WHERE status = from_status`), so two en
 each other (stop and completion, a runner and the reaper) leave exactly one ending: the
 loser gets None and writes nothing. In the same transaction it settles the open tool
 calls, writes the outbox row, appends the terminal event after any events not yet stored,
-releases the conversation and notifies `chatmem_turn_done`.
+releases the conversation and notifies `chatmem_turn_done` (one statement).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from memory.json_values import JsonObject
 from memory.record.conversations import Owner
 from memory.record.outbox import record_finished_turn
 from memory.record.process_life import silent_longer_than
-from memory.record.reply_state import notify_done
 from memory.record.tool_calls import ToolCall, settle_open_calls, settle_running_invocations, tool_calls_of
 from memory.record.turns import append_events, finish_turn, release_conversation
 from memory.storage.models import Conversation, Turn
@@ -130,8 +129,7 @@ async def end_reply(
         data["error"] = {key: text for key, text in ending.error.items()}
     terminal = Event(terminal_id, TERMINAL_EVENT[ending.status], data)
     await append_events(session, reply_id, Owner(turn.tenant_id, turn.user_id), [*unsaved, terminal])
-    await release_conversation(session, turn.conversation_id, reply_id)
-    await notify_done(session, reply_id)
+    await release_conversation(session, turn.conversation_id, reply_id)  # and notifies done
     return terminal
 
 

@@ -17,6 +17,7 @@ from memory.errors import NotFound
 from memory.events import TERMINAL_STATUSES, Event, TurnStatus
 from memory.recall.remembering import FORGOTTEN
 from memory.record.conversations import Owner, allocate_seq
+from memory.record.reply_state import DONE_CHANNEL
 from memory.record.tool_calls import ToolCall
 from memory.storage.models import Conversation, Turn, TurnEventChunk
 
@@ -331,17 +332,21 @@ async def finish_turn(
 
 
 # Plain SQL (every reply's ending runs it): a caller that holds the conversation's row in its
-# session sets `active_reply_id` on it itself (start.py, a parked reply giving way).
+# session sets `active_reply_id` on it itself (start.py, a parked reply giving way). One
+# statement with the notification: a data-modifying WITH always runs, and pg_notify is sent
+# at commit, as on its own (memory.record.reply_state).
 RELEASE_CONVERSATION = text(
-    "UPDATE conversations SET active_reply_id = NULL"
-    " WHERE id = :conversation_id AND active_reply_id = :reply_id"
+    "WITH released AS (UPDATE conversations SET active_reply_id = NULL"
+    " WHERE id = :conversation_id AND active_reply_id = :reply_id)"
+    f" SELECT pg_notify('{DONE_CHANNEL}', CAST(:reply_id AS text))"
 )
 
 
 async def release_conversation(
     session: AsyncSession, conversation_id: uuid.UUID, reply_id: uuid.UUID
 ) -> None:
-    """Let the conversation accept a new message (only if this reply still held it)."""
+    """Let the conversation accept a new message (only if this reply still held it), and wake
+    everyone waiting for the reply to end (`notify_done`, in the same statement)."""
     await session.execute(RELEASE_CONVERSATION, {"conversation_id": conversation_id, "reply_id": reply_id})
 
 
