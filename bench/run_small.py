@@ -51,9 +51,26 @@ SMALL_RUNS: dict[str, list[str]] = {
         "--lme-data",
         str(LONGMEMEVAL),
     ],
+    "cue_eval": [
+        "--limit-conversations",
+        "2",
+        "--data",
+        str(LOCOMO),
+        "--lme-limit-questions",
+        "5",
+        "--lme-data",
+        str(LONGMEMEVAL),
+    ],
 }
 # The benchmarks that read the LoCoMo and LongMemEval slices (skipped where they are not).
-NEEDS_LOCOMO = ("memory_eval", "fit_fusion", "diversify_eval", "longmemeval_eval", "retrieval_latency")
+NEEDS_LOCOMO = (
+    "memory_eval",
+    "fit_fusion",
+    "diversify_eval",
+    "cue_eval",
+    "longmemeval_eval",
+    "retrieval_latency",
+)
 
 
 def run_small(out_dir: Path, only: list[str] | None = None) -> dict[str, float]:
