@@ -30,6 +30,9 @@ nothing on the other.
 
     python bench/cue_eval.py --data ../shared/bench/locomo_dev.json \
         --lme-data ../shared/bench/longmemeval_dev.json --cache /tmp/fit.pickle
+
+A measured negative, run by hand: it is not among ``run_small.py``'s runs (its fits take
+minutes even on two conversations).
 """
 
 from __future__ import annotations

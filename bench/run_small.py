@@ -51,23 +51,12 @@ SMALL_RUNS: dict[str, list[str]] = {
         "--lme-data",
         str(LONGMEMEVAL),
     ],
-    "cue_eval": [
-        "--limit-conversations",
-        "2",
-        "--data",
-        str(LOCOMO),
-        "--lme-limit-questions",
-        "5",
-        "--lme-data",
-        str(LONGMEMEVAL),
-    ],
 }
 # The benchmarks that read the LoCoMo and LongMemEval slices (skipped where they are not).
 NEEDS_LOCOMO = (
     "memory_eval",
     "fit_fusion",
     "diversify_eval",
-    "cue_eval",
     "longmemeval_eval",
     "retrieval_latency",
 )
