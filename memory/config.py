@@ -112,6 +112,15 @@ class HttpSettings(BaseSettings):
             " (IMPORT_MAX_TURNS) holds ~85,000, an 8 MB chat of tool calls ~170,000."
         ),
     )
+    max_output_tokens: int = Field(
+        128_000,
+        ge=16,
+        description=(
+            "Most output tokens one request may ask for (the OpenAI doors' max_tokens,"
+            " max_completion_tokens, max_output_tokens); more is a 400 naming the parameter, before"
+            " anything is stored (a model would refuse it only after the user's message was)."
+        ),
+    )
     import_max_turns: int = Field(5000, ge=1, description="Most turns in one import request.")
     import_max_body_bytes: int = Field(
         25_000_000, ge=1024, description="Largest body accepted by the import endpoint."

@@ -35,6 +35,7 @@ class Stored:
 class Sent:
     role: str
     text: str
+    index: int | None = None
 
 
 async def doubling_pages(

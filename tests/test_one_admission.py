@@ -107,6 +107,69 @@ async def test_openai_unmatched_history_is_held_to_the_per_message_size_limit(st
         assert await stored_conversations(server) == []
 
 
+async def test_a_history_message_over_the_size_limit_was_named_by_its_index_among_the_imported_turns(
+    start_server: Any,
+) -> None:
+    """`turns[1].content` (and param `content`) for the client's `messages[2]`: the system message
+    the import never sees, and the new question, shifted the index the client had to look for."""
+    server: LiveServer = await start_server(max_message_chars=100)
+    too_long = "x" * 101
+    async with openai_client(server) as client:
+        messages = [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "unseen question"},
+            {"role": "assistant", "content": too_long},
+            {"role": "user", "content": "and now?"},
+        ]
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.chat.completions.create(model=MODEL, messages=messages, stream=stream)  # type: ignore[arg-type]
+            body: dict[str, Any] = refused.value.body  # type: ignore[assignment]
+            assert body["param"] == "messages[2].content", body
+            assert body["message"].startswith("messages[2].content: ") and "100 characters" in body["message"]
+        items = [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": "unseen question"},
+            {"role": "assistant", "content": too_long},
+            {"role": "user", "content": "and now?"},
+        ]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(model=MODEL, input=items)  # type: ignore[arg-type]
+        assert refused.value.body["param"] == "input[2].content", refused.value.body  # type: ignore[index]
+        assert await stored_conversations(server) == []
+        # Continuing a response, the history it imports is named the same way.
+        first = await client.responses.create(model=MODEL, input="hello")
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(model=MODEL, input=items[1:], previous_response_id=first.id)  # type: ignore[arg-type]
+        assert refused.value.body["param"] == "input[1].content", refused.value.body  # type: ignore[index]
+
+
+async def test_the_output_token_bound_was_a_constant_not_a_setting(start_server: Any) -> None:
+    """128,000 was written in the code: a deployment whose model writes fewer could not say so."""
+    server: LiveServer = await start_server(max_output_tokens=100)
+    hi = [{"role": "user", "content": "hi"}]
+    async with openai_client(server) as client:
+        for stream in (False, True):
+            for param in ("max_tokens", "max_completion_tokens"):
+                with pytest.raises(openai.BadRequestError) as refused:
+                    await client.chat.completions.create(
+                        model=MODEL,
+                        messages=hi,  # type: ignore[arg-type]
+                        stream=stream,
+                        **{param: 101},  # type: ignore[arg-type]
+                    )
+                assert refused.value.body["param"] == param, refused.value.body  # type: ignore[index]
+                assert "at most 100" in refused.value.body["message"]  # type: ignore[index]
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.responses.create(model=MODEL, input="hi", max_output_tokens=101, stream=stream)
+            assert refused.value.body["param"] == "max_output_tokens", refused.value.body  # type: ignore[index]
+        assert await stored_conversations(server) == []
+        answered = await client.chat.completions.create(model=MODEL, messages=hi, max_tokens=100)  # type: ignore[arg-type]
+        assert answered.choices[0].message.content
+        response = await client.responses.create(model=MODEL, input="hi", max_output_tokens=100)
+        assert response.max_output_tokens == 100
+
+
 async def test_openai_history_import_shares_the_hourly_import_quota(start_server: Any) -> None:
     server: LiveServer = await start_server(import_turns_per_hour=10)
     async with server.client() as api:

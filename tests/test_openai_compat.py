@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from chat_api.protocols.openai.chat import MAX_OUTPUT_TOKENS
+from memory.config import Settings
 from tests.conftest import auth
 from tests.openai_support import (
     MODEL,
@@ -33,6 +33,9 @@ from tests.openai_support import (
     turns,
 )
 from tests.procs import ServerProcess, server_process
+
+# The bound the live server runs with (MAX_OUTPUT_TOKENS, by default).
+MAX_OUTPUT_TOKENS: int = Settings.model_fields["max_output_tokens"].default
 
 
 @pytest.fixture(scope="module")
@@ -379,6 +382,64 @@ async def test_max_tokens_of_ten_to_the_thirty_was_accepted(live: ServerProcess)
             assert isinstance(payload, dict) and payload["param"] == param, payload
             assert payload["type"] == "invalid_request_error" and str(MAX_OUTPUT_TOKENS) in payload["message"]
     assert await conversations(live, user) == []
+
+
+@pytest.mark.parametrize(
+    ("sent", "param"),
+    [
+        ({"stream": "yes"}, "stream"),
+        ({"stream": 1}, "stream"),
+        ({"stream": True, "stream_options": {"include_usage": "true"}}, "stream_options.include_usage"),
+        ({"n": "1"}, "n"),
+        ({"n": True}, "n"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"top_p": "1"}, "top_p"),
+        ({"max_tokens": "64"}, "max_tokens"),
+        ({"max_completion_tokens": 64.0}, "max_completion_tokens"),
+    ],
+)
+async def test_a_flag_or_a_number_of_the_wrong_json_type_was_read_as_its_value(
+    live: ServerProcess, sent: dict[str, Any], param: str
+) -> None:
+    """`"stream": "yes"` answered a stream, `"max_tokens": "64"` was 64, `"n": true` was 1: a
+    value of the wrong JSON type is a 400 naming it, before any stream, with nothing stored."""
+    user = new_user()
+    client = sdk(live, await make_key(live, user))
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body=sent
+        )
+    payload = caught.value.body
+    assert isinstance(payload, dict) and payload["type"] == "invalid_request_error", payload
+    assert payload["param"] == param, payload
+    assert caught.value.response.headers["content-type"].startswith("application/json")
+    assert await conversations(live, user) == []
+
+
+async def test_integers_for_numbers_and_a_frontends_extra_fields_are_still_accepted(
+    live: ServerProcess,
+) -> None:
+    # What the API takes: an integer where a number is asked, options chatmem ignores, and the
+    # fields Open WebUI and LibreChat add to a request.
+    client = sdk(live, await make_key(live, new_user()))
+    answered = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        temperature=1,
+        top_p=1,
+        max_tokens=64,
+        extra_body={
+            "seed": 7,
+            "frequency_penalty": 0,
+            "logit_bias": {},
+            "stop": ["\n\n\n"],
+            "user": "someone",
+            "params": {"function_calling": "native"},
+            "chat_id": "local",
+            "features": {"web_search": False},
+        },
+    )
+    assert answered.choices[0].message.content
 
 
 async def test_huge_body_is_413_in_openai_shape(live: ServerProcess) -> None:

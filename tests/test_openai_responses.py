@@ -20,7 +20,7 @@ import pytest
 from openai.types.responses import Response
 from sqlalchemy import text
 
-from chat_api.protocols.openai.chat import MAX_OUTPUT_TOKENS
+from memory.config import Settings
 from tests.conftest import auth
 from tests.openai_support import MODEL, TENANT, conversations, ended_turns, make_key, new_user, sdk, turns
 from tests.procs import ServerProcess, server_process
@@ -37,6 +37,10 @@ PIXEL = (
     "data:image/png;base64,"
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 )
+
+
+# The bound the live server runs with (MAX_OUTPUT_TOKENS, by default).
+MAX_OUTPUT_TOKENS: int = Settings.model_fields["max_output_tokens"].default
 
 
 @pytest.fixture(scope="module")
@@ -903,6 +907,25 @@ async def test_a_flag_or_a_number_sent_as_a_string_was_read_as_its_value(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == field, error
+    assert await conversations(live, user) == []
+
+
+async def test_a_function_tools_strict_flag_sent_as_a_string_was_read_as_its_value(
+    live: ServerProcess,
+) -> None:
+    """The body was strict, its tools were not: `"strict": "true"` was stored and echoed as true."""
+    user, client = await client_for(live)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.create(
+                model=MODEL,
+                input="hi",
+                tools=[{**WEATHER, "strict": "true"}],  # type: ignore[list-item]
+                stream=stream,
+            )
+        payload = caught.value.body
+        assert isinstance(payload, dict) and payload["param"] == "tools[0].strict", payload
+        assert payload["type"] == "invalid_request_error"
     assert await conversations(live, user) == []
 
 

@@ -45,6 +45,8 @@ class SentMessage(Protocol):
     def role(self) -> str: ...
     @property
     def text(self) -> str: ...
+    @property
+    def index(self) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +60,10 @@ class Unit:
     # and the user turn itself.
     last_seq: int = 0
     turn: Any = None
-    # Sent units: the text as the client wrote it (what an import stores).
+    # Sent units: the text as the client wrote it (what an import stores), and the client's index
+    # of the first message it was made of (what a refusal of it names).
     raw: str = ""
+    index: int | None = None
 
 
 def normalize(text: str) -> str:
@@ -118,7 +122,7 @@ def sent_units(messages: Iterable[SentMessage]) -> list[Unit]:
     units: list[Unit] = []
     for message in messages:
         if message.role == "user":
-            units.append(Unit("user", normalize(message.text), raw=message.text))
+            units.append(Unit("user", normalize(message.text), raw=message.text, index=message.index))
         elif message.role == "assistant":
             if units and units[-1].role == "assistant":
                 last = units[-1]
@@ -127,7 +131,9 @@ def sent_units(messages: Iterable[SentMessage]) -> list[Unit]:
                 )
                 units[-1] = replace(last, text=normalize(f"{last.text} {message.text}"), raw=raw)
             else:
-                units.append(Unit("assistant", normalize(message.text), raw=message.text))
+                units.append(
+                    Unit("assistant", normalize(message.text), raw=message.text, index=message.index)
+                )
     return _without_empty_answers(units)
 
 

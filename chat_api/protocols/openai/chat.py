@@ -29,10 +29,6 @@ from chat_api.providers.base import ModelOptions
 from memory.events import TERMINAL_NAMES, Event, EventName, ToolCallDeltaData, TurnEndedData
 
 MAX_TOOLS = 128
-# Most output tokens one request may ask for (max_tokens, max_completion_tokens, max_output_tokens):
-# the most any OpenAI model writes. Beyond it is a 400 naming the parameter, before anything is
-# stored (an upstream would refuse it only after the user's turn was).
-MAX_OUTPUT_TOKENS = 128_000
 # Between the texts of two model steps (a server tool ran in between): one answer to the client.
 STEP_SEPARATOR = "\n\n"
 
@@ -109,14 +105,32 @@ def _is_skipped_list(schema: type[BaseModel], name: str) -> bool:
     return any(isinstance(m, SkipValidation) for m in schema.model_fields[name].metadata)  # type: ignore[misc]
 
 
-def check_served(model: str, served_models: Sequence[str]) -> None:
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What this server offers a request: the models it answers with, and the most output tokens
+    one request may ask for (MAX_OUTPUT_TOKENS)."""
+
+    models: Sequence[str]
+    max_output_tokens: int
+
+
+def check_served(model: str, served: Served) -> None:
     """A model this server does not serve is a 404 `model_not_found`, as OpenAI answers it."""
-    if model not in served_models:
+    if model not in served.models:
         raise OpenAIError(
             404,
-            f"The model `{model}` does not exist; this server serves: {', '.join(served_models)}",
+            f"The model `{model}` does not exist; this server serves: {', '.join(served.models)}",
             param="model",
             code="model_not_found",
+        )
+
+
+def check_output_tokens(asked: int | None, served: Served, param: str) -> None:
+    """More output tokens than MAX_OUTPUT_TOKENS is a 400 naming `param`, before anything is stored
+    (a model would refuse it only after the user's message was)."""
+    if asked is not None and asked > served.max_output_tokens:
+        raise bad_request(
+            f"{param}: at most {served.max_output_tokens} output tokens may be asked for (got {asked})", param
         )
 
 
@@ -129,9 +143,15 @@ def error_body(
 
 # --- the request ------------------------------------------------------------------------
 
+# Every part of the body is read strictly, as the API reads it: a value of the wrong JSON type
+# is a 400 naming it, not read as another ("yes" as stream: true, "64" as 64, true as n: 1);
+# an integer still stands for a number. Fields chatmem does not know are accepted (frontends
+# such as Open WebUI add their own).
+STRICT = ConfigDict(extra="allow", strict=True)
+
 
 class _Function(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
@@ -139,21 +159,21 @@ class _Function(BaseModel):
 
 
 class _Tool(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     type: Literal["function"]
     function: _Function
 
 
 class _CalledFunction(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     name: str
     arguments: str = ""
 
 
 class _ToolCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     id: str
     type: Literal["function"] = "function"
@@ -161,7 +181,7 @@ class _ToolCall(BaseModel):
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
@@ -171,23 +191,27 @@ class _Message(BaseModel):
 
 
 class _NamedFunction(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     name: str
 
 
 class _NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["function"]
     function: _NamedFunction
 
 
 class _StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     include_usage: bool = False
 
 
 class _Request(BaseModel):
     # Options chatmem does not act on (logprobs, seed, response_format, …) are accepted and ignored.
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     model: str = Field(min_length=1)
     messages: SkipValidation[list[_Message]]  # validated in slices (see `validated`)
@@ -198,8 +222,8 @@ class _Request(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | _NamedToolChoice | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
+    max_tokens: int | None = Field(None, ge=1)  # at most MAX_OUTPUT_TOKENS (`_options`)
+    max_completion_tokens: int | None = Field(None, ge=1)
     metadata: dict[str, Any] | None = None
     user: str | None = None
 
@@ -233,6 +257,8 @@ class ClientMessage:
     text: str
     tool_calls: tuple[dict[str, str], ...] = ()  # assistant: {"id", "name", "arguments"}
     tool_call_id: str | None = None  # tool: the call it answers
+    # Its index in the client's list (`messages[i]`, `input[i]`): what a refusal of it names.
+    index: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,13 +312,13 @@ def _text(message: _Message, index: int) -> str:
     return "".join(parts)
 
 
-def parse_request(raw: object, served_models: Sequence[str]) -> ChatRequest:
+def parse_request(raw: object, served: Served) -> ChatRequest:
     """Validate a request body; OpenAIError (400/404) says what is wrong, before anything is stored."""
     request = validated(_Request, raw)
-    check_served(request.model, served_models)
+    check_served(request.model, served)
     if request.n is not None and request.n != 1:
         raise OpenAIError(400, "only n=1 is supported", param="n")
-    options = _options(request)
+    options = _options(request, served)
     instructions = "\n\n".join(
         text
         for i, m in enumerate(request.messages)
@@ -340,8 +366,10 @@ def parse_request(raw: object, served_models: Sequence[str]) -> ChatRequest:
     )
 
 
-def _options(request: _Request) -> ModelOptions:
+def _options(request: _Request, served: Served) -> ModelOptions:
     """The request's tool choice, sampling and length, in the form every door gives the model."""
+    check_output_tokens(request.max_tokens, served, "max_tokens")
+    check_output_tokens(request.max_completion_tokens, served, "max_completion_tokens")
     names = {tool.function.name for tool in request.tools or ()}
     choice: str | dict[str, Any] | None
     if isinstance(request.tool_choice, _NamedToolChoice):
@@ -369,14 +397,14 @@ def _client_message(message: _Message, index: int) -> ClientMessage:
             raise OpenAIError(
                 400, "a tool message needs tool_call_id", param=f"messages.[{index}].tool_call_id"
             )
-        return ClientMessage("tool", text, tool_call_id=message.tool_call_id)
+        return ClientMessage("tool", text, tool_call_id=message.tool_call_id, index=index)
     if message.role == "assistant":
         calls = tuple(
             {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
             for c in message.tool_calls or ()
         )
-        return ClientMessage("assistant", text, tool_calls=calls)
-    return ClientMessage("user", text)
+        return ClientMessage("assistant", text, tool_calls=calls, index=index)
+    return ClientMessage("user", text, index=index)
 
 
 # --- the answer -------------------------------------------------------------------------

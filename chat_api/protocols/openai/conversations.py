@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -318,10 +318,10 @@ async def start_chat_reply(
     history: AdmittedImport | None = None
     if target.sent is None and not chat.tool_results:
         target = replace(target, sent=await sent_of(chat))
-    rows = _turn_rows(target.sent[:-1]) if target.new and target.sent else []
-    if rows:
+    units = target.sent[:-1] if target.new and target.sent else []
+    if units:
         # A new conversation: all the client sent before its new message is history to import.
-        history = await admit_history(admission, owner, rows, param=history_param)
+        history = await admit_history(admission, owner, *_turn_rows(units), param=history_param)
     with history or contextlib.nullcontext():
         conversation_id = await _make(services, owner, chat, target) if target.new else target.conversation_id
         assert conversation_id is not None
@@ -348,24 +348,37 @@ async def start_chat_reply(
 
 
 async def admit_history(
-    admission: Admission, owner: Owner, rows: list[dict[str, Any]], *, param: str
+    admission: Admission,
+    owner: Owner,
+    rows: list[dict[str, Any]],
+    indices: Sequence[int | None],
+    *,
+    param: str,
 ) -> AdmittedImport:
     """`rows` admitted as an import, or a 400 naming `param`, the request's field the history came in.
 
-    The import rules name `turns`, the field of chatmem's own import; an OpenAI request has
-    none (`messages` on chat completions, `input` on the Responses API).
+    The import rules name `turns`, the field of chatmem's own import, and a turn by its index
+    among the imported ones; an OpenAI request has no `turns` (`messages` on chat completions,
+    `input` on the Responses API), and its client knows a message by its index in that list:
+    `indices[i]` is the client's index of `rows[i]`.
     """
     try:
         return await admission.admit_import(owner, rows)
     except InvalidInput as exc:
-        if exc.details.get("field") != "turns":
+        field, index = exc.details.get("field"), exc.details.get("index")
+        if field == "turns":
+            raise OpenAIError(400, exc.message, param=param, code=exc.code) from exc
+        if not isinstance(index, int) or not 0 <= index < len(indices) or indices[index] is None:
             raise
-        raise OpenAIError(400, exc.message, param=param, code=exc.code) from exc
+        where = f"{param}[{indices[index]}]" + (f".{field}" if field else "")
+        # The rule's own words after its `turns[i].` (or `turns[i] `): the same refusal, named as sent.
+        reason = exc.message.removeprefix(f"turns[{index}]").removeprefix(f".{field}").lstrip(":. ")
+        raise OpenAIError(400, f"{where}: {reason}", param=where, code=exc.code) from exc
 
 
-def _turn_rows(units: list[Unit]) -> list[dict[str, Any]]:
-    """Sent units as the turns of an import request."""
-    return [{"role": unit.role, "content": unit.raw} for unit in units]
+def _turn_rows(units: Sequence[Unit]) -> tuple[list[dict[str, Any]], list[int | None]]:
+    """Sent units as the turns of an import request, and the client's index of each."""
+    return [{"role": unit.role, "content": unit.raw} for unit in units], [unit.index for unit in units]
 
 
 def _begin_prompt(
@@ -411,7 +424,7 @@ def _begin_prompt(
                 admitted = history  # admitted for exactly these turns before the conversation was made
             else:
                 # Refused (422, or 429 past the hourly quota) before this transaction stores anything.
-                admitted = await admit_history(admission, owner, _turn_rows(missing), param=history_param)
+                admitted = await admit_history(admission, owner, *_turn_rows(missing), param=history_param)
             with admitted:
                 result = await import_turns(session, owner, conversation.id, admitted.turns)
                 admitted.settle(result.created)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from chat_api.protocols.openai.chat import ClientMessage, bad_request
@@ -83,13 +84,15 @@ def listed_item(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def input_messages(
-    items: list[dict[str, Any]],
+    items: list[dict[str, Any]], start: int = 0
 ) -> tuple[list[ClientMessage], list[str], tuple[dict[str, Any], ...]]:
-    """The chat's messages in order, the system/developer texts, and the last user message's attachments."""
+    """The chat's messages in order, the system/developer texts, and the last user message's attachments.
+
+    `start` is the index of the first item in the request's `input` (after a compaction item)."""
     messages: list[ClientMessage] = []
     system: list[str] = []
     attachments: tuple[dict[str, Any], ...] = ()
-    for index, item in enumerate(items):
+    for index, item in enumerate(items, start):
         if not isinstance(item, dict):
             raise bad_request(f"input[{index}] must be an object", f"input[{index}]")
         kind = item.get("type") or "message"
@@ -99,10 +102,10 @@ def input_messages(
             if role in ("system", "developer"):
                 system.append(text)
             elif role == "user":
-                messages.append(ClientMessage("user", text))
+                messages.append(ClientMessage("user", text, index=index))
                 attachments = parts
             elif role == "assistant":
-                messages.append(ClientMessage("assistant", text))
+                messages.append(ClientMessage("assistant", text, index=index))
             else:
                 raise bad_request(
                     f"input[{index}].role must be user, assistant, system or developer",
@@ -112,9 +115,9 @@ def input_messages(
             call = _function_call(item, index)
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant":  # the calls of the message before
-                messages[-1] = ClientMessage("assistant", last.text, tool_calls=(*last.tool_calls, call))
+                messages[-1] = replace(last, tool_calls=(*last.tool_calls, call))
             else:
-                messages.append(ClientMessage("assistant", "", tool_calls=(call,)))
+                messages.append(ClientMessage("assistant", "", tool_calls=(call,), index=index))
         elif kind == "function_call_output":
             messages.append(_function_output(item, index))
         elif kind == "reasoning":
@@ -217,4 +220,4 @@ def _function_output(item: dict[str, Any], index: int) -> ClientMessage:
         raise bad_request(
             f"input[{index}].output must be a string or content parts", f"input[{index}].output"
         )
-    return ClientMessage("tool", output, tool_call_id=call_id)
+    return ClientMessage("tool", output, tool_call_id=call_id, index=index)

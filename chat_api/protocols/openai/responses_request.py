@@ -22,19 +22,20 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from chat_api.protocols.openai.chat import (
-    MAX_OUTPUT_TOKENS,
     MAX_TOOLS,
+    STRICT,
     ChatRequest,
     ClientMessage,
     OpenAIError,
+    Served,
     bad_request,
+    check_output_tokens,
     check_served,
     validated,
 )
@@ -83,7 +84,7 @@ def parse_conversation_ref(value: str) -> uuid.UUID | None:
 
 
 class _FunctionTool(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
@@ -93,22 +94,21 @@ class _FunctionTool(BaseModel):
 
 
 class _NamedChoice(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     type: Literal["function"]
     name: str
 
 
 class _Conversation(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     id: str
 
 
 class _Body(BaseModel):
-    # Options chatmem does not act on (include, service_tier, …) are accepted and echoed. Strict:
-    # a value of the wrong JSON type is a 400, not read as another ("yes" as stream: true).
-    model_config = ConfigDict(extra="allow", strict=True)
+    # Options chatmem does not act on (include, service_tier, …) are accepted and echoed.
+    model_config = STRICT
 
     model: str = Field(min_length=1)
     input: str | list[dict[str, Any]] | None = None
@@ -123,7 +123,7 @@ class _Body(BaseModel):
     metadata: dict[str, str] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    max_output_tokens: int | None = Field(None, ge=16, le=MAX_OUTPUT_TOKENS)
+    max_output_tokens: int | None = Field(None, ge=16)  # at most MAX_OUTPUT_TOKENS (`parse_request`)
     max_tool_calls: int | None = Field(None, ge=1)
     parallel_tool_calls: bool = True
     truncation: Literal["auto", "disabled"] = "disabled"
@@ -167,10 +167,11 @@ def _previous_response(value: str | None) -> uuid.UUID | None:
     return previous
 
 
-def parse_request(raw: object, served_models: Sequence[str]) -> ResponsesRequest:
+def parse_request(raw: object, served: Served) -> ResponsesRequest:
     """Validate a body; OpenAIError (400/404) says what is wrong, before anything is stored."""
     body = validated(_Body, raw)
-    check_served(body.model, served_models)
+    check_served(body.model, served)
+    check_output_tokens(body.max_output_tokens, served, "max_output_tokens")
     _check_metadata(body.metadata)
     tools = _function_tools(body.tools or [])
     names = {tool["name"] for tool in tools}
@@ -192,7 +193,7 @@ def parse_request(raw: object, served_models: Sequence[str]) -> ResponsesRequest
         raise bad_request(
             "a compaction item starts a chain: send it without previous_response_id", "input[0]"
         )
-    messages, system, attachments = input_messages(items[1:] if compacted is not None else items)
+    messages, system, attachments = input_messages(*_after_compaction(items, compacted))
     instructions = "\n\n".join(part for part in (body.instructions, *system) if part) or None
     continuing = previous is not None or conversation is not None or compacted is not None
     choice: str | dict[str, Any] | None = (
@@ -216,6 +217,13 @@ def parse_request(raw: object, served_models: Sequence[str]) -> ResponsesRequest
         compacted=compacted,
         echo=_echo(body, tools, choice),
     )
+
+
+def _after_compaction(
+    items: list[dict[str, Any]], compacted: uuid.UUID | None
+) -> tuple[list[dict[str, Any]], int]:
+    """The items after a leading compaction item (all of them without one), and where they start."""
+    return (items[1:], 1) if compacted is not None else (items, 0)
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
@@ -366,7 +374,7 @@ class CompactionRequest:
     compacted: uuid.UUID | None
 
 
-def parse_compaction(raw: object, served_models: Sequence[str]) -> CompactionRequest:
+def parse_compaction(raw: object, served: Served) -> CompactionRequest:
     """Validate a compaction body (the create body's `model`, `input`, `previous_response_id`)."""
     if not isinstance(raw, dict):
         raise bad_request("the request body must be a JSON object")
@@ -374,12 +382,12 @@ def parse_compaction(raw: object, served_models: Sequence[str]) -> CompactionReq
         raise bad_request("model: Field required", "model")
     asked = {key: raw[key] for key in ("model", "previous_response_id", "instructions") if key in raw}
     body = validated(_Body, asked)
-    check_served(body.model, served_models)
+    check_served(body.model, served)
     previous = _previous_response(body.previous_response_id)
     value = raw.get("input")
     items = input_items(value) if value is not None else []
     compacted = compaction_point(items)
-    messages, _system, _attachments = input_messages(items[1:] if compacted is not None else items)
+    messages, _system, _attachments = input_messages(*_after_compaction(items, compacted))
     if previous is None and compacted is None and not messages:
         raise bad_request("there is nothing to compact: send input or previous_response_id", "input")
     return CompactionRequest(body.model, tuple(messages), previous, compacted)

@@ -292,13 +292,11 @@ async def continue_after(session: AsyncSession, conversation: Conversation, last
         await fork_branch(session, conversation, parent=parent, fork_seq=last.seq)
 
 
-def import_rows(messages: Sequence[ClientMessage]) -> list[dict[str, str]]:
-    """The messages a client has and chatmem has not, as import rows (user and assistant text)."""
-    return [
-        {"role": m.role, "content": m.text}
-        for m in messages
-        if m.role in ("user", "assistant") and m.text.strip()
-    ]
+def import_rows(messages: Sequence[ClientMessage]) -> tuple[list[dict[str, Any]], list[int | None]]:
+    """The messages a client has and chatmem has not, as import rows (user and assistant text),
+    and the client's index of each."""
+    kept = [m for m in messages if m.role in ("user", "assistant") and m.text.strip()]
+    return [{"role": m.role, "content": m.text} for m in kept], [m.index for m in kept]
 
 
 async def import_history(
@@ -309,9 +307,9 @@ async def import_history(
     messages: Sequence[ClientMessage],
 ) -> None:
     """Store those messages as turns, within the import admission (refused before anything is stored)."""
-    rows = import_rows(messages)
+    rows, indices = import_rows(messages)
     if rows:
-        with await admit_history(admission, owner, rows, param="input") as imported:
+        with await admit_history(admission, owner, rows, indices, param="input") as imported:
             result = await import_turns(session, owner, conversation.id, imported.turns)
             imported.settle(result.created)
 

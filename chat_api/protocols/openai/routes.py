@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from anyio import to_thread
@@ -47,6 +47,7 @@ from chat_api.protocols.openai.chat import (
     Event,
     OpenAIError,
     ReplyTranslator,
+    Served,
     model_entry,
     models_list,
     parse_request,
@@ -245,7 +246,7 @@ async def chat_completions(
 async def read_request(
     document: object,
     services: Services,
-    parse: Callable[[object, Sequence[str]], Asked],
+    parse: Callable[[object, Served], Asked],
     chat_of: Callable[[Asked], ChatRequest] | None = None,
 ) -> Asked:
     """A door's request read from its JSON body (`parse`: the protocol's reader) and the texts of
@@ -253,10 +254,11 @@ async def read_request(
     hold a history of megabytes, and reading it on the event loop would hold up every other
     stream of the process. Every OpenAI door that takes a history (chat completions; Responses
     create over HTTP and WebSocket, compact) reads here."""
-    models, max_chars = served_models(services), services.settings.max_message_chars
+    served = Served(served_models(services), services.settings.max_output_tokens)
+    max_chars = services.settings.max_message_chars
 
     def read() -> Asked:
-        asked = parse(document, models)
+        asked = parse(document, served)
         if chat_of is not None:
             check_texts(chat_of(asked), max_chars)
         return asked
