@@ -301,6 +301,76 @@ async def test_another_streams_events_keep_flowing_while_a_history_just_under_th
     assert len(await stored_conversations(server)) in (2, 4)  # each measure: the other reply's and this one's
 
 
+# AG-UI's other lists at the value cap: 49,000 context entries, tools or resume entries
+# (245,000 values) beside one message.
+AG_UI_LISTS = {
+    "context": lambda n: [{"description": "", "value": ""} for _ in range(n)],
+    "tools": lambda n: [{"name": "t", "description": ""} for _ in range(n)],
+    "resume": lambda n: [{"interruptId": "", "status": "cancelled"} for _ in range(n)],
+}
+
+
+def ag_ui_run_with(field: str, n: int, thread: str = "a-thread") -> dict[str, Any]:
+    one = [{"id": "m0", "role": "user", "content": "hi"}]
+    return {"threadId": thread, "runId": "a-run", "messages": one, field: AG_UI_LISTS[field](n)}
+
+
+@pytest.mark.parametrize("field", list(AG_UI_LISTS))
+async def test_ag_ui_context_tools_or_resume_at_the_value_cap_held_the_event_loop_in_one_call(
+    start_server: Any, field: str
+) -> None:
+    """The messages of an AG-UI run were validated slice by slice off the loop, its other lists in
+    one pydantic call on it: 49,000 context entries, tools or resume entries (under the cap, each
+    refused once read: the context longer than a message, more than 128 tools, unknown interrupts)
+    held another reply's next event 84-111 ms of the loop's CPU (160-250 ms of wall time) at load
+    5 on 2 cores; sliced as the messages are, 7-20 ms."""
+    server: LiveServer = await start_server(demo_tokens_per_second=50.0)
+    bodies = [
+        json.dumps(ag_ui_run_with(field, 49_000, f"{chat}-chat"), separators=(",", ":")).encode()
+        for chat in ("a", "another")
+    ]
+    assert MAX_VALUES - 10_000 < count_values(bodies[0], up_to=MAX_VALUES) <= MAX_VALUES
+    async with openai_client(server) as client:
+        with frozen_startup_objects():
+            gaps, response = await gaps_while(server, client, "/v1/ag-ui", bodies[0])
+            if gaps.cpu >= 0.045:
+                # Once more: one call over the list stalls every time, a collector pause seldom twice.
+                again, response = await gaps_while(server, client, "/v1/ag-ui", bodies[1])
+                gaps = min(gaps, again, key=lambda g: g.cpu)
+    assert response.status_code == 422, response.text[:300]
+    assert response.json()["error"]["details"]["field"].startswith(field), response.text[:300]
+    assert gaps.cpu < 0.045, (
+        f"the event loop spent {gaps.cpu * 1000:.0f} ms between two events of another stream"
+    )
+    assert gaps.wall < 0.3, f"another stream waited {gaps.wall * 1000:.0f} ms for its next event"
+    assert len(await stored_conversations(server)) in (1, 2)  # the other reply's alone, each measure
+
+
+@pytest.mark.parametrize("field", list(AG_UI_LISTS))
+async def test_a_malformed_entry_deep_in_an_ag_ui_list_is_refused_at_its_index_as_before(
+    server: LiveServer, field: str
+) -> None:
+    """Sliced, AG-UI's `context`, `tools` and `resume` are held to their schema as when FastAPI
+    validated the whole body: a 422 naming each malformed entry's index, past the first slice."""
+    document = ag_ui_run_with(field, 2_500)
+    entries = document[field]
+    entries[1_500] = {"description": 1} if field != "resume" else {"status": "maybe"}
+    entries[2_400] = {}
+    async with server.client() as api:
+        answer = await api.post("/v1/ag-ui", json=document)
+        assert answer.status_code == 422, answer.text[:300]
+        error = answer.json()["error"]
+        assert error["code"] == "validation_error", error
+        locs = sorted({tuple(detail["loc"][:3]) for detail in error["details"]["errors"]})
+        assert locs == [("body", field, "1500"), ("body", field, "2400")], error
+        # Null and empty are no entries, as before.
+        for value in (None, []):
+            thread = f"t-{field}-{value is None}"
+            answer = await api.post("/v1/ag-ui", json={**document, field: value, "threadId": thread})
+            assert answer.status_code == 200, answer.text[:300]
+    assert len(await stored_conversations(server)) == 2
+
+
 @pytest.mark.parametrize("path", list(UNDER_THE_CAP_BODIES))
 async def test_a_malformed_message_deep_in_a_long_history_is_refused_at_its_index_as_before(
     server: LiveServer, path: str

@@ -82,11 +82,19 @@ class RunRequest:
 
 
 class RunAgentInput(core.RunAgentInput):
-    # AG-UI's, its `messages` validated by `chat_api.admission.checked`, off the event loop (of a
-    # whole history, only the last messages are read). Its name and doc are AG-UI's, as is its schema.
+    # AG-UI's, its lists validated by `chat_api.admission.checked` (LISTS), slice by slice, off the
+    # event loop (of a whole history, only the last messages are read; at the body's value cap,
+    # `context` or `tools` held the loop ~100 ms in one call). Its name, doc and schema are AG-UI's.
     __doc__ = core.RunAgentInput.__doc__
 
     messages: SkipValidation[list[Message]]
+    tools: SkipValidation[list[core.Tool] | None] = None
+    context: SkipValidation[list[core.Context] | None] = None
+    resume: SkipValidation[list[core.ResumeEntry] | None] = None
+
+
+# The lists of a RunAgentInput, in the order a refusal names the first of them.
+LISTS = ("messages", "tools", "context", "resume")
 
 
 def check_ids(thread_id: str, run_id: str) -> None:

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import AdmissionDep, checked, door_router
 from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
-from chat_api.protocols.ag_ui.input import RunAgentInput, RunRequest, check_ids, read_run
+from chat_api.protocols.ag_ui.input import LISTS, RunAgentInput, RunRequest, check_ids, read_run
 from chat_api.protocols.ag_ui.interrupts import (
     active_history,
     checked_answers,
@@ -93,7 +93,7 @@ async def run(
     body: RunAgentInput, owner: OwnerDep, services: ServicesDep, admission: AdmissionDep
 ) -> Response:
     """Run the agent on the thread: answer its new message, client tool results, or interrupts."""
-    body = await checked(body, "messages")
+    body = await checked(body, *LISTS)
     request = read_run(body, max_message_chars=services.settings.max_message_chars)
     steer_away = bool(request.answers) and request.user_message is not None
     before: list[BaseEvent] = []
