@@ -416,6 +416,32 @@ async def test_a_flag_or_a_number_of_the_wrong_json_type_was_read_as_its_value(
     assert await conversations(live, user) == []
 
 
+@pytest.mark.parametrize(
+    ("sent", "param"),
+    [
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"tool_choice": {}}, "tool_choice"),
+        ({"tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
+    ],
+)
+async def test_a_wrong_value_was_named_by_pydantics_location_not_the_field(
+    live: ServerProcess, sent: dict[str, Any], param: str
+) -> None:
+    """param was `messages.0.content.str` or `tool_choice.literal['none','auto','required']`: the
+    names of a union's members, which no client can find in its request."""
+    user = new_user()
+    client = sdk(live, await make_key(live, user))
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body=sent
+        )
+    payload = caught.value.body
+    assert isinstance(payload, dict) and payload["param"] == param, payload
+    assert payload["message"].startswith(f"{param}: "), payload
+    assert await conversations(live, user) == []
+
+
 async def test_integers_for_numbers_and_a_frontends_extra_fields_are_still_accepted(
     live: ServerProcess,
 ) -> None:

@@ -929,6 +929,22 @@ async def test_a_function_tools_strict_flag_sent_as_a_string_was_read_as_its_val
     assert await conversations(live, user) == []
 
 
+@pytest.mark.parametrize(
+    ("sent", "param"),
+    [({"input": [5]}, "input"), ({"conversation": {"id": 5}}, "conversation"), ({"tools": [5]}, "tools[0]")],
+)
+async def test_a_wrong_value_was_named_by_pydantics_location_not_the_field(
+    live: ServerProcess, sent: dict[str, Any], param: str
+) -> None:
+    """param was `input.str`, `conversation.str`, `tools.0`: pydantic's location, not the field."""
+    user, client = await client_for(live)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="hi", extra_body=sent)
+    payload = caught.value.body
+    assert isinstance(payload, dict) and payload["param"] == param, payload
+    assert await conversations(live, user) == []
+
+
 async def test_a_response_sent_again_with_its_idempotency_key_had_a_new_created_at(
     live: ServerProcess,
 ) -> None:

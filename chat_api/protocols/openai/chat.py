@@ -94,10 +94,29 @@ def validated(schema: type[BodyT], raw: object) -> BodyT:
             errors,
             key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order else len(order),
         )
-        param = ".".join(str(p) for p in first.get("loc", ()))
+        param = _param(first.get("loc", ()), raw, missing=first.get("type") == "missing")
         raise bad_request(f"{param}: {first.get('msg', 'invalid')}", param or None)
     assert request is not None
     return request
+
+
+def _param(loc: Sequence[int | str], raw: object, *, missing: bool) -> str:
+    """The value at fault named as the API names it (`messages[2].content`): pydantic's location
+    as far as the body has it. Past that come a union's member names (`str`,
+    `literal['none','auto','required']`), which are no field of the body; a missing field is named."""
+    param, value = "", raw
+    for step, name in enumerate(loc):
+        if isinstance(name, int) and isinstance(value, list) and 0 <= name < len(value):
+            param, value = f"{param}[{name}]", value[name]
+        elif (
+            isinstance(name, str)
+            and isinstance(value, dict)
+            and (name in value or (missing and step == len(loc) - 1))
+        ):
+            param, value = f"{param}.{name}" if param else name, value.get(name)
+        else:
+            break
+    return param
 
 
 def _is_skipped_list(schema: type[BaseModel], name: str) -> bool:
