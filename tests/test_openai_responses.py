@@ -945,6 +945,35 @@ async def test_a_wrong_value_was_named_by_pydantics_location_not_the_field(
     assert await conversations(live, user) == []
 
 
+@pytest.mark.parametrize(
+    ("part", "param"),
+    [
+        ({"type": "input_file", "filename": "a.pdf", "file_data": "not base64!"}, "file_data"),
+        ({"type": "input_file", "filename": "a.txt", "file_data": "data:text/plain,hello"}, "file_data"),
+        ({"type": "input_image", "image_url": "data:image/png;base64,@@@@"}, "image_url"),
+    ],
+)
+async def test_an_attachment_that_is_not_base64_was_stored_and_sent_to_the_model(
+    live: ServerProcess, part: dict[str, Any], param: str
+) -> None:
+    """A file or image data: URL whose data was not base64 was stored with the user's message and
+    given to the model, which refuses it: a failed reply after its stream began. It is a 400
+    naming the part, before any stream, with nothing stored."""
+    user, client = await client_for(live)
+    content = [part, {"type": "input_text", "text": "what is this?"}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.create(
+                model=MODEL,
+                input=[{"role": "user", "content": content}],  # type: ignore[list-item]
+                stream=stream,
+            )
+        payload = caught.value.body
+        assert isinstance(payload, dict) and payload["param"] == f"input[0].content[0].{param}", payload
+        assert payload["type"] == "invalid_request_error"
+    assert await conversations(live, user) == []
+
+
 async def test_a_response_sent_again_with_its_idempotency_key_had_a_new_created_at(
     live: ServerProcess,
 ) -> None:

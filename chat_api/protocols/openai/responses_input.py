@@ -10,6 +10,7 @@ opaque to clients, and only its owner can continue from it (the turn is looked u
 from __future__ import annotations
 
 import base64
+import binascii
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -170,6 +171,8 @@ def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
         )
     if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
         raise bad_request(f"{where}.image_url must be a data: URL or an http(s) URL", f"{where}.image_url")
+    if url.startswith("data:"):
+        _check_data_url(url, f"{where}.image_url")
     detail = part.get("detail") or "auto"
     if detail not in ("low", "high", "auto"):
         raise bad_request(f"{where}.detail must be low, high or auto", f"{where}.detail")
@@ -189,10 +192,23 @@ def _file(part: dict[str, Any], where: str) -> dict[str, Any]:
         if not data.startswith("data:"):
             # The API also takes bare base64; keep one form.
             data = f"data:application/octet-stream;base64,{data}"
+        _check_data_url(data, f"{where}.file_data")
         return {"type": "file", "filename": name or "file", "data": data}
     if isinstance(url, str) and url.startswith(URL_SCHEMES[1:]):
         return {"type": "file", "filename": name or url.rsplit("/", 1)[-1] or "file", "url": url}
     raise bad_request(f"{where} needs file_data (base64 or a data: URL) or an http(s) file_url", where)
+
+
+def _check_data_url(url: str, param: str) -> None:
+    """A data: URL must hold base64, as the API takes it: anything else was stored with the turn and
+    reached the model only then, which refused it and failed the reply after its stream began."""
+    head, comma, payload = url.partition(",")
+    if not comma or not head.endswith(";base64") or not payload:
+        raise bad_request(f"{param} must be a data: URL of base64 (data:<type>;base64,<data>)", param)
+    try:
+        binascii.a2b_base64(payload, strict_mode=True)
+    except binascii.Error:
+        raise bad_request(f"{param} is not valid base64", param) from None
 
 
 def _function_call(item: dict[str, Any], index: int) -> dict[str, str]:
