@@ -144,6 +144,86 @@ async def test_a_history_message_over_the_size_limit_was_named_by_its_index_amon
         assert refused.value.body["param"] == "input[1].content", refused.value.body  # type: ignore[index]
 
 
+async def test_a_new_message_over_the_size_limit_was_named_messages_whatever_the_door(
+    start_server: Any,
+) -> None:
+    """param `messages` on the Responses API, which has no such field, and on chat completions
+    without the index of the message at fault."""
+    server: LiveServer = await start_server(max_message_chars=100)
+    too_long = "x" * 101
+    async with openai_client(server) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": too_long}],
+            )
+        assert refused.value.body["param"] == "messages[1].content", refused.value.body  # type: ignore[index]
+        for sent, param in (
+            (too_long, "input"),
+            ([{"role": "user", "content": too_long}], "input[0].content"),
+        ):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.responses.create(model=MODEL, input=sent)  # type: ignore[arg-type]
+            assert refused.value.body["param"] == param, refused.value.body  # type: ignore[index]
+            assert "100 characters" in refused.value.body["message"]  # type: ignore[index]
+    assert await stored_conversations(server) == []
+
+
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+async def test_a_client_tool_result_longer_than_a_message_was_stored(start_server: Any) -> None:
+    """AG-UI held a tool result to MAX_MESSAGE_CHARS; the OpenAI doors stored any length as a tool
+    turn and showed it to the model with every later step."""
+    server: LiveServer = await start_server(max_message_chars=100)
+    question = {"role": "user", "content": '/tool get_weather {"city": "Paris"}'}
+    async with openai_client(server) as client:
+        asked = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[question],  # type: ignore[list-item]
+            tools=[{"type": "function", "function": WEATHER}],  # type: ignore[list-item]
+        )
+        calls = asked.parse().choices[0].message.tool_calls or []
+        call = {"id": calls[0].id, "type": "function", "function": calls[0].function.model_dump()}  # type: ignore[union-attr]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=[
+                    question,
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": calls[0].id, "content": "y" * 101},
+                ],  # type: ignore[list-item]
+                tools=[{"type": "function", "function": WEATHER}],  # type: ignore[list-item]
+            )
+        assert refused.value.body["param"] == "messages[2].content", refused.value.body  # type: ignore[index]
+
+        response = await client.responses.create(
+            model=MODEL,
+            input=question["content"],
+            tools=[{"type": "function", **WEATHER}],  # type: ignore[list-item]
+        )
+        function_call = next(item for item in response.output if item.type == "function_call")
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(
+                model=MODEL,
+                previous_response_id=response.id,
+                input=[
+                    {"type": "function_call_output", "call_id": function_call.call_id, "output": "y" * 101}
+                ],  # type: ignore[union-attr]
+                tools=[{"type": "function", **WEATHER}],  # type: ignore[list-item]
+            )
+        assert refused.value.body["param"] == "input[0].output", refused.value.body  # type: ignore[index]
+    async with server.client() as api:
+        conversations = await stored_conversations(server)
+        assert len(conversations) == 2  # each door's first exchange
+        for conversation in conversations:
+            stored = (await api.get(f"/v1/conversations/{conversation['id']}/turns")).json()["items"]
+            assert "tool" not in [turn["role"] for turn in stored], stored
+
+
 async def test_the_output_token_bound_was_a_constant_not_a_setting(start_server: Any) -> None:
     """128,000 was written in the code: a deployment whose model writes fewer could not say so."""
     server: LiveServer = await start_server(max_output_tokens=100)

@@ -302,6 +302,14 @@ class ChatRequest:
     user: str | None = None
     instructions: str | None = None
     options: ModelOptions = field(default_factory=ModelOptions)
+    # The request's field holding the messages (`input` on the Responses API), and the client's
+    # index of the new user message in it: what a refusal names.
+    messages_field: Literal["messages", "input"] = "messages"
+    prompt_index: int | None = None
+
+    def param(self, index: int | None, leaf: str = "content") -> str:
+        """The request's name of a message's text (`messages[3].content`), or of the whole field."""
+        return self.messages_field if index is None else f"{self.messages_field}[{index}].{leaf}"
 
     @property
     def tool_names(self) -> frozenset[str]:
@@ -382,6 +390,7 @@ def parse_request(raw: object, served: Served) -> ChatRequest:
         user=request.user,
         instructions=instructions or None,
         options=options,
+        prompt_index=kept[-1][0] if prompt is not None else None,
     )
 
 

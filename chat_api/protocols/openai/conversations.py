@@ -304,7 +304,6 @@ async def start_chat_reply(
     *,
     admitted: AdmittedReply,
     memory_scope: str,
-    history_param: str,
     recorded: Callable[[BeginReply], BeginReply] | None = None,
     idempotency_key: str | None = None,
 ) -> tuple[uuid.UUID, Accepted]:
@@ -313,7 +312,7 @@ async def start_chat_reply(
     Returns the conversation (made here for a new target) and the started reply.
     `recorded` wraps what is stored (another adapter's own rows go in the same
     transaction). With `idempotency_key`, a request already started reattaches to its reply.
-    `history_param` is the request's field holding the history, named by a refused import.
+    A refused import names the request's field holding the history (`chat.messages_field`).
     """
     history: AdmittedImport | None = None
     if target.sent is None and not chat.tool_results:
@@ -321,7 +320,7 @@ async def start_chat_reply(
     units = target.sent[:-1] if target.new and target.sent else []
     if units:
         # A new conversation: all the client sent before its new message is history to import.
-        history = await admit_history(admission, owner, *_turn_rows(units), param=history_param)
+        history = await admit_history(admission, owner, *_turn_rows(units), param=chat.messages_field)
     with history or contextlib.nullcontext():
         conversation_id = await _make(services, owner, chat, target) if target.new else target.conversation_id
         assert conversation_id is not None
@@ -329,9 +328,7 @@ async def start_chat_reply(
             begin = _begin_tool_answer(services, chat, idempotency_key)
         else:
             assert target.sent is not None
-            begin = _begin_prompt(
-                services, admission, owner, chat, target, history, history_param, idempotency_key
-            )
+            begin = _begin_prompt(services, admission, owner, chat, target, history, idempotency_key)
         accepted = await start_or_answer_retry(
             services,
             owner,
@@ -388,7 +385,6 @@ def _begin_prompt(
     chat: ChatRequest,
     target: Target,
     history: AdmittedImport | None,
-    history_param: str,
     idempotency_key: str | None = None,
 ) -> BeginReply:
     """Store the new message after the sent history; what chatmem lacks of it is imported.
@@ -424,7 +420,9 @@ def _begin_prompt(
                 admitted = history  # admitted for exactly these turns before the conversation was made
             else:
                 # Refused (422, or 429 past the hourly quota) before this transaction stores anything.
-                admitted = await admit_history(admission, owner, *_turn_rows(missing), param=history_param)
+                admitted = await admit_history(
+                    admission, owner, *_turn_rows(missing), param=chat.messages_field
+                )
             with admitted:
                 result = await import_turns(session, owner, conversation.id, admitted.turns)
                 admitted.settle(result.created)

@@ -332,6 +332,9 @@ def _chat(
         user=body.user,
         instructions=instructions,
         options=options,
+        messages_field="input",
+        # A string input is the message itself.
+        prompt_index=last.index if prompt is not None and not isinstance(body.input, str) else None,
     )
 
 

@@ -207,7 +207,6 @@ async def start_response(
             target,
             admitted=admitted,
             memory_scope=services.settings.memory_scope,
-            history_param="input",
             recorded=lambda begin: _recorded(owner, asked, begin),
             idempotency_key=key,
         )

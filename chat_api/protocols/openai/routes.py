@@ -194,7 +194,6 @@ async def chat_completions(
             target,
             admitted=admitted,
             memory_scope=services.settings.memory_scope,
-            history_param="messages",
             idempotency_key=key,
         )
     translator = ReplyTranslator(
@@ -271,14 +270,20 @@ def _itself(chat: ChatRequest) -> ChatRequest:
 
 
 def check_texts(chat: ChatRequest, max_chars: int) -> None:
-    """Unstorable text, a prompt or a tool definition over its limit: refused before anything is stored."""
+    """Unstorable text, a prompt, a tool result or a tool definition over its limit: refused before
+    anything is stored, naming the message as the client sent it (`messages[3].content`,
+    `input[2].output`)."""
     if chat.prompt is not None:
-        check_text(chat.prompt, field="messages", max_chars=max_chars)
+        check_text(chat.prompt, field=chat.param(chat.prompt_index), max_chars=max_chars)
     if chat.instructions is not None:
         # Shown before every reply's history: held to what one message may hold.
         check_text(chat.instructions, field="instructions", max_chars=max_chars)
-    for message in (*chat.history, *chat.tool_results):
-        check_text(message.text, field="messages", allow_empty=True)
+    for message in chat.history:
+        check_text(message.text, field=chat.param(message.index), allow_empty=True)
+    # Stored as tool turns and shown to the model: held to what a message may hold, as on AG-UI.
+    output = "output" if chat.messages_field == "input" else "content"
+    for result in chat.tool_results:
+        check_text(result.text, field=chat.param(result.index, output), allow_empty=True, max_chars=max_chars)
     check_tools(chat.tools)
 
 
