@@ -318,3 +318,21 @@ async def test_a_stop_naming_a_run_waiting_in_line_drops_it_and_leaves_the_run_a
         stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
         assert [m["metadata"]["status"] for m in stored if m["role"] == "assistant"] == ["completed"]
         assert [m["parts"][0]["text"] for m in stored if m["role"] == "user"] == ["/long ahead"]
+
+
+async def test_a_connect_run_id_of_another_json_type_was_read_as_a_string(server: LiveServer) -> None:
+    """`"runId": 5` answered a run `"5"`, `{}` a run `"{}"`, and `0` or `false` a run of a made-up id;
+    `""` was refused. Each is a 422 naming runId, as a run's own runId is."""
+    thread_id = str(uuid.uuid4())
+    async with server.client() as api:
+        async with api.stream("POST", "/v1/ag-ui", json=run_input(thread_id, "hello")) as response:
+            assert response.status_code == 200
+            await response.aread()
+        for run_id in (5, {}, 0, False, "", None):
+            answer = await api.post(f"/v1/ag-ui/{thread_id}/connect", json={"runId": run_id})
+            assert answer.status_code == 422, (run_id, answer.text[:300])
+            assert answer.json()["error"]["details"]["field"] == "runId", answer.text
+        answer = await api.post(f"/v1/ag-ui/{thread_id}/connect", json={"runId": "r-1"})
+        assert answer.status_code == 200, answer.text[:300]
+        assert '"runId":"r-1"' in answer.text
+        assert (await api.post(f"/v1/ag-ui/{thread_id}/connect", json={})).status_code == 200

@@ -210,7 +210,9 @@ async def connect(
     interrupts of a reply that waits for a person).
     """
     body = body or {}
-    run_id = str(body.get("runId") or uuid.uuid4())
+    run_id = body.get("runId", str(uuid.uuid4()))
+    if not isinstance(run_id, str):  # 5 or {} was read as "5", 0 or false as no run id
+        raise InvalidInput("runId must be a string", field="runId")
     check_ids(thread_id, run_id)
     declared = body.get("protocolVersion")
     modern = speaks_1_0(declared if isinstance(declared, str) else None)
