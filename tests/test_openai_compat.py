@@ -442,6 +442,24 @@ async def test_a_wrong_value_was_named_by_pydantics_location_not_the_field(
     assert await conversations(live, user) == []
 
 
+async def test_a_function_tools_strict_flag_of_the_wrong_type_was_sent_on_to_the_model(
+    live: ServerProcess,
+) -> None:
+    """`strict` was no field of the body's function tools: `"strict": "true"` went to the model as
+    it was (an upstream refuses it, after the user's message was stored)."""
+    user = new_user()
+    client = sdk(live, await make_key(live, user))
+    hi: list[Any] = [{"role": "user", "content": "hi"}]
+    tool: dict[str, Any] = {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "strict": "true"}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=hi, tools=[tool])
+    payload = caught.value.body
+    assert isinstance(payload, dict) and payload["param"] == "tools[0].function.strict", payload
+    assert await conversations(live, user) == []
+    tool["function"]["strict"] = True
+    assert client.chat.completions.create(model=MODEL, messages=hi, tools=[tool]).choices[0].message.content
+
+
 async def test_integers_for_numbers_and_a_frontends_extra_fields_are_still_accepted(
     live: ServerProcess,
 ) -> None:

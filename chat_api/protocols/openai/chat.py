@@ -175,6 +175,10 @@ class _Function(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+FUNCTION_FIELDS = {"name", "description", "parameters", "strict"}  # what a function tool is to the model
 
 
 class _Tool(BaseModel):
@@ -385,7 +389,15 @@ def parse_request(raw: object, served: Served) -> ChatRequest:
         tool_results=tuple(results),
         stream=request.stream,
         include_usage=include_usage,
-        tools=tuple(tool.model_dump(exclude_none=True) for tool in request.tools or ()),
+        # What the model is given of each tool: the API's fields, as the Responses door gives them
+        # (another key of the client's was sent on to the model, which may refuse it).
+        tools=tuple(
+            {
+                "type": "function",
+                "function": tool.function.model_dump(include=FUNCTION_FIELDS, exclude_none=True),
+            }
+            for tool in request.tools or ()
+        ),
         metadata=dict(request.metadata or {}),
         user=request.user,
         instructions=instructions or None,
