@@ -411,7 +411,9 @@ async def test_a_flag_or_a_number_of_the_wrong_json_type_was_read_as_its_value(
         )
     payload = caught.value.body
     assert isinstance(payload, dict) and payload["type"] == "invalid_request_error", payload
-    assert payload["param"] == param, payload
+    assert payload["param"] == param and payload["code"] == "invalid_type", payload
+    # As the API words it.
+    assert payload["message"].startswith(f"Invalid type for '{param}': expected "), payload
     assert caught.value.response.headers["content-type"].startswith("application/json")
     assert await conversations(live, user) == []
 
@@ -420,8 +422,8 @@ async def test_a_flag_or_a_number_of_the_wrong_json_type_was_read_as_its_value(
     ("sent", "param"),
     [
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-        ({"tool_choice": {}}, "tool_choice"),
-        ({"tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"tool_choice": {}}, "tool_choice.type"),
+        ({"tool_choice": {"type": "function"}}, "tool_choice.function"),
         ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
     ],
 )
@@ -438,7 +440,7 @@ async def test_a_wrong_value_was_named_by_pydantics_location_not_the_field(
         )
     payload = caught.value.body
     assert isinstance(payload, dict) and payload["param"] == param, payload
-    assert payload["message"].startswith(f"{param}: "), payload
+    assert f"'{param}'" in payload["message"] or payload["message"].startswith(f"{param}: "), payload
     assert await conversations(live, user) == []
 
 

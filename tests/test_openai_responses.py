@@ -931,7 +931,11 @@ async def test_a_function_tools_strict_flag_sent_as_a_string_was_read_as_its_val
 
 @pytest.mark.parametrize(
     ("sent", "param"),
-    [({"input": [5]}, "input"), ({"conversation": {"id": 5}}, "conversation"), ({"tools": [5]}, "tools[0]")],
+    [
+        ({"input": [5]}, "input[0]"),
+        ({"conversation": {"id": 5}}, "conversation.id"),
+        ({"tools": [5]}, "tools[0]"),
+    ],
 )
 async def test_a_wrong_value_was_named_by_pydantics_location_not_the_field(
     live: ServerProcess, sent: dict[str, Any], param: str

@@ -90,33 +90,76 @@ def validated(schema: type[BodyT], raw: object) -> BodyT:
         if request is not None and not problems:
             request = request.model_copy(update={name: items})
     if errors:
-        first = min(
+        field = min(
             errors,
             key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order else len(order),
-        )
-        param = _param(first.get("loc", ()), raw, missing=first.get("type") == "missing")
+        )["loc"][:1]
+        named = [(error, *_path(error, raw)) for error in errors if error["loc"][:1] == field]
+        # Of that field's refusals, the one deepest in the body: of a union's members, the one
+        # that got furthest (`input[0]` is not an object, rather than `input` is not a string).
+        first, param, _depth = max(named, key=lambda n: n[2])
+        expected = [TYPE_NAMES[e["type"]] for e, p, _ in named if p == param and e["type"] in TYPE_NAMES]
+        if first["type"] in TYPE_NAMES and param:
+            # As the API words it: "Invalid type for 'stream': expected a boolean, but got a string instead."
+            wanted = expected[0] if len(expected) == 1 else "one of " + " or ".join(dict.fromkeys(expected))
+            got = _json_type(first["input"])
+            raise bad_request(
+                f"Invalid type for '{param}': expected {wanted}, but got {got} instead.",
+                param,
+                "invalid_type",
+            )
+        if first["type"] == "missing" and param:
+            raise bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
         raise bad_request(f"{param}: {first.get('msg', 'invalid')}", param or None)
     assert request is not None
     return request
 
 
-def _param(loc: Sequence[int | str], raw: object, *, missing: bool) -> str:
-    """The value at fault named as the API names it (`messages[2].content`): pydantic's location
-    as far as the body has it. Past that come a union's member names (`str`,
-    `literal['none','auto','required']`), which are no field of the body; a missing field is named."""
-    param, value = "", raw
+def _path(error: dict[str, Any], raw: object) -> tuple[str, int]:
+    """The value a refusal is about, named as the API names it (`messages[2].content`), and how
+    deep in the body it is. Pydantic's location also holds a union's member names (`str`,
+    `literal['none','auto','required']`), which are no step in the body; a missing field is named."""
+    loc = error.get("loc", ())
+    missing = error.get("type") == "missing"
+    param, value, depth = "", raw, 0
     for step, name in enumerate(loc):
         if isinstance(name, int) and isinstance(value, list) and 0 <= name < len(value):
-            param, value = f"{param}[{name}]", value[name]
+            param, value, depth = f"{param}[{name}]", value[name], depth + 1
         elif (
             isinstance(name, str)
             and isinstance(value, dict)
             and (name in value or (missing and step == len(loc) - 1))
         ):
-            param, value = f"{param}.{name}" if param else name, value.get(name)
-        else:
-            break
-    return param
+            param, value, depth = f"{param}.{name}" if param else name, value.get(name), depth + 1
+    return param, depth
+
+
+# Pydantic's refusals of a value's JSON type, and the type each asked for.
+TYPE_NAMES = {
+    "bool_type": "a boolean",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "string_type": "a string",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+
+
+def _json_type(value: object) -> str:
+    """How the API names the JSON type of a value it refused."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 def _is_skipped_list(schema: type[BaseModel], name: str) -> bool:
