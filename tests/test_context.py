@@ -445,10 +445,26 @@ def test_memory_block_lists_items_best_first_with_date_and_conversation() -> Non
         "<memories>\n"
         "Current time: Friday, 14 March 2025, 09:30 UTC.\n"
         '- [2024-07-05, conversation "Pets"] the user said: My dog is called Rex\n'
-        "- [2024-07-02, an untitled conversation] the user said: I live in Lyon\n"
+        "- [2024-07-02] the user said: I live in Lyon\n"
         "</memories>\n\n"
     )
     assert built.memory_used == [memory[1], memory[0]]
+
+
+def test_a_memory_item_costs_few_tokens_besides_its_text() -> None:
+    """Every memory shown costs its date, conversation and speaker again, in every reply whose
+    prompt a model server has not cached. They were "[2024-07-02, an untitled conversation]
+    the user said:" and "[2024-07-01, earlier in this conversation] the user said:"; an
+    untitled conversation is not named at all now, and the current one is "this conversation"."""
+    here = uuid.uuid4()
+    turns = [TurnView(role="user", status="completed", content="q", id=1, seq=1, conversation_id=here)]
+    memory = [memory_item("Lyon", 0.9, day=2, title=None), memory_item("Rex", 0.4, conv=here)]
+    lines = reply_part(build(turns, memory=memory)).splitlines()[2:4]
+    assert lines == [
+        "- [2024-07-02] the user said: Lyon",
+        "- [2024-07-01, this conversation] the user said: Rex",
+    ]
+    assert [count_tokens(line) for line in lines] == [count_tokens("Lyon") + 13, count_tokens("Rex") + 16]
 
 
 def test_memory_block_in_chinese() -> None:
@@ -469,7 +485,7 @@ def test_memory_from_the_current_conversation_says_so() -> None:
         TurnView(role="user", status="completed", content="q", id=1, seq=1, conversation_id=conversation)
     ]
     built = build(turns, memory=[memory_item("said earlier", 1.0, conv=conversation)])
-    assert "earlier in this conversation] the user said: said earlier" in reply_part(built)
+    assert ", this conversation] the user said: said earlier" in reply_part(built)
 
 
 def test_memory_block_is_held_to_its_reserve_dropping_lowest_ranked() -> None:

@@ -27,7 +27,9 @@ def test_each_language_loads_every_template_the_code_renders(language: str) -> N
     assert set(TEMPLATE_FIELDS) <= set(prompts.templates)
     for name, fields in TEMPLATE_FIELDS.items():
         assert prompts.placeholders(name) == fields
-        assert prompts.templates[name].strip(), f"{language}/{name} is empty"
+        # A memory from an untitled conversation says nothing about its conversation.
+        if name != "memory_untitled_conversation":
+            assert prompts.templates[name].strip(), f"{language}/{name} is empty"
 
 
 def test_prompts_readme_lists_every_template_the_code_renders() -> None:
