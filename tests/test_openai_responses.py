@@ -950,6 +950,52 @@ async def test_a_wrong_value_was_named_by_pydantics_location_not_the_field(
 
 
 @pytest.mark.parametrize(
+    ("sent", "param"),
+    [
+        ({"include": 5}, "include"),
+        ({"include": [5]}, "include[0]"),
+        ({"text": {"format": 5}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": 5}}}, "text.format.schema"),
+        ({"text": {"verbosity": 5}}, "text.verbosity"),
+        ({"reasoning": {"effort": 5}}, "reasoning.effort"),
+        ({"reasoning": {"summary": []}}, "reasoning.summary"),
+        ({"stream_options": {"include_obfuscation": "no"}}, "stream_options.include_obfuscation"),
+    ],
+)
+async def test_an_unused_option_of_the_wrong_type_was_accepted_and_echoed_back(
+    live: ServerProcess, sent: dict[str, Any], param: str
+) -> None:
+    """`include: 5`, `text: {"format": 5}`, `reasoning: {"effort": 5}` were taken, stored with the
+    response and echoed back on every read: the API refuses them as 400 `invalid_type` naming the
+    parameter, worded as the chat completions door words it."""
+    user, client = await client_for(live)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.create(model=MODEL, input="hi", stream=stream, extra_body=sent)
+        payload = caught.value.body
+        assert isinstance(payload, dict) and payload["type"] == "invalid_request_error", payload
+        assert payload["param"] == param and payload["code"] == "invalid_type", payload
+        assert payload["message"].startswith(f"Invalid type for '{param}': expected "), payload
+        assert caught.value.status_code == 400
+    assert await conversations(live, user) == []
+
+
+async def test_unused_options_of_the_right_type_are_still_accepted_and_echoed(live: ServerProcess) -> None:
+    _user, client = await client_for(live)
+    text: Any = {
+        "format": {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True},
+        "verbosity": "low",
+    }
+    reasoning: Any = {"effort": "low", "summary": "auto"}
+    response = client.responses.create(
+        model=MODEL, input="hi", text=text, reasoning=reasoning, include=["reasoning.encrypted_content"]
+    )
+    for seen in (response, client.responses.retrieve(response.id)):
+        assert seen.text.model_dump(by_alias=True, exclude_none=True) == text
+        assert seen.reasoning is not None and seen.reasoning.model_dump(exclude_none=True) == reasoning
+
+
+@pytest.mark.parametrize(
     ("part", "param"),
     [
         ({"type": "input_file", "filename": "a.pdf", "file_data": "not base64!"}, "file_data"),

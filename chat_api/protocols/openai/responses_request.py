@@ -106,8 +106,42 @@ class _Conversation(BaseModel):
     id: str
 
 
+class _Format(BaseModel):
+    model_config = STRICT
+
+    type: str
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class _Text(BaseModel):
+    model_config = STRICT
+
+    format: _Format | None = None
+    verbosity: str | None = None
+
+
+class _Reasoning(BaseModel):
+    model_config = STRICT
+
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+class _StreamOptions(BaseModel):
+    model_config = STRICT
+
+    include_obfuscation: bool | None = None
+
+
 class _Body(BaseModel):
-    # Options chatmem does not act on (include, service_tier, …) are accepted and echoed.
+    # Options chatmem does not act on (include, text, reasoning, service_tier, …) are accepted and
+    # echoed where a response repeats them, but held to their JSON types as the API holds them: a
+    # wrong one is the 400 `invalid_type` naming it, not a value echoed back. Their values are not
+    # (the API adds effort levels and verbosities; a server that ignores them need not know them).
     model_config = STRICT
 
     model: str = Field(min_length=1)
@@ -127,11 +161,14 @@ class _Body(BaseModel):
     max_tool_calls: int | None = Field(None, ge=1)
     parallel_tool_calls: bool = True
     truncation: Literal["auto", "disabled"] = "disabled"
-    text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    text: _Text | None = None
+    reasoning: _Reasoning | None = None
+    include: list[str] | None = None
+    stream_options: _StreamOptions | None = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
     service_tier: str | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
@@ -348,13 +385,13 @@ def _echo(body: _Body, tools: list[dict[str, Any]], choice: str | dict[str, Any]
         "tool_choice": choice if choice is not None else "auto",
         "truncation": body.truncation,
         "parallel_tool_calls": body.parallel_tool_calls,
-        "text": body.text or {"format": {"type": "text"}},
+        "text": _as_sent(body.text) or {"format": {"type": "text"}},
         "top_p": body.top_p if body.top_p is not None else 1.0,
         "temperature": body.temperature if body.temperature is not None else 1.0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "top_logprobs": body.top_logprobs or 0,
-        "reasoning": body.reasoning,
+        "reasoning": _as_sent(body.reasoning),
         "max_output_tokens": body.max_output_tokens,
         "max_tool_calls": body.max_tool_calls,
         "store": body.store,
@@ -365,6 +402,11 @@ def _echo(body: _Body, tools: list[dict[str, Any]], choice: str | dict[str, Any]
         "prompt_cache_key": body.prompt_cache_key,
         "user": body.user,
     }
+
+
+def _as_sent(option: BaseModel | None) -> dict[str, Any] | None:
+    """An option as the client sent it (its keys chatmem does not know too), to echo."""
+    return option.model_dump(by_alias=True, exclude_unset=True) if option is not None else None
 
 
 @dataclass(frozen=True, slots=True)
