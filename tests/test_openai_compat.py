@@ -462,6 +462,43 @@ async def test_a_function_tools_strict_flag_of_the_wrong_type_was_sent_on_to_the
     assert client.chat.completions.create(model=MODEL, messages=hi, tools=[tool]).choices[0].message.content
 
 
+@pytest.mark.parametrize(
+    ("metadata", "param", "code"),
+    [
+        ({"chat_key": 5}, "metadata.chat_key", "invalid_type"),
+        ({"conversation_id": 5}, "metadata.conversation_id", "invalid_type"),
+        ({"tags": ["a", "b"]}, "metadata.tags", "invalid_type"),
+        ({"note": None}, "metadata.note", "invalid_type"),
+        ({f"k{i}": "v" for i in range(17)}, "metadata", None),
+        ({"k" * 65: "v"}, "metadata", None),
+        ({"k": "v" * 513}, "metadata", None),
+    ],
+)
+async def test_metadata_that_is_no_map_of_short_strings_was_accepted(
+    live: ServerProcess, metadata: dict[str, Any], param: str, code: str | None
+) -> None:
+    """`metadata` took any JSON (`{"chat_key": 5}` answered as if no key was sent, `{"conversation_id":
+    5}` was a 404), and any number of keys of any length: the API's metadata is at most 16 string
+    keys of at most 64 characters, each to a string of at most 512; anything else is a 400."""
+    user = new_user()
+    client = sdk(live, await make_key(live, user))
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body={"metadata": metadata}
+        )
+    payload = caught.value.body
+    assert isinstance(payload, dict) and payload["type"] == "invalid_request_error", payload
+    assert payload["param"] == param and payload["code"] == code, payload
+    assert caught.value.status_code == 400
+    assert await conversations(live, user) == []
+    # At the bounds, it is taken.
+    at_most: dict[str, str] = {f"k{i}": "v" for i in range(15)} | {"k" * 64: "v" * 512}
+    taken = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], metadata=at_most
+    )
+    assert taken.choices[0].message.content
+
+
 async def test_integers_for_numbers_and_a_frontends_extra_fields_are_still_accepted(
     live: ServerProcess,
 ) -> None:

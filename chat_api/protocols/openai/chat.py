@@ -29,6 +29,10 @@ from chat_api.providers.base import ModelOptions
 from memory.events import TERMINAL_NAMES, Event, EventName, ToolCallDeltaData, TurnEndedData
 
 MAX_TOOLS = 128
+# The API's `metadata`: at most 16 string keys of at most 64 characters, each to a string of at most 512.
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 # Between the texts of two model steps (a server tool ran in between): one answer to the client.
 STEP_SEPARATOR = "\n\n"
 
@@ -196,6 +200,21 @@ def check_output_tokens(asked: int | None, served: Served, param: str) -> None:
         )
 
 
+def check_metadata(metadata: dict[str, str] | None) -> None:
+    """`metadata` over the API's bounds is a 400 naming it (its JSON types are the body's to check)."""
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise bad_request(f"metadata holds at most {MAX_METADATA_KEYS} keys", "metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS:
+            raise bad_request(
+                f"metadata keys hold at most {MAX_METADATA_KEY_CHARS} characters and values "
+                f"{MAX_METADATA_VALUE_CHARS}",
+                "metadata",
+            )
+
+
 def error_body(
     message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
@@ -290,7 +309,7 @@ class _Request(BaseModel):
     top_p: float | None = Field(None, ge=0, le=1)
     max_tokens: int | None = Field(None, ge=1)  # at most MAX_OUTPUT_TOKENS (`_options`)
     max_completion_tokens: int | None = Field(None, ge=1)
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None  # within the API's bounds (`check_metadata`)
     user: str | None = None
 
 
@@ -345,7 +364,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     tools: tuple[dict[str, Any], ...]
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
     user: str | None = None
     instructions: str | None = None
     options: ModelOptions = field(default_factory=ModelOptions)
@@ -390,6 +409,7 @@ def parse_request(raw: object, served: Served) -> ChatRequest:
     """Validate a request body; OpenAIError (400/404) says what is wrong, before anything is stored."""
     request = validated(_Request, raw)
     check_served(request.model, served)
+    check_metadata(request.metadata)
     if request.n is not None and request.n != 1:
         raise OpenAIError(400, "only n=1 is supported", param="n")
     options = _options(request, served)

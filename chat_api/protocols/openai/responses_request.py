@@ -35,6 +35,7 @@ from chat_api.protocols.openai.chat import (
     OpenAIError,
     Served,
     bad_request,
+    check_metadata,
     check_output_tokens,
     check_served,
     validated,
@@ -49,8 +50,6 @@ from chat_api.providers.base import ModelOptions
 
 RESPONSE_PREFIX = "resp_"
 CONVERSATION_PREFIX = "conv_"
-MAX_METADATA_KEYS = 16
-MAX_METADATA_VALUE_CHARS = 512
 
 
 def response_ref(reply_id: uuid.UUID) -> str:
@@ -209,7 +208,7 @@ def parse_request(raw: object, served: Served) -> ResponsesRequest:
     body = validated(_Body, raw)
     check_served(body.model, served)
     check_output_tokens(body.max_output_tokens, served, "max_output_tokens")
-    _check_metadata(body.metadata)
+    check_metadata(body.metadata)
     tools = _function_tools(body.tools or [])
     names = {tool["name"] for tool in tools}
     if isinstance(body.tool_choice, _NamedChoice) and body.tool_choice.name not in names:
@@ -261,18 +260,6 @@ def _after_compaction(
 ) -> tuple[list[dict[str, Any]], int]:
     """The items after a leading compaction item (all of them without one), and where they start."""
     return (items[1:], 1) if compacted is not None else (items, 0)
-
-
-def _check_metadata(metadata: dict[str, str] | None) -> None:
-    if metadata is None:
-        return
-    if len(metadata) > MAX_METADATA_KEYS:
-        raise bad_request(f"metadata holds at most {MAX_METADATA_KEYS} keys", "metadata")
-    for key, value in metadata.items():
-        if len(key) > 64 or len(value) > MAX_METADATA_VALUE_CHARS:
-            raise bad_request(
-                f"metadata keys hold at most 64 characters and values {MAX_METADATA_VALUE_CHARS}", "metadata"
-            )
 
 
 def _function_tools(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
