@@ -411,6 +411,29 @@ test('bad input is refused with chatmem error bodies before any stream, and noth
   assert.match(chat.error.message, /validation_error/);
 });
 
+test('a message with an empty id was answered and stored (the AG-UI door refuses it)', BOUND, async () => {
+  // Found: `id: ""` was taken as the message's id: stored as the client's id of the user turn,
+  // and the idempotency key of every other message sent with it. It is refused as an over-long
+  // id is: a 422 in chatmem's error body, naming the message, before anything is stored.
+  const before = (await call('GET', '/v1/conversations')).body.items.length;
+  const empty = (text) => ({ ...userMessage(text), id: '' });
+  for (const messages of [[empty('hi')], [empty('earlier'), userMessage('hi')]]) {
+    const chatId = generateId();
+    const answer = await call('POST', '/v1/ai-sdk/chat', { body: { id: chatId, trigger: 'submit-message', messages } });
+    assert.equal(answer.status, 422, JSON.stringify(answer.body).slice(0, 300));
+    assert.equal(answer.body.error.code, 'validation_error');
+    const where = answer.body.error.details.errors.map((e) => e.loc.join('.'));
+    assert.ok(where.includes('body.messages.0.id'), JSON.stringify(where));
+    // The SDK's own transport reports the refusal.
+    await assert.rejects(
+      transport().sendMessages({ chatId, messages, trigger: 'submit-message', messageId: undefined, abortSignal: undefined }),
+      /validation_error/,
+    );
+    assert.deepEqual(await stored(chatId), []);
+  }
+  assert.equal((await call('GET', '/v1/conversations')).body.items.length, before);
+});
+
 test('a file attached to a message, or a text part that is no string, is refused: nothing dropped or stored', BOUND, async () => {
   // Found: the file of sendMessage({text, files}) was dropped without a word (the reply
   // answered the text as if nothing was attached, and the history lost it), and a text part

@@ -108,7 +108,7 @@ class UIMessageIn(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    id: str = Field(max_length=200)
+    id: str = Field(min_length=1, max_length=200)  # "" names no message (the AG-UI door refuses it too)
     role: Literal["system", "user", "assistant"]
     parts: list[dict[str, Any]]
 
