@@ -87,7 +87,7 @@ async def test_another_users_conversation_id_as_thread_id_is_like_an_unused_id(s
             connect = await other.post(f"/v1/ag-ui/{thread_id}/connect", json={})
             assert (connect.status_code, connect.json()["error"]["code"]) == (404, "not_found")
             stop = await other.post(f"/v1/ag-ui/{thread_id}/stop")
-            assert stop.json() == {"success": True}
+            assert (stop.status_code, stop.json()["error"]["code"]) == (404, "not_found")
             async with other.stream("POST", "/v1/ag-ui", json=run_input(thread_id, "let me in")) as response:
                 events = [item.data async for item in iter_sse(response)]
             assert events[-1]["type"] == "RUN_FINISHED"
@@ -318,6 +318,34 @@ async def test_a_stop_naming_a_run_waiting_in_line_drops_it_and_leaves_the_run_a
         stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
         assert [m["metadata"]["status"] for m in stored if m["role"] == "assistant"] == ["completed"]
         assert [m["parts"][0]["text"] for m in stored if m["role"] == "user"] == ["/long ahead"]
+
+
+async def test_stopping_a_thread_or_a_run_that_does_not_exist_answered_200(server: LiveServer) -> None:
+    """A stop of a thread the caller never used, or one naming a runId of no run of the thread,
+    answered `{"success": true}`, as if a run had been stopped: a client could not tell a wrong id
+    from a stop. It is a 404 in chatmem's error body, as stopping an unknown turn is on chatmem's
+    own door; a run that has ended still answers 200."""
+    thread_id = str(uuid.uuid4())
+    async with server.client() as api:
+        conversations = len((await api.get("/v1/conversations")).json()["items"])
+        turn = await api.post(f"/v1/turns/{uuid.uuid4()}/stop")
+        unknown = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": "r-1"})
+        assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "not_found"), unknown.text
+        assert (turn.status_code, turn.json()["error"]["code"]) == (404, "not_found"), turn.text
+        assert (await api.post(f"/v1/ag-ui/{thread_id}/stop")).status_code == 404
+        assert len((await api.get("/v1/conversations")).json()["items"]) == conversations  # nothing made
+
+        body = run_input(thread_id, "hello")
+        async with api.stream("POST", "/v1/ag-ui", json=body) as response:
+            assert response.status_code == 200
+            await response.aread()
+        before = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
+        no_run = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": "no-such-run"})
+        assert (no_run.status_code, no_run.json()["error"]["code"]) == (404, "not_found"), no_run.text
+        ended = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": body["runId"]})
+        assert (ended.status_code, ended.json()) == (200, {"success": True}), ended.text
+        assert (await api.post(f"/v1/ag-ui/{thread_id}/stop")).json() == {"success": True}
+        assert (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json() == before
 
 
 async def test_a_connect_run_id_of_another_json_type_was_read_as_a_string(server: LiveServer) -> None:

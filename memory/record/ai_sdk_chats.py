@@ -135,3 +135,33 @@ REMEMBER_MESSAGE_ID = text(
 async def remember_message_id(session: AsyncSession, turn_id: uuid.UUID, key: str, message_id: str) -> None:
     """Keep the client's id of a stored user message in the turn's metadata under `key`."""
     await session.execute(REMEMBER_MESSAGE_ID, {"turn_id": turn_id, "key": key, "message_id": message_id})
+
+
+# Whether a client's id names something of the conversation: a user turn that keeps it under
+# `key`, or a turn stored under the idempotency key it gave (a read for a stop: no index needed).
+NAMES_A_TURN = text(
+    """
+    SELECT EXISTS (
+        SELECT 1 FROM turns
+        WHERE conversation_id = :conversation_id
+          AND (idempotency_key = :idempotency_key OR metadata ->> CAST(:key AS text) = :client_id)
+    )
+    """
+)
+
+
+async def names_a_turn(
+    session: AsyncSession, conversation_id: uuid.UUID, key: str, client_id: str, idempotency_key: str
+) -> bool:
+    """Whether `client_id` is a client's id (metadata `key`) of a turn of the conversation, or
+    `idempotency_key` the key one was stored under."""
+    found = await session.scalar(
+        NAMES_A_TURN,
+        {
+            "conversation_id": conversation_id,
+            "key": key,
+            "client_id": client_id,
+            "idempotency_key": idempotency_key,
+        },
+    )
+    return bool(found)

@@ -58,7 +58,7 @@ from chat_api.response_headers import STREAM_HEADERS
 from chat_api.services import Services
 from memory.errors import DomainError, InvalidInput, NotFound
 from memory.events import StopReason, TurnStatus
-from memory.record.ai_sdk_chats import CHAT_ID, find_chat, remember_message_id
+from memory.record.ai_sdk_chats import CHAT_ID, find_chat, names_a_turn, remember_message_id
 from memory.record.branches import (
     conversation_branch,
     fork_branch,
@@ -267,11 +267,23 @@ async def _run_id_named(request: Request) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
+async def _names_a_run(services: Services, conversation: Conversation, run_id: str) -> bool:
+    """Whether `run_id` is a run of the thread: the one running (by the id `connect` gives a reply
+    started elsewhere, too), or one that ran (kept on its user turn, or as its idempotency key)."""
+    if conversation.active_reply_id is not None and run_id == str(conversation.active_reply_id):
+        return True
+    async with services.db.session() as session:
+        return await names_a_turn(session, conversation.id, RUN_ID, run_id, run_key(run_id))
+
+
 @router.post("/{thread_id}/stop", response_model=StopResult, responses={202: {"model": StopResult}})
 async def stop(
     thread_id: ThreadId, request: Request, owner: StopOwnerDep, services: ServicesDep
 ) -> StopResult | JSONResponse:
     """Stop the thread's running (or waiting) run on whichever process runs it. Idempotent.
+
+    A thread the caller has not used, or a `runId` that names no run of it, is a 404, as
+    stopping an unknown turn or response is on the other doors; a run that has ended answers 200.
 
     The open stream closes its text message and tool calls, answers every unanswered call,
     and ends with RUN_FINISHED (outcome `cancelled`); the stored reply holds exactly what it
@@ -283,10 +295,12 @@ async def stop(
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, thread_id)
     if conversation is None:
-        return StopResult(success=True)
+        raise NotFound("thread not found", thread_id=thread_id)
     run_id = await _run_id_named(request)
     if run_id is not None and services.queues.stop_waiting(conversation.id, run_key(run_id)):
         return StopResult(success=True)
+    if run_id is not None and not await _names_a_run(services, conversation, run_id):
+        raise NotFound("run not found", thread_id=thread_id, run_id=run_id)
     if conversation.active_reply_id is None:
         return StopResult(success=True)
     if not await stop_reply(services, conversation.active_reply_id, reason=StopReason.USER):
