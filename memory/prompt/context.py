@@ -36,7 +36,7 @@ import re
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sqlalchemy import text as sql_text
@@ -590,9 +590,16 @@ def _memory_block(
     dropped: Counter[str],
     now: str,
 ) -> tuple[str | None, list[PromptMemory]]:
-    """The memory block within `reserve` tokens (best-scored items first), and the items in it."""
+    """The memory block within `reserve` tokens (best-scored items first), and the items in it.
+
+    A memory from the block's own day (`now`, as the block says it) is dated "today": the
+    block's time line already says the date, and an ISO date costs a small model's tokenizer
+    about ten tokens (a digit each) on every line. Other memories keep their ISO date.
+    """
     if not memory:
         return None, []
+    today = _spoken_day(now)
+    today_word = prompts.render("memory_today")
     roles = {
         "user": prompts.render("memory_role_user"),
         "assistant": prompts.render("memory_role_assistant"),
@@ -615,7 +622,7 @@ def _memory_block(
             conversation = prompts.render("memory_untitled_conversation")
         line = prompts.render(
             "memory_item",
-            date=item.created_at.date().isoformat(),
+            date=today_word if item.created_at.date() == today else item.created_at.date().isoformat(),
             conversation=conversation,
             role=roles.get(item.role, roles["assistant"]),
             text=text,
@@ -895,10 +902,21 @@ def _with_part(message: dict[str, Any], part: str) -> dict[str, Any]:
     return {**message, "content": f"{part}\n\n{content}"}
 
 
+_SPOKEN_TIME = "%A, %d %B %Y, %H:%M UTC"
+
+
 def _spoken_time(now: datetime) -> str:
     """The current time as the model is told it, to the minute: "Wednesday, 25 November 2026, 23:50 UTC"."""
     now = now.astimezone(UTC)
     return f"{now:%A}, {now.day} {now:%B %Y, %H:%M} UTC"
+
+
+def _spoken_day(spoken: str) -> date | None:
+    """The day a time told by `_spoken_time` falls on (None if it is not one: nothing is "today")."""
+    try:
+        return datetime.strptime(spoken, _SPOKEN_TIME).date()
+    except ValueError:
+        return None
 
 
 def build_context(

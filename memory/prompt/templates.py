@@ -27,6 +27,7 @@ TEMPLATE_FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
         "memory_block": frozenset({"items", "now"}),
         "current_time": frozenset({"now"}),
         "memory_item": frozenset({"date", "conversation", "role", "text"}),
+        "memory_today": frozenset(),
         "memory_conversation": frozenset({"title"}),
         "memory_untitled_conversation": frozenset(),
         "memory_this_conversation": frozenset(),
