@@ -467,6 +467,32 @@ def test_a_memory_item_costs_few_tokens_besides_its_text() -> None:
     assert [count_tokens(line) for line in lines] == [count_tokens("Lyon") + 13, count_tokens("Rex") + 16]
 
 
+def test_a_memory_from_the_blocks_own_day_is_dated_today_in_both_languages() -> None:
+    """A memory said on the day the block's time line says cost its ISO date again on its line
+    ("[2025-03-14]": ten of a small model's tokens, a digit each); it is "today" now. A memory
+    from another day keeps its date, which questions about when need."""
+    said_today = FoundMemory(
+        turn_id=uuid.uuid4(),
+        text="My car is a 2009 Volvo",
+        created_at=datetime(2025, 3, 14, 8, 0, tzinfo=UTC),
+        conversation_id=uuid.uuid4(),
+        conversation_title=None,
+        role="user",
+        score=0.9,
+    )
+    memory = [said_today, memory_item("I live in Lyon", 0.4, day=2, title=None)]
+    assert reply_part(build(history(user("q")), memory=memory)).splitlines()[2:4] == [
+        "- [today] the user said: My car is a 2009 Volvo",
+        "- [2024-07-02] the user said: I live in Lyon",
+    ]
+    assert reply_part(build(history(user("q")), prompts=ZH, memory=memory)).splitlines()[2:4] == [
+        "- [今天] 用户说：My car is a 2009 Volvo",
+        "- [2024-07-02] 用户说：I live in Lyon",
+    ]
+    line = "- [today] the user said: My car is a 2009 Volvo"
+    assert count_tokens(line) <= count_tokens(line.replace("today", "2025-03-14")) - 5
+
+
 def test_memory_block_in_chinese() -> None:
     memory = [memory_item("我的狗叫旺财", 0.9, day=5, title="宠物")]
     built = build(history(user("我的狗叫什么？")), prompts=ZH, memory=memory)

@@ -8,6 +8,7 @@ model server's prompt cache needs). A memory forgotten since it was shown is lef
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,6 +63,20 @@ def test_an_earlier_message_is_shown_again_with_the_part_its_reply_was_given() -
     again = build_context(turns_with_part(), prompts=EN, budget=ContextBudget(), now=NOW, memory=[rex()])
     assert again.messages[:3] == built.messages[:3]
     assert "Rex" not in again.messages[-1]["content"] and again.dropped["memory_already_shown"] == 1
+
+
+def test_a_memory_shown_as_today_is_replayed_as_today_the_next_day() -> None:
+    """A memory's "today" is the day of the time its block says, not of the reply that replays it: the
+    replayed part stays what the model server has cached, and still means the right day."""
+    said = replace(rex(), created_at=datetime(2025, 3, 13, 17, 0, tzinfo=UTC))  # SHOWN_AT's day
+    turns = turns_with_part()
+    turns[1] = replace(turns[1], prompt_part=ShownPart(SHOWN_AT, (said,)).to_json())
+    built = build_context(turns, prompts=EN, budget=ContextBudget(), now=NOW)
+    assert built.messages[1]["content"] == (
+        f"<memories>\nCurrent time: {SHOWN_AT}.\n"
+        '- [today, conversation "Pets"] the user said: My dog is called Rex\n'
+        "</memories>\n\nwhat's my dog called?"
+    )
 
 
 def test_a_memory_gone_since_it_was_shown_is_left_out_of_the_replayed_part() -> None:
