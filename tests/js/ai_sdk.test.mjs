@@ -133,6 +133,24 @@ test('stop mid-reply: the stream ends with abort, and the stored text is what th
   assert.equal(reconnect, null);
 });
 
+test('a stop of a chat id nobody used answered success, as if a reply had been stopped', BOUND, async () => {
+  // Every other door's stop is a 404 for an id that names nothing; this one said `{success: true}`.
+  const unused = generateId();
+  const unknown = await call('POST', `/v1/ai-sdk/chat/${unused}/stop`, { body: {} });
+  assert.equal(unknown.status, 404);
+  assert.equal(unknown.body.error.code, 'not_found');
+  assert.equal((await stored(unused)).length, 0, 'nothing was made by the stop');
+  // A chat that exists with nothing streaming still answers success, as before.
+  const chat = newChat();
+  await chat.sendMessage({ text: 'hello' });
+  assert.equal(chat.status, 'ready');
+  assert.deepEqual(await call('POST', `/v1/ai-sdk/chat/${chat.id}/stop`, { body: {} }), {
+    status: 200,
+    type: 'application/json',
+    body: { success: true },
+  });
+});
+
 test('stop in the middle of tool arguments, then the next message', BOUND, async () => {
   const chatId = generateId();
   const padding = 'x'.repeat(400);
@@ -467,17 +485,22 @@ test("another user's chat: the same client id, or the owner's conversation id, i
     assert.deepEqual(await stored(chat.id, token), []);
     assert.equal(await transport(token).reconnectToStream({ chatId: chat.id }), null);
     // Someone else's conversation id answers exactly as an id nobody used: no way to tell it exists.
+    const answers = [];
     for (const id of [conversationId, unused]) {
+      const answered = [];
       for (const [method, path, body, status] of [
         ['GET', `/v1/ai-sdk/chat/${id}/messages`, undefined, 200],
         ['GET', `/v1/ai-sdk/chat/${id}/stream`, undefined, 204],
-        ['POST', `/v1/ai-sdk/chat/${id}/stop`, {}, 200],
+        ['POST', `/v1/ai-sdk/chat/${id}/stop`, {}, 404],
       ]) {
         const answer = await call(method, path, { token, body });
         assert.equal(answer.status, status, `${method} ${path}`);
         if (method === 'GET' && status === 200) assert.deepEqual(answer.body, []);
+        answered.push(JSON.stringify(answer).replaceAll(id, '<id>'));
       }
+      answers.push(answered);
     }
+    assert.deepEqual(answers[0], answers[1]);
     // Sending to it starts a chat of their own; the owner's conversation is untouched.
     const theirs = new Chat({ id: conversationId, transport: transport(token) });
     await theirs.sendMessage({ text: 'let me in' });

@@ -43,6 +43,7 @@ from chat_api.protocols.ai_sdk.stream import (
     text_of,
     ui_messages,
 )
+from chat_api.schemas import ErrorOut
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
 from memory.events import StopReason, ToolCallState, TurnStatus
@@ -439,7 +440,14 @@ class StopResult(BaseModel):
     )
 
 
-@router.post("/{chat_id}/stop", response_model=StopResult, responses={202: {"model": StopResult}})
+@router.post(
+    "/{chat_id}/stop",
+    response_model=StopResult,
+    responses={
+        202: {"model": StopResult},
+        404: {"model": ErrorOut, "description": "A chat id the caller has not used."},
+    },
+)
 async def stop(
     chat_id: ChatId,
     owner: StopOwnerDep,
@@ -449,12 +457,13 @@ async def stop(
 
     Any body is accepted and not read (`{}`, or `{assistantMessage, activeStreamId}` as the
     SDK's docs show, with or without a JSON content type). The open stream ends with
-    `abort`; its stored reply holds exactly what it carried.
+    `abort`; its stored reply holds exactly what it carried. A chat with no running reply
+    answers 200; a chat id the caller has not used is a 404, as stopping an unknown turn,
+    response or thread is on the other doors.
     202 with `success: false` if the process running it did not confirm within STOP_WAIT_SECONDS.
     """
-    async with services.db.session() as session:
-        conversation = await find_chat(session, owner, chat_id)
-    if conversation is None or conversation.active_reply_id is None:
+    conversation = await _existing_chat(services, owner, chat_id)
+    if conversation.active_reply_id is None:
         return StopResult(success=True)
     if not await stop_reply(services, conversation.active_reply_id, reason=StopReason.USER):
         return JSONResponse(StopResult(success=False).model_dump(), status_code=202)
