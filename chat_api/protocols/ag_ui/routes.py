@@ -55,6 +55,7 @@ from chat_api.protocols.ag_ui.thread import (
     thread_messages,
 )
 from chat_api.response_headers import STREAM_HEADERS
+from chat_api.schemas import ErrorOut
 from chat_api.services import Services
 from memory.errors import DomainError, InvalidInput, NotFound
 from memory.events import StopReason, TurnStatus
@@ -276,7 +277,14 @@ async def _names_a_run(services: Services, conversation: Conversation, run_id: s
         return await names_a_turn(session, conversation.id, RUN_ID, run_id, run_key(run_id))
 
 
-@router.post("/{thread_id}/stop", response_model=StopResult, responses={202: {"model": StopResult}})
+@router.post(
+    "/{thread_id}/stop",
+    response_model=StopResult,
+    responses={
+        202: {"model": StopResult},
+        404: {"model": ErrorOut, "description": "A thread the caller has not used, or no run of it."},
+    },
+)
 async def stop(
     thread_id: ThreadId, request: Request, owner: StopOwnerDep, services: ServicesDep
 ) -> StopResult | JSONResponse:
