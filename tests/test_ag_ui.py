@@ -14,6 +14,7 @@ from typing import Any
 
 from ag_ui.core import Event
 from pydantic import TypeAdapter
+from sqlalchemy import text
 
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply
@@ -318,6 +319,47 @@ async def test_a_stop_naming_a_run_waiting_in_line_drops_it_and_leaves_the_run_a
         stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
         assert [m["metadata"]["status"] for m in stored if m["role"] == "assistant"] == ["completed"]
         assert [m["parts"][0]["text"] for m in stored if m["role"] == "user"] == ["/long ahead"]
+
+
+async def test_a_stop_naming_a_run_let_out_of_the_line_before_its_turns_were_stored_was_lost(
+    start_server: Any, db: Any
+) -> None:
+    """Found: a run let out of the `on_busy: enqueue` line keeps its place until its turns are
+    stored; a stop naming it then was answered `{"success": true}` and nothing watched it, so the
+    run started and streamed to its end. The stop is kept with the place and the reply is
+    stopped as it registers: the run ends cancelled, stored `interrupted_by_user`."""
+    server: LiveServer = await start_server(**SLOW)
+    at_the_lock = text(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND query LIKE '%FROM conversations%FOR UPDATE%'"
+    )
+
+    async def waits_at_the_lock() -> bool:
+        async with db.session() as watch:  # a new snapshot of pg_stat_activity each time
+            return bool((await watch.execute(at_the_lock)).scalar_one() == 1)
+
+    async with server.client() as api:
+        thread_id = await new_conversation(api)  # the conversation's own id names it as a thread
+        body = run_input(
+            thread_id, "/long story", protocolVersion="1.0", forwardedProps={"on_busy": "enqueue"}
+        )
+        async with db.transaction() as session:
+            # The run is first in line, so let out at once; it waits at the conversation's lock,
+            # before its turns are stored.
+            lock = text("SELECT 1 FROM conversations WHERE id = :id FOR UPDATE")
+            await session.execute(lock, {"id": thread_id})
+            run = asyncio.create_task(api.post("/v1/ag-ui", json=body))
+            await wait_until(waits_at_the_lock, what="the run at the conversation's lock")
+            assert server.services.queues.waiting(uuid.UUID(thread_id)) == 1
+            stop = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": body["runId"]})
+            assert stop.json() == {"success": True}
+        answered = await run
+        assert answered.status_code == 200, answered.text
+        events = [item.data async for item in iter_sse(answered)]
+        assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "cancelled"}
+        stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
+        replies = [m["metadata"]["status"] for m in stored if m["role"] == "assistant"]
+        assert replies == ["interrupted_by_user"]
 
 
 async def test_stopping_a_thread_or_a_run_that_does_not_exist_answered_200(server: LiveServer) -> None:

@@ -21,6 +21,9 @@ Bounds and departures:
 - A stop aimed at a waiting request (`stop_waiting`, by the key it was sent with: AG-UI's
   stop with the run's `runId`) drops that request before anything is stored (409
   `stopped_while_waiting`); the reply ahead of it goes on: it is not the one stopped.
+  A request keeps its place (and its key) until its reply is registered and stored, so a
+  stop that names it after it stopped waiting, while its turns are being stored, is not
+  lost: it is kept, and the reply is stopped as it registers (`reply_registered`).
 
 The lines live in this process. Requests for one conversation that reach different API
 processes are ordered within each process only (a sticky load balancer keeps a
@@ -36,12 +39,17 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
 from chat_api import metrics
 from chat_api.errors import RateLimited
 from memory.errors import Conflict, DomainError
+from memory.events import StopReason
+
+if TYPE_CHECKING:
+    from chat_api.replies.reply import Reply
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +99,7 @@ class Place:
         self.key = key  # the request's idempotency key, by which a stop finds it
         self.at_front = asyncio.Event()
         self.stopped = asyncio.Event()
+        self.reply: Reply | None = None  # the reply it started, once registered
         self._left = False
 
     async def wait_front(self) -> None:
@@ -128,13 +137,16 @@ class ReplyQueues:
             place.at_front.set()
         return place
 
-    def stop_waiting(self, conversation_id: uuid.UUID, key: str) -> bool:
-        """Drop the request waiting in this conversation's line with `key`; False if none waits here."""
+    def stop_waiting(self, conversation_id: uuid.UUID, key: str) -> Place | None:
+        """Stop the request in this conversation's line with `key`: dropped if it still waits,
+        its reply stopped if it has started one or as it registers one; None if none is here."""
         for place in self._lines.get(conversation_id, ()):
             if place.key == key:
                 place.stopped.set()
-                return True
-        return False
+                if place.reply is not None:
+                    place.reply.request_stop(StopReason.USER)
+                return place
+        return None
 
     def remove(self, place: Place) -> None:
         """Take `place` out of its line; the new front is woken."""
@@ -162,6 +174,18 @@ async def in_line(
     finally:
         _place.reset(token)
         place.leave()
+
+
+def reply_registered(reply: Reply) -> None:
+    """For the request being served: its reply is registered. A stop that named its place once
+    it had stopped waiting is honoured now, and one still to come finds the reply by its place."""
+    place = _place.get()
+    if place is None:
+        return
+    place.reply = reply
+    if place.stopped.is_set():
+        log.info("a queued message's reply was stopped as it started: a stop named it on its way out of line")
+        reply.request_stop(StopReason.USER)
 
 
 async def until(waiting: Awaitable[object]) -> None:

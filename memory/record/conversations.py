@@ -155,6 +155,15 @@ async def delete_conversation(session: AsyncSession, owner: Owner, conversation_
     await session.execute(delete(MemoryItem).where(MemoryItem.conversation_id == conversation.id))
 
 
+async def active_reply_of(session: AsyncSession, conversation_id: uuid.UUID) -> uuid.UUID | None:
+    """The conversation's running (or parked) reply as committed now: a fresh read, not the
+    identity map's copy."""
+    found: uuid.UUID | None = await session.scalar(
+        select(Conversation.active_reply_id).where(Conversation.id == conversation_id)
+    )
+    return found
+
+
 async def allocate_seq(session: AsyncSession, conversation_id: uuid.UUID, count: int = 1) -> int:
     """Reserve `count` consecutive sequence numbers; returns the first (row lock until commit)."""
     result = await session.execute(

@@ -67,6 +67,7 @@ from memory.record.branches import (
     load_branch,
     user_turn_named,
 )
+from memory.record.conversations import active_reply_of
 from memory.record.reply_state import reply_state
 from memory.storage.models import Branch, Conversation, Turn
 
@@ -268,13 +269,20 @@ async def _run_id_named(request: Request) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
-async def _names_a_run(services: Services, conversation: Conversation, run_id: str) -> bool:
-    """Whether `run_id` is a run of the thread: the one running (by the id `connect` gives a reply
-    started elsewhere, too), or one that ran (kept on its user turn, or as its idempotency key)."""
+async def _running_if_a_run(
+    services: Services, conversation: Conversation, thread_id: str, run_id: str
+) -> uuid.UUID | None:
+    """The thread's running reply, once `run_id` is found to be a run of the thread (NotFound if
+    not): the one running (by the id `connect` gives a reply started elsewhere, too), or one that
+    ran (kept on its user turn, or as its idempotency key). The running reply is read after that
+    check, not taken from `conversation`: a run whose turns were stored since `conversation` was
+    read (it left the line meanwhile) is found by the check, and is then the one running."""
     if conversation.active_reply_id is not None and run_id == str(conversation.active_reply_id):
-        return True
+        return conversation.active_reply_id
     async with services.db.session() as session:
-        return await names_a_turn(session, conversation.id, RUN_ID, run_id, run_key(run_id))
+        if not await names_a_turn(session, conversation.id, RUN_ID, run_id, run_key(run_id)):
+            raise NotFound("run not found", thread_id=thread_id, run_id=run_id)
+        return await active_reply_of(session, conversation.id)
 
 
 @router.post(
@@ -298,19 +306,25 @@ async def stop(
     carried. 202 with `success: false` if the process running it did not confirm within
     STOP_WAIT_SECONDS. Any body is accepted; a JSON `{"runId": …}` naming a run of this
     thread still waiting in line (`on_busy: enqueue`) drops that run (its request answers
-    409 `stopped_while_waiting`, nothing stored) and leaves the run ahead of it going.
+    409 `stopped_while_waiting`, nothing stored) and leaves the run ahead of it going. A run
+    let out of the line whose turns are still being stored is stopped as its reply starts.
     """
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, thread_id)
     if conversation is None:
         raise NotFound("thread not found", thread_id=thread_id)
     run_id = await _run_id_named(request)
-    if run_id is not None and services.queues.stop_waiting(conversation.id, run_key(run_id)):
+    running = conversation.active_reply_id
+    if run_id is not None:
+        in_line = services.queues.stop_waiting(conversation.id, run_key(run_id))
+        if in_line is not None and in_line.reply is None:
+            return StopResult(success=True)  # dropped from the line, or stopped as its reply starts
+        if in_line is not None and in_line.reply is not None:
+            running = in_line.reply.id
+        else:
+            running = await _running_if_a_run(services, conversation, thread_id, run_id)
+    if running is None:
         return StopResult(success=True)
-    if run_id is not None and not await _names_a_run(services, conversation, run_id):
-        raise NotFound("run not found", thread_id=thread_id, run_id=run_id)
-    if conversation.active_reply_id is None:
-        return StopResult(success=True)
-    if not await stop_reply(services, conversation.active_reply_id, reason=StopReason.USER):
+    if not await stop_reply(services, running, reason=StopReason.USER):
         return JSONResponse(StopResult(success=False).model_dump(), status_code=202)
     return StopResult(success=True)
