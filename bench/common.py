@@ -206,6 +206,12 @@ def headers(tenant: str = "bench", user: str = "u") -> dict[str, str]:
     return {"Authorization": f"Bearer {issue_token(SECRET, tenant, user)}"}
 
 
+# llama-server's default sampling fields recorded with a run (temperature 0 is greedy: the same
+# prompt gives the same reply whatever the seed). Not its `n_predict`: that reads -1 on a server
+# started with `--n-predict 200`, whose replies are still capped at 200.
+SAMPLING = ("temperature", "seed", "top_k", "top_p", "min_p")
+
+
 class ModelServer:
     """The model server's own counters (llama-server's `/metrics`, `/slots`), when it has them."""
 
@@ -221,6 +227,24 @@ class ModelServer:
                 return None
         found = re.search(r"^llamacpp:prompt_tokens_total (\S+)$", text, re.MULTILINE)
         return float(found.group(1)) if found else None
+
+    async def sampling(self) -> dict[str, Any] | None:
+        """How the server samples a request that does not say (llama-server's `/props`).
+
+        `default_generation_settings.params` on current llama-server (older ones put the fields
+        one level up); None when the server does not answer `/props`, say a hosted API.
+        """
+        async with httpx.AsyncClient(timeout=10, headers=self.headers) as client:
+            try:
+                answer = await client.get(f"{self.root}/props")
+                props = answer.json() if answer.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                return None
+        if not isinstance(props, dict) or not isinstance(props.get("default_generation_settings"), dict):
+            return None
+        defaults = props["default_generation_settings"]
+        params = defaults.get("params", defaults)
+        return {key: params[key] for key in SAMPLING if key in params}
 
     async def wait_idle(self, within: float = 300) -> None:
         """Until no slot is busy (a reply's last request may still be ending); no-op elsewhere."""

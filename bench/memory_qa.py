@@ -33,6 +33,7 @@ import asyncio
 import json
 import re
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import ExitStack
@@ -207,6 +208,25 @@ def summarise(answers: list[Answer], load: str) -> list[dict[str, Any]]:
     return rows
 
 
+def require_greedy(sampling: dict[str, Any] | None, restart: str) -> None:
+    """Refuse to count answers from a model server that samples: the counts would be noise.
+
+    chatmem's message API passes no temperature or seed to the model, so the server's own
+    default decides; at temperature 0 the same prompt gets the same reply. A server that does
+    not report its sampling (no llama-server `/props`) is measured with a warning.
+    """
+    temperature = sampling.get("temperature") if sampling else None
+    if temperature is None:
+        print("memory_qa: the model server does not report its sampling; answers may vary run to run",
+              file=sys.stderr)  # fmt: skip
+        return
+    if temperature > 0:
+        raise SystemExit(
+            f"memory_qa: the model server samples at temperature {temperature:g} (its default), so the "
+            f"answer counts would change from run to run. Restart it at temperature 0: {restart}"
+        )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -236,13 +256,22 @@ async def main() -> None:
             settings = stack.enter_context(local_model(args.max_tokens, args.dir, args.port))
         settings |= dict(item.split("=", 1) for item in args.set)
         model_name = settings["LLM_MODEL"]
+        sampling = await ModelServer(settings["LLM_BASE_URL"], settings.get("LLM_API_KEY")).sampling()
+        where = f" --dir {args.dir}" if args.dir else ""
+        require_greedy(
+            sampling,
+            "start the server with `--temp 0`" if args.url else
+            f"chatmem local-model stop{where} && chatmem local-model start{where} --temperature 0 "
+            f"--max-tokens {args.max_tokens}",
+        )  # fmt: skip
         url = stack.enter_context(database(args.database_url))
         answers = await run(settings, url)
     load = Path("/proc/loadavg").read_text().split()[0]
     rows = summarise(answers, load)
     print_table(f"memory_qa: {model_name}, 12 facts, 16 questions", rows, list(rows[0]))
     shown = {k: v for k, v in settings.items() if k != "LLM_API_KEY"}
-    write_json(args.out, {"benchmark": "memory_qa", "model": model_name, "settings": shown, "results": rows,
+    write_json(args.out, {"benchmark": "memory_qa", "model": model_name, "settings": shown,
+                          "model_sampling": sampling, "results": rows,
                           "answers": [asdict(a) for a in answers]})  # fmt: skip
 
 
