@@ -16,6 +16,10 @@ reply; "n/a" for servers without it), and replies whose text was a tool call. Me
 questions run last, in conversations that are not remembered, so their answers never reach
 the memory the memory-on questions read. The prompt is bounded by the server's reply cap
 and chatmem's context settings; no answer is ever judged by anything but its key word.
+Answers are only counted from a model server that answers greedily: chatmem passes no
+temperature or seed to the model, so a running server that samples by default (plain
+`chatmem local-model start`) is refused with the command that restarts it at temperature 0;
+the server's default sampling (llama-server's `/props`) goes into the JSON.
 
 The chatmem server runs with the settings `chatmem local-model start` prints for its model
 (no tools offered, no memory tool), or, with `--url`, chatmem's defaults; `--set KEY=VALUE`

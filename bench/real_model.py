@@ -13,7 +13,9 @@ prints. Reported: p50 time to the first delta (text or tool call) and p50 gap be
 the ratio and the difference to direct, prompt tokens the server processed per request
 (llama-server's `/metrics`), and chatmem's CPU seconds per second of streaming (its
 process's utime+stime from /proc), i.e. the share of one core. JSON goes to the system's
-temp directory unless `--out` says otherwise: nothing is written into the checkout.
+temp directory unless `--out` says otherwise: nothing is written into the checkout. It records
+the model server's default sampling (llama-server's `/props`): no answer is judged here, and
+direct and chatmem requests both get the server's defaults.
 
     python bench/real_model.py --rounds 5
 """
@@ -25,6 +27,7 @@ import asyncio
 import itertools
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable
@@ -234,12 +237,17 @@ async def main() -> None:
             settings |= {"LLM_API_KEY": args.api_key} if args.api_key else {}
         else:
             settings = stack.enter_context(local_model(args.max_tokens, args.dir))
+        # No answer is judged here, and direct and chatmem requests share the server's defaults;
+        # its sampling is recorded, since it sets how long the replies run.
+        sampling = await ModelServer(settings["LLM_BASE_URL"], settings.get("LLM_API_KEY")).sampling()
+        print(f"model server sampling: {sampling or 'not reported'}", file=sys.stderr)
         url = stack.enter_context(database(args.database_url))
         rows = await measure(settings, args.rounds, url)
     model = settings["LLM_MODEL"]
     print_table(f"chatmem vs llama-server direct ({model}, p50 of {args.rounds} rounds)", rows, list(rows[0]))
     shown = {k: v for k, v in settings.items() if k != "LLM_API_KEY"}
-    write_json(args.out, {"benchmark": "real_model", "model": model, "settings": shown, "results": rows})
+    payload = {"benchmark": "real_model", "model": model, "settings": shown, "model_sampling": sampling}
+    write_json(args.out, payload | {"results": rows})
 
 
 if __name__ == "__main__":
