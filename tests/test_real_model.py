@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from bench.common import ModelServer
 from memory.events import EventName
 from tests.conftest import LiveServer
 from tests.real_model import MAX_TOKENS, RealModel
@@ -373,6 +374,19 @@ def test_the_command_takes_a_running_openai_compatible_server(real_model: RealMo
         "LLM_MODEL": real_model.model,
         "REWRITE_MODEL": real_model.model,
     }
+
+
+async def test_the_benchmarks_read_the_sampling_the_command_started_the_server_with(
+    real_model: RealModel,
+) -> None:
+    """The answer benchmark counts only greedy replies; it reads that from the server's /props.
+
+    Found: a running server started with its default sampling was reused as it was, and the
+    same code's answer counts went 12/12 → 10/12 between runs.
+    """
+    sampling = await ModelServer(real_model.base_url, real_model.api_key).sampling()
+    assert sampling is not None and sampling["temperature"] == 0, sampling
+    assert await ModelServer(real_model.base_url, None).sampling() is None  # the key is needed
 
 
 async def test_the_local_server_answers_only_with_its_key_and_to_no_web_page(real_model: RealModel) -> None:
