@@ -14,7 +14,15 @@ from sqlalchemy import select
 
 from chat_api.providers.demo import REPLY_PART  # the part as the shipped templates write it
 from memory.config import get_settings
-from memory.prompt.context import BuiltContext, ContextBudget, TurnView, build_context
+from memory.prompt.context import (
+    BuiltContext,
+    ContextBudget,
+    TurnView,
+    build_context,
+    build_window,
+    fixed_tokens,
+    prompt_from_window,
+)
 from memory.prompt.templates import PromptSet, load_prompts
 from memory.prompt.tokens import count_tokens
 from memory.recall.found import FoundMemory
@@ -523,6 +531,23 @@ def test_memory_block_is_held_to_its_reserve_dropping_lowest_ranked() -> None:
     assert count_tokens(block) <= 270
     assert "fact 0" in block and "fact 5" not in block
     assert built.dropped["memory_over_budget"] == 6 - len(built.memory_used)
+
+
+def test_a_long_client_system_prompt_shrinks_the_memory_block_rather_than_go_over_the_budget() -> None:
+    # The client's system text fits beside chatmem's and the question, but not with the whole
+    # memory reserve too: the block was held to its reserve and the prompt went over the budget.
+    budget = ContextBudget(max_tokens=2000, reply_reserve=200, memory_reserve=800)
+    instructions = "Be precise and name your sources. " * 130  # ~1,100 tokens
+    turns = history(user("older question"), assistant("older answer"), user("q"))
+    fixed = fixed_tokens(EN, instructions, "q", NOW)
+    assert budget.prompt_room - budget.memory_reserve < fixed < budget.prompt_room
+    memory = [memory_item(f"fact {i} " + "detail " * 40, score=1.0 - i / 10) for i in range(12)]
+    built_window = build_window(turns, prompts=EN, budget=budget, now=NOW, instructions=instructions)
+    built = prompt_from_window(built_window, prompts=EN, budget=budget, memory=memory)
+    assert window(built) == [("user", "q")], "the history gets no room"
+    assert 1 <= len(built.memory_used) < len(memory), "the block shrinks, it is not dropped"
+    sent = built.token_count + count_tokens(instructions) + 1
+    assert sent <= budget.prompt_room, f"{sent} prompt tokens, more than {budget.prompt_room}"
 
 
 def test_no_memory_means_no_block() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -31,7 +30,6 @@ from memory.prompt.context import (
     window_from,
 )
 from memory.prompt.templates import PromptSet
-from memory.prompt.tokens import count_tokens
 from memory.recall.forgetting import lock_shown_memories
 from memory.recall.found import FoundMemory
 from memory.recall.recaller import Recaller
@@ -76,12 +74,12 @@ class Prompter:
 
         A client's `instructions` go into the system message, so the history gets that much less.
         """
-        budget = self.budget
-        if instructions:
-            budget = replace(budget, max_tokens=budget.max_tokens - count_tokens(instructions) - 1)
+        prompts, budget = self.prompts, self.budget
         if stored is not None:  # the rows to read do not depend on the instructions
-            return window_from(stored, prompts=self.prompts, budget=budget)
-        return await read_window(self.db, conversation_id, prompts=self.prompts, budget=budget)
+            return window_from(stored, prompts=prompts, budget=budget, instructions=instructions)
+        return await read_window(
+            self.db, conversation_id, prompts=prompts, budget=budget, instructions=instructions
+        )
 
     def prompt(self, window: PromptWindow, memory: Sequence[FoundMemory] = ()) -> BuiltContext:
         """The whole prompt: the system message with the memories that fit, then the window."""

@@ -150,6 +150,11 @@ class ContextBudget:
             raise ValueError("max_turns and tool_result_max_chars must be positive")
 
     @property
+    def prompt_room(self) -> int:
+        """The tokens a prompt may take: CONTEXT_MAX_TOKENS less the reply's reserve."""
+        return self.max_tokens - self.reply_reserve
+
+    @property
     def rows_to_read(self) -> int:
         """Enough stored turns that the window (counted in tool-call groups) can fill after sanitizing."""
         return self.max_turns * 4 + 20
@@ -316,6 +321,29 @@ class _Unit:
 
 def _message_tokens(content: str | None) -> int:
     return MESSAGE_OVERHEAD_TOKENS + (count_tokens(content) if content else 0)
+
+
+def _system_tokens(prompts: PromptSet, instructions: str | None) -> int:
+    """The system message: chatmem's prompt, then the client's instructions after a blank line."""
+    tokens = _message_tokens(prompts.render("system"))
+    return tokens + count_tokens(instructions) + 1 if instructions else tokens
+
+
+def _time_tokens(prompts: PromptSet, now: datetime) -> int:
+    """The current time before the user's words: the reply's part when no memory is shown."""
+    return count_tokens(prompts.render("current_time", now=_spoken_time(now))) + 1
+
+
+def fixed_tokens(prompts: PromptSet, instructions: str | None, user_text: str | None, now: datetime) -> int:
+    """What a reply's prompt spends whatever history and memory it gets: the system message (with the
+    client's instructions), the time part and the new user message (none for tool results).
+
+    The window (`build_window`) counts the same: history gets what is left of `prompt_room` after
+    this and the memory reserve, and the memory block what is left after the history. A request
+    whose fixed part exceeds `ContextBudget.prompt_room` cannot be answered within the budget.
+    """
+    user = _message_tokens(user_text) if user_text else 0
+    return _system_tokens(prompts, instructions) + _time_tokens(prompts, now) + user
 
 
 def _parse_arguments(raw: Any, state: Any) -> str | None:
@@ -662,6 +690,8 @@ class PromptWindow:
     use_memory: bool = True
     # The turn id of the window's latest user message (the one the reply answers).
     asked: Any = None
+    # The tokens the new memory block may take: the memory reserve, or what the window left of it.
+    part_room: int = 0
 
 
 def build_window(
@@ -672,20 +702,22 @@ def build_window(
     now: datetime | None = None,
     alive: Collection[tuple[str, int]] | None = None,
     use_memory: bool = True,
+    instructions: str | None = None,
 ) -> PromptWindow:
     """The recent window the next prompt shows, within what the budget leaves after system and memory.
 
     `alive`: the (turn id, chunk) of the stored parts' memories that still exist (None: all).
+    `instructions`: the client's, which go into the system message (the history gets less).
     """
     now = now or datetime.now(UTC)
     dropped: Counter[str] = Counter()
-    system_tokens = _message_tokens(prompts.render("system"))
+    system_tokens = _system_tokens(prompts, instructions)
     # The reply's part is held to memory_reserve, or is the time alone when no memory is shown.
-    time_tokens = count_tokens(prompts.render("current_time", now=_spoken_time(now))) + 1
-    token_budget = (
-        budget.max_tokens - budget.reply_reserve - budget.memory_reserve - system_tokens - time_tokens
-    )
+    time_tokens = _time_tokens(prompts, now)
+    token_budget = budget.prompt_room - budget.memory_reserve - system_tokens - time_tokens
     units, window_tokens = _select_window(turns, prompts, budget, token_budget, dropped, alive)
+    # The memory block gets less than its reserve only when the current exchange alone ate into it.
+    part_room = max(0, min(budget.memory_reserve, budget.prompt_room - system_tokens - window_tokens))
     messages: list[dict[str, Any]] = []
     turn_ids: list[Any] = []
     parts: dict[int, str] = {}
@@ -709,6 +741,7 @@ def build_window(
         {turn: frozenset(texts) for turn, texts in shown.items()},
         use_memory,
         next((unit.turn_ids[0] for unit in units if unit.is_user), None),
+        part_room,
     )
 
 
@@ -817,20 +850,32 @@ async def read_stored_window(
     return StoredWindow(turns, alive, use_memory)
 
 
-def window_from(stored: StoredWindow, *, prompts: PromptSet, budget: ContextBudget) -> PromptWindow:
-    """The window those rows make within `budget`."""
+def window_from(
+    stored: StoredWindow, *, prompts: PromptSet, budget: ContextBudget, instructions: str | None = None
+) -> PromptWindow:
+    """The window those rows make within `budget`, beside the client's `instructions`."""
     return build_window(
-        stored.turns, prompts=prompts, budget=budget, alive=stored.alive, use_memory=stored.use_memory
+        stored.turns,
+        prompts=prompts,
+        budget=budget,
+        alive=stored.alive,
+        use_memory=stored.use_memory,
+        instructions=instructions,
     )
 
 
 async def read_window(
-    db: Database, conversation_id: Any, *, prompts: PromptSet, budget: ContextBudget
+    db: Database,
+    conversation_id: Any,
+    *,
+    prompts: PromptSet,
+    budget: ContextBudget,
+    instructions: str | None = None,
 ) -> PromptWindow:
     """The conversation's recent window as it stands now (one read)."""
     async with db.session() as session:
         stored = await read_stored_window(session, conversation_id, budget)
-    return window_from(stored, prompts=prompts, budget=budget)
+    return window_from(stored, prompts=prompts, budget=budget, instructions=instructions)
 
 
 def prompt_from_window(
@@ -869,7 +914,7 @@ def prompt_from_window(
         if len(fresh) < len(memory):
             dropped["memory_already_shown"] += len(memory) - len(fresh)
         memory_text, memory_used = _memory_block(
-            fresh, prompts, budget.memory_reserve, window.current_conversation, dropped, now
+            fresh, prompts, window.part_room, window.current_conversation, dropped, now
         )
         part = memory_text if memory_text is not None else prompts.render("current_time", now=now)
         words = messages[latest]["content"]
