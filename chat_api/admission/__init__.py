@@ -11,6 +11,7 @@
 - imports.py  history stored in bulk, against the hourly quota (`AdmittedImport`)
 - bucket.py   the one token bucket all rates and quotas are made of
 - body.py     the body limit (ASGI middleware; the import route alone takes more)
+- prompt_room.py  a client's system text that leaves the reply no room in the prompt
 
 How a protocol adapter plugs in (the OpenAI chat, AI SDK and MCP adapters do exactly this):
 
@@ -57,6 +58,7 @@ from chat_api.admission.imports import AdmittedImport
 from chat_api.admission.inputs import check_time, check_tools, parse_json
 from chat_api.admission.limits import Admission
 from chat_api.admission.lists import checked
+from chat_api.admission.prompt_room import check_prompt_room
 from chat_api.admission.running import AdmittedReply
 from chat_api.admission.streams import StreamSlot
 from memory.json_bounds import check_text
@@ -83,6 +85,7 @@ __all__ = [
     "SessionOwnerDep",
     "StopOwnerDep",
     "StreamSlot",
+    "check_prompt_room",
     "check_text",
     "check_time",
     "check_tools",

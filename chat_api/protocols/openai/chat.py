@@ -367,6 +367,8 @@ class ChatRequest:
     metadata: dict[str, str] = field(default_factory=dict)
     user: str | None = None
     instructions: str | None = None
+    # The request's name of (the longest part of) the instructions: what a refusal of them names.
+    instructions_field: str = "instructions"
     options: ModelOptions = field(default_factory=ModelOptions)
     # The request's field holding the messages (`input` on the Responses API), and the client's
     # index of the new user message in it: what a refusal names.
@@ -413,11 +415,12 @@ def parse_request(raw: object, served: Served) -> ChatRequest:
     if request.n is not None and request.n != 1:
         raise OpenAIError(400, "only n=1 is supported", param="n")
     options = _options(request, served)
-    instructions = "\n\n".join(
-        text
+    system = [
+        (f"messages[{i}].content", text)
         for i, m in enumerate(request.messages)
         if m.role in ("system", "developer") and (text := _text(m, i).strip())
-    )
+    ]
+    instructions = "\n\n".join(text for _, text in system)
     kept = [(i, m) for i, m in enumerate(request.messages) if m.role not in ("system", "developer")]
     if not kept:
         raise OpenAIError(400, "messages must contain a user message", param="messages")
@@ -464,9 +467,15 @@ def parse_request(raw: object, served: Served) -> ChatRequest:
         metadata=dict(request.metadata or {}),
         user=request.user,
         instructions=instructions or None,
+        instructions_field=longest(system),
         options=options,
         prompt_index=kept[-1][0] if prompt is not None else None,
     )
+
+
+def longest(parts: list[tuple[str, str]]) -> str:
+    """The field of the longest of the (field, text) parts the instructions were joined from."""
+    return max(parts, key=lambda part: len(part[1]))[0] if parts else "instructions"
 
 
 def _options(request: _Request, served: Served) -> ModelOptions:

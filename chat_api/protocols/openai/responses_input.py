@@ -86,12 +86,13 @@ def listed_item(item: dict[str, Any]) -> dict[str, Any]:
 
 def input_messages(
     items: list[dict[str, Any]], start: int = 0
-) -> tuple[list[ClientMessage], list[str], tuple[dict[str, Any], ...]]:
-    """The chat's messages in order, the system/developer texts, and the last user message's attachments.
+) -> tuple[list[ClientMessage], list[tuple[str, str]], tuple[dict[str, Any], ...]]:
+    """The chat's messages in order, the system/developer texts (with their fields), and the last
+    user message's attachments.
 
     `start` is the index of the first item in the request's `input` (after a compaction item)."""
     messages: list[ClientMessage] = []
-    system: list[str] = []
+    system: list[tuple[str, str]] = []  # (the item's field, its text)
     attachments: tuple[dict[str, Any], ...] = ()
     for index, item in enumerate(items, start):
         if not isinstance(item, dict):
@@ -101,7 +102,7 @@ def input_messages(
             role = item.get("role")
             text, parts = _content(item.get("content"), index)
             if role in ("system", "developer"):
-                system.append(text)
+                system.append((f"input[{index}].content", text))
             elif role == "user":
                 messages.append(ClientMessage("user", text, index=index))
                 attachments = parts

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
@@ -38,6 +38,7 @@ from chat_api.protocols.openai.chat import (
     check_metadata,
     check_output_tokens,
     check_served,
+    longest,
     validated,
 )
 from chat_api.protocols.openai.responses_input import (
@@ -230,7 +231,8 @@ def parse_request(raw: object, served: Served) -> ResponsesRequest:
             "a compaction item starts a chain: send it without previous_response_id", "input[0]"
         )
     messages, system, attachments = input_messages(*_after_compaction(items, compacted))
-    instructions = "\n\n".join(part for part in (body.instructions, *system) if part) or None
+    system = [("instructions", body.instructions or ""), *system]
+    instructions = "\n\n".join(text for _, text in system if text) or None
     continuing = previous is not None or conversation is not None or compacted is not None
     choice: str | dict[str, Any] | None = (
         body.tool_choice.model_dump() if isinstance(body.tool_choice, _NamedChoice) else body.tool_choice
@@ -242,6 +244,7 @@ def parse_request(raw: object, served: Served) -> ResponsesRequest:
         max_output_tokens=body.max_output_tokens,
     )
     chat = _chat(body, messages, tools, continuing=continuing, instructions=instructions, options=options)
+    chat = replace(chat, instructions_field=longest(system))
     return ResponsesRequest(
         chat=chat,
         store=body.store,

@@ -35,7 +35,14 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.requests import HTTPConnection
 
-from chat_api.admission import AdmissionDep, DoorRoute, check_text, check_tools, door_router
+from chat_api.admission import (
+    AdmissionDep,
+    DoorRoute,
+    check_prompt_room,
+    check_text,
+    check_tools,
+    door_router,
+)
 from chat_api.admission.body import BodyTooLarge
 from chat_api.auth import AuthError
 from chat_api.deps import OwnerDep, ServicesDep
@@ -259,7 +266,10 @@ async def read_request(
     def read() -> Asked:
         asked = parse(document, served)
         if chat_of is not None:
-            check_texts(chat_of(asked), max_chars)
+            chat = chat_of(asked)
+            check_texts(chat, max_chars)
+            field = chat.instructions_field
+            check_prompt_room(services.prompter, chat.instructions, chat.prompt, field=field)
         return asked
 
     return await to_thread.run_sync(read)
@@ -277,7 +287,7 @@ def check_texts(chat: ChatRequest, max_chars: int) -> None:
         check_text(chat.prompt, field=chat.param(chat.prompt_index), max_chars=max_chars)
     if chat.instructions is not None:
         # Shown before every reply's history: held to what one message may hold.
-        check_text(chat.instructions, field="instructions", max_chars=max_chars)
+        check_text(chat.instructions, field=chat.instructions_field, max_chars=max_chars)
     for message in chat.history:
         check_text(message.text, field=chat.param(message.index), allow_empty=True)
     # Stored as tool turns and shown to the model: held to what a message may hold, as on AG-UI.

@@ -1,0 +1,44 @@
+"""Prompt room: a client's system text that leaves the reply no room in the prompt is refused.
+
+A client's system text (chat completions' `system`/`developer` messages, the Responses API's
+`instructions` and system items, the AI SDK's and AG-UI's system messages and context) goes
+into the system message after chatmem's own. The part of the prompt no budget can shorten
+(`memory.prompt.context.fixed_tokens`: both system texts, the time and the new user message)
+must fit CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS; past that the history got no room and
+the prompt went out over the budget. The memory block is not counted: it shrinks to what is
+left (`PromptWindow.part_room`) rather than refuse the request.
+
+Only a request with system text is refused here: a user message alone is held to
+MAX_MESSAGE_CHARS, and the current exchange is sent whole even over the budget.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from memory.errors import InvalidInput
+from memory.prompt.context import fixed_tokens
+
+if TYPE_CHECKING:
+    from chat_api.replies.prompt import Prompter
+
+
+def check_prompt_room(
+    prompter: Prompter, instructions: str | None, user_text: str | None, *, field: str
+) -> None:
+    """InvalidInput naming `field` (the client's system text) when, with chatmem's system prompt and
+    the new message, it does not fit the prompt's room. Counted as the prompt builder counts."""
+    if not instructions:
+        return
+    budget = prompter.budget
+    fixed = fixed_tokens(prompter.prompts, instructions, user_text, datetime.now(UTC))
+    if fixed > budget.prompt_room:
+        raise InvalidInput(
+            f"the system prompt is too long: with chatmem's own and the new message it comes to "
+            f"~{fixed} tokens, more than the {budget.prompt_room} a prompt may take "
+            "(CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS); shorten it",
+            field=field,
+            prompt_tokens=fixed,
+            max_prompt_tokens=budget.prompt_room,
+        )
