@@ -1,14 +1,17 @@
-"""A client's system prompt that leaves the reply no room in the prompt: a 400, driven by the `openai` SDK.
+"""A client's system prompt that leaves the reply no room in the prompt is refused, on every door.
 
 Found: a system prompt (chat completions' system/developer messages, the Responses API's
-`instructions` and system items) that, with chatmem's own and the new message, filled
-CONTEXT_MAX_TOKENS less the reply's reserve was accepted; the history got no room and the
-prompt went to the model over the budget. Now it is refused in the protocol's error shape,
-naming the field as the client sent it, before any stream and with nothing stored.
+`instructions` and system items, the AI SDK's system messages, AG-UI's system messages and
+context) that, with chatmem's own and the new message, filled CONTEXT_MAX_TOKENS less the
+reply's reserve was accepted; the history got no room and the prompt went to the model over
+the budget. Now it is refused in the door's error shape (the OpenAI doors' 400, driven by the
+`openai` SDK; chatmem's 422 on the AI SDK and AG-UI doors, whose refusals come before any
+stream as JSON), naming the field as the client sent it, with nothing stored.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import openai
@@ -29,7 +32,7 @@ FITS = "Be precise and name your sources. " * 100  # ~850 tokens
 LONG_QUESTION = "alpha beta gamma delta " * 60 + "which letter comes next?"  # ~350 tokens
 
 
-async def client_for(start_server: Any, fake_openai: FakeOpenAI) -> AsyncOpenAI:
+async def served(start_server: Any, fake_openai: FakeOpenAI) -> LiveServer:
     server: LiveServer = await start_server(
         llm_provider="openai",
         llm_base_url=fake_openai.base_url,
@@ -38,6 +41,11 @@ async def client_for(start_server: Any, fake_openai: FakeOpenAI) -> AsyncOpenAI:
         context_max_tokens=MAX_TOKENS,
         reply_reserve_tokens=RESERVE,
     )
+    return server
+
+
+async def client_for(start_server: Any, fake_openai: FakeOpenAI) -> AsyncOpenAI:
+    server = await served(start_server, fake_openai)
     return AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
 
 
@@ -133,3 +141,39 @@ async def test_a_continued_chat_whose_system_prompt_and_new_message_no_longer_fi
     )
     after = await stored(db)
     assert after[0] == 1 and after[1] == 4
+
+
+async def test_an_ai_sdk_system_message_that_leaves_no_room_is_refused_not_sent_over_the_budget(
+    start_server: Any, fake_openai: FakeOpenAI, db: Database
+) -> None:
+    server = await served(start_server, fake_openai)
+    system = {"id": "s1", "role": "system", "parts": [{"type": "text", "text": TOO_LONG}]}
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    for trigger in ("submit-message", "regenerate-message"):
+        body = {"id": "chat-room", "trigger": trigger, "messages": [system, user]}
+        async with server.client() as api:
+            refused = await api.post("/v1/ai-sdk/chat", json=body)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_input" and error["details"]["field"] == "messages[0].parts"
+    assert await stored(db) == (0, 0, 0) and fake_openai.requests == []
+
+
+@pytest.mark.parametrize("where", ["messages", "context"])
+async def test_an_ag_ui_system_message_or_context_that_leaves_no_room_is_refused_not_sent_over_the_budget(
+    start_server: Any, fake_openai: FakeOpenAI, db: Database, where: str
+) -> None:
+    server = await served(start_server, fake_openai)
+    user = {"id": "u1", "role": "user", "content": "hi"}
+    body: dict[str, Any] = {"threadId": str(uuid.uuid4()), "runId": "r1", "messages": [user]}
+    if where == "context":
+        body["context"] = [{"description": "notes", "value": TOO_LONG}]
+    else:
+        body["messages"] = [{"id": "s1", "role": "developer", "content": TOO_LONG}, user]
+    async with server.client() as api:
+        refused = await api.post("/v1/ag-ui", json=body)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    field = "context[0]" if where == "context" else "messages[0].content"
+    assert error["code"] == "invalid_input" and error["details"]["field"] == field
+    assert await stored(db) == (0, 0, 0) and fake_openai.requests == []

@@ -58,7 +58,7 @@ from chat_api.admission.imports import AdmittedImport
 from chat_api.admission.inputs import check_time, check_tools, parse_json
 from chat_api.admission.limits import Admission
 from chat_api.admission.lists import checked
-from chat_api.admission.prompt_room import check_prompt_room
+from chat_api.admission.prompt_room import check_prompt_room, check_prompt_room_off_loop
 from chat_api.admission.running import AdmittedReply
 from chat_api.admission.streams import StreamSlot
 from memory.json_bounds import check_text
@@ -86,6 +86,7 @@ __all__ = [
     "StopOwnerDep",
     "StreamSlot",
     "check_prompt_room",
+    "check_prompt_room_off_loop",
     "check_text",
     "check_time",
     "check_tools",

@@ -14,8 +14,12 @@ MAX_MESSAGE_CHARS, and the current exchange is sent whole even over the budget.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING
+
+from anyio import to_thread
 
 from memory.errors import InvalidInput
 from memory.prompt.context import fixed_tokens
@@ -42,3 +46,17 @@ def check_prompt_room(
             prompt_tokens=fixed,
             max_prompt_tokens=budget.prompt_room,
         )
+
+
+async def check_prompt_room_off_loop(
+    prompter: Prompter, instructions: str | None, user_text: str | None, *, field: str
+) -> None:
+    """`check_prompt_room` in a worker thread: counting a long text holds the GIL for milliseconds."""
+    if instructions:
+        await to_thread.run_sync(partial(check_prompt_room, prompter, instructions, user_text, field=field))
+
+
+def longest_field(parts: Sequence[tuple[str, str]], default: str) -> str:
+    """The field of the longest of the (field, text) parts a system text was joined from: what a
+    refusal of it names (`default` when there are none)."""
+    return max(parts, key=lambda part: len(part[1]))[0] if parts else default

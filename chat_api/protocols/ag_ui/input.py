@@ -26,6 +26,7 @@ from ag_ui.core import DeveloperMessage, Message, SystemMessage, ToolMessage, Us
 from pydantic import SkipValidation
 
 from chat_api.admission import check_text, check_tools
+from chat_api.admission.prompt_room import longest_field
 from chat_api.protocols.ag_ui.run import speaks_1_0
 from chat_api.protocols.approvals import parse_approval_id
 from memory.errors import InvalidInput
@@ -79,6 +80,7 @@ class RunRequest:
     on_busy: OnBusy | None
     memory_scope: Literal["user", "conversation", "none"] | None
     instructions: str | None = None  # the app's system messages and context, for this run
+    instructions_field: str = "messages"  # the input's name of (the longest part of) them
 
 
 class RunAgentInput(core.RunAgentInput):
@@ -112,6 +114,7 @@ def check_ids(thread_id: str, run_id: str) -> None:
 def read_run(body: RunAgentInput, *, max_message_chars: int) -> RunRequest:
     """What this input asks (see the module doc); InvalidInput says what is wrong."""
     check_ids(body.thread_id, body.run_id)
+    parts = _instruction_parts(body)
     for field, value in (("state", body.state), ("forwardedProps", body.forwarded_props)):
         if value is not None:
             check_json(value, field=field, max_bytes=MAX_FREE_JSON_BYTES)
@@ -152,18 +155,28 @@ def read_run(body: RunAgentInput, *, max_message_chars: int) -> RunRequest:
         on_disconnect=_option(options, "on_disconnect", ("continue", "stop")) or "continue",
         on_busy=_option(options, "on_busy", ("reject", "interrupt", "enqueue")),
         memory_scope=_option(options, "memory_scope", ("user", "conversation", "none")),
-        instructions=_instructions(body, max_message_chars),
+        instructions=_instructions(body, parts, max_message_chars),
+        instructions_field=longest_field(parts, "messages"),
     )
 
 
-def _instructions(body: RunAgentInput, max_chars: int) -> str | None:
+def _instruction_parts(body: RunAgentInput) -> list[tuple[str, str]]:
+    """The (field, text) of the app's system and developer messages, then of its context entries."""
+    said = [
+        (f"messages[{i}].content", m.content.strip())
+        for i, m in enumerate(body.messages)
+        if isinstance(m, SystemMessage | DeveloperMessage) and isinstance(m.content, str)
+    ]
+    parts = [(field, text) for field, text in said if text]
+    context = [(f"context[{i}]", f"{c.description}: {c.value}") for i, c in enumerate(body.context or ())]
+    return parts + context
+
+
+def _instructions(body: RunAgentInput, parts: list[tuple[str, str]], max_chars: int) -> str | None:
     """The app's system and developer messages, then its context entries (`description: value`)."""
-    said = [m.content for m in body.messages if isinstance(m, SystemMessage | DeveloperMessage)]
-    parts = [text.strip() for text in said if isinstance(text, str) and text.strip()]
-    parts += [f"{c.description}: {c.value}" for c in body.context or ()]
     if not parts:
         return None
-    instructions = "\n\n".join(parts)
+    instructions = "\n\n".join(text for _, text in parts)
     check_text(instructions, field="context" if body.context else "messages", max_chars=max_chars)
     return instructions
 

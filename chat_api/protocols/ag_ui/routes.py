@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from chat_api.admission import AdmissionDep, checked, door_router
+from chat_api.admission import AdmissionDep, check_prompt_room_off_loop, checked, door_router
 from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.protocols.ag_ui.input import LISTS, RunAgentInput, RunRequest, check_ids, read_run
 from chat_api.protocols.ag_ui.interrupts import (
@@ -97,6 +97,9 @@ async def run(
     """Run the agent on the thread: answer its new message, client tool results, or interrupts."""
     body = await checked(body, *LISTS)
     request = read_run(body, max_message_chars=services.settings.max_message_chars)
+    user_text = request.user_message[1] if request.user_message is not None else None
+    field = request.instructions_field
+    await check_prompt_room_off_loop(services.prompter, request.instructions, user_text, field=field)
     steer_away = bool(request.answers) and request.user_message is not None
     before: list[BaseEvent] = []
     if request.answers and not steer_away:

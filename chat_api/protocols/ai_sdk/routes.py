@@ -26,7 +26,16 @@ from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, checked, door_router
+from chat_api.admission import (
+    Admission,
+    AdmissionDep,
+    AdmittedReply,
+    check_prompt_room_off_loop,
+    check_text,
+    checked,
+    door_router,
+)
+from chat_api.admission.prompt_room import longest_field
 from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.protocols.ai_sdk.stream import (
     CLIENT_MESSAGE_ID,
@@ -142,6 +151,7 @@ async def chat(
     last = body.messages[-1]
     instructions = _instructions(body, services.settings.max_message_chars)
     if body.trigger == "regenerate-message":
+        await _check_room(services, body, instructions, None)
         return await _regenerate(body, owner, services, admission, instructions)
     if last.role == "assistant":
         try:
@@ -157,6 +167,7 @@ async def chat(
         raise InvalidInput("the last message must be the user's", field="messages")
     content = _text(last)
     check_text(content, field="messages", max_chars=services.settings.max_message_chars)
+    await _check_room(services, body, instructions, content)
     if body.messageId is not None:
         if body.messageId != last.id:
             raise InvalidInput("messageId must name the last message (the one edited)", field="messageId")
@@ -200,12 +211,26 @@ def _on_busy(services: Services, body: ChatRequest) -> str:
 
 def _instructions(body: ChatRequest, max_chars: int) -> str | None:
     """The client's system messages: this reply's instructions, after chatmem's own system prompt."""
-    texts = [_text(m).strip() for m in body.messages if m.role == "system"]
-    instructions = "\n\n".join(text for text in texts if text)
+    instructions = "\n\n".join(text for _, text in _system_texts(body))
     if not instructions:
         return None
     check_text(instructions, field="messages", max_chars=max_chars)
     return instructions
+
+
+def _system_texts(body: ChatRequest) -> list[tuple[str, str]]:
+    """The (field, text) of each of the client's system messages that says something."""
+    system = [(i, m) for i, m in enumerate(body.messages) if m.role == "system"]
+    said = [(f"messages[{i}].parts", _text(m).strip()) for i, m in system]
+    return [(field, text) for field, text in said if text]
+
+
+async def _check_room(
+    services: Services, body: ChatRequest, instructions: str | None, user_text: str | None
+) -> None:
+    """400 when the system messages, with chatmem's system prompt and the new message, leave no room."""
+    field = longest_field(_system_texts(body), "messages")
+    await check_prompt_room_off_loop(services.prompter, instructions, user_text, field=field)
 
 
 async def _edit(

@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, ValidationError
 
 from chat_api.admission.lists import in_slices, list_adapter
+from chat_api.admission.prompt_room import longest_field
 from chat_api.providers.base import ModelOptions
 from memory.events import TERMINAL_NAMES, Event, EventName, ToolCallDeltaData, TurnEndedData
 
@@ -467,15 +468,10 @@ def parse_request(raw: object, served: Served) -> ChatRequest:
         metadata=dict(request.metadata or {}),
         user=request.user,
         instructions=instructions or None,
-        instructions_field=longest(system),
+        instructions_field=longest_field(system, "instructions"),
         options=options,
         prompt_index=kept[-1][0] if prompt is not None else None,
     )
-
-
-def longest(parts: list[tuple[str, str]]) -> str:
-    """The field of the longest of the (field, text) parts the instructions were joined from."""
-    return max(parts, key=lambda part: len(part[1]))[0] if parts else "instructions"
 
 
 def _options(request: _Request, served: Served) -> ModelOptions:

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from chat_api.admission.prompt_room import longest_field
 from chat_api.protocols.openai.chat import (
     MAX_TOOLS,
     STRICT,
@@ -38,7 +39,6 @@ from chat_api.protocols.openai.chat import (
     check_metadata,
     check_output_tokens,
     check_served,
-    longest,
     validated,
 )
 from chat_api.protocols.openai.responses_input import (
@@ -244,7 +244,7 @@ def parse_request(raw: object, served: Served) -> ResponsesRequest:
         max_output_tokens=body.max_output_tokens,
     )
     chat = _chat(body, messages, tools, continuing=continuing, instructions=instructions, options=options)
-    chat = replace(chat, instructions_field=longest(system))
+    chat = replace(chat, instructions_field=longest_field(system, "instructions"))
     return ResponsesRequest(
         chat=chat,
         store=body.store,
