@@ -143,6 +143,22 @@ async def test_a_continued_chat_whose_system_prompt_and_new_message_no_longer_fi
     assert after[0] == 1 and after[1] == 4
 
 
+async def test_a_response_continued_with_instructions_and_a_new_message_that_no_longer_fit_is_refused(
+    start_server: Any, fake_openai: FakeOpenAI, db: Database
+) -> None:
+    client = await client_for(start_server, fake_openai)
+    fake_openai.script(Reply(text="Noted."))
+    first = await client.responses.create(model="fake-model", instructions=FITS, input="hi")
+    assert first.output_text == "Noted."
+    before = await stored(db)
+    with pytest.raises(openai.BadRequestError) as error:
+        await client.responses.create(
+            model="fake-model", instructions=FITS, input=LONG_QUESTION, previous_response_id=first.id
+        )
+    refused(error, "instructions")
+    assert await stored(db) == before and len(fake_openai.requests) == 1
+
+
 async def test_an_ai_sdk_system_message_that_leaves_no_room_is_refused_not_sent_over_the_budget(
     start_server: Any, fake_openai: FakeOpenAI, db: Database
 ) -> None:
