@@ -479,6 +479,14 @@ describe('chatmem over AG-UI', { concurrency: true }, () => {
     const agent = newAgent('refused');
     agent.addMessage({ id: randomUUID(), role: 'assistant', content: 'not a question' });
     await assert.rejects(agent.runAgent(), (error) => error.status === 422 && Boolean(error.payload.error.code));
+
+    // A system message that, with chatmem's system prompt and the question, leaves the reply no
+    // room in the prompt (CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS) is refused naming it.
+    const crowded = newAgent('crowded');
+    crowded.addMessage({ id: randomUUID(), role: 'system', content: 'Be precise and name your sources. '.repeat(700) });
+    crowded.addMessage(user('hi'));
+    await assert.rejects(crowded.runAgent(), (error) => error.status === 422 && error.payload.error.details.field === 'messages[0].content');
+    assert.deepEqual(await stored(crowded.threadId), [], 'nothing was stored');
   });
 
   test("another user's thread is neither changed nor revealed", BOUND, async () => {

@@ -472,6 +472,18 @@ test('a file attached to a message, or a text part that is no string, is refused
   assert.equal((await call('GET', '/v1/conversations')).body.items.length, before);
 });
 
+test('a system message that leaves the reply no room in the prompt is refused naming it: nothing sent over the budget or stored', BOUND, async () => {
+  // Found: a system message that, with chatmem's system prompt and the question, filled
+  // CONTEXT_MAX_TOKENS less the reply's reserve was accepted and the prompt went out over it.
+  const system = { id: generateId(), role: 'system', parts: [{ type: 'text', text: 'Be precise and name your sources. '.repeat(700) }] };
+  const chat = newChat({ messages: [system] });
+  await chat.sendMessage({ text: 'hi' });
+  assert.equal(chat.status, 'error');
+  assert.match(chat.error.message, /system prompt is too long/);
+  assert.match(chat.error.message, /"field":\s*"messages\[0\]\.parts"/);
+  assert.deepEqual(await stored(chat.id), []);
+});
+
 test("another user's chat: the same client id, or the owner's conversation id, is just a chat they have not used", BOUND, async () => {
   const chat = newChat();
   await chat.sendMessage({ text: 'mine alone' });
