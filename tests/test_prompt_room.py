@@ -193,3 +193,19 @@ async def test_an_ag_ui_system_message_or_context_that_leaves_no_room_is_refused
     field = "context[0]" if where == "context" else "messages[0].content"
     assert error["code"] == "invalid_input" and error["details"]["field"] == field
     assert await stored(db) == (0, 0, 0) and fake_openai.requests == []
+
+
+async def test_a_short_system_prompt_beside_a_question_that_alone_fills_the_room_was_refused_as_too_long(
+    start_server: Any, fake_openai: FakeOpenAI, db: Database
+) -> None:
+    """The system text is not what does not fit: the question is answered as it is without one."""
+    client = await client_for(start_server, fake_openai)
+    question = "alpha beta gamma delta " * 400 + "which letter comes next?"
+    assert count_tokens(question) > MAX_TOKENS - RESERVE
+    fake_openai.script(Reply(text="Epsilon."), Reply(text="Epsilon."))
+    for system in ([{"role": "developer", "content": "Be brief."}], []):
+        answer = await client.chat.completions.create(
+            model="fake-model", messages=[*system, {"role": "user", "content": question}]
+        )
+        assert answer.choices[0].message.content == "Epsilon."
+    assert len(fake_openai.requests) == 2 and (await stored(db))[1] == 4

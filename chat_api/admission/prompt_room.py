@@ -8,8 +8,9 @@ must fit CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS; past that the history got
 the prompt went out over the budget. The memory block is not counted: it shrinks to what is
 left (`PromptWindow.part_room`) rather than refuse the request.
 
-Only a request with system text is refused here: a user message alone is held to
-MAX_MESSAGE_CHARS, and the current exchange is sent whole even over the budget.
+Only a request whose system text is what does not fit is refused here: a user message that
+alone fills the room is held to MAX_MESSAGE_CHARS only, and the current exchange is sent whole
+even over the budget, with or without a system text beside it.
 """
 
 from __future__ import annotations
@@ -36,16 +37,22 @@ def check_prompt_room(
     if not instructions:
         return
     budget = prompter.budget
-    fixed = fixed_tokens(prompter.prompts, instructions, user_text, datetime.now(UTC))
-    if fixed > budget.prompt_room:
-        raise InvalidInput(
-            f"the system prompt is too long: with chatmem's own and the new message it comes to "
-            f"~{fixed} tokens, more than the {budget.prompt_room} a prompt may take "
-            "(CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS); shorten it",
-            field=field,
-            prompt_tokens=fixed,
-            max_prompt_tokens=budget.prompt_room,
-        )
+    now = datetime.now(UTC)
+    fixed = fixed_tokens(prompter.prompts, instructions, user_text, now)
+    if fixed <= budget.prompt_room:
+        return
+    if fixed_tokens(prompter.prompts, None, user_text, now) > budget.prompt_room:
+        # The new message alone does not fit: the system text is not what is too long, and the
+        # message is answered as it would be without one (sent whole, as above).
+        return
+    raise InvalidInput(
+        f"the system prompt is too long: with chatmem's own and the new message it comes to "
+        f"~{fixed} tokens, more than the {budget.prompt_room} a prompt may take "
+        "(CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS); shorten it",
+        field=field,
+        prompt_tokens=fixed,
+        max_prompt_tokens=budget.prompt_room,
+    )
 
 
 async def check_prompt_room_off_loop(
