@@ -63,6 +63,9 @@ class Conversation(Base):
     # "Use memory in this chat": replies here recall memory (memory_mode says whether it is remembered).
     use_memory: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sql_text("true"))
     active_reply_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), nullable=True)
+    # A stop that found no reply to stop yet, kept for the one being started (memory/record/pending_stops.py).
+    stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    stop_requested_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The branch new turns go to and prompts read (memory/record/branches.py). Its root branch has
     # the conversation's id; a trigger (migration 0005) fills both in for any INSERT.
     active_branch_id: Mapped[uuid.UUID] = mapped_column(
