@@ -6,7 +6,8 @@
 - follow.py     follow_reply (batches of events from any id, live or stored), sse_stream
 - hang_up.py    hung_up: what a client leaving a reply's stream early does to it (ReplyKind,
                 on_disconnect), decided once for every door
-- stop.py       stop_reply, wait_reply_done, reply_streaming
+- stop.py       stop_reply, wait_reply_done, reply_streaming; stop_conversation (→ Stopped) for a
+                stop that names a conversation or a run's key, not a reply
 - approve.py    decide (approve or reject a waiting tool call; the last decision resumes)
 - run.py        ReplyRunner: model → tools → model, and the one ending call
 - prompt.py     Prompter: the prompt window, read once per reply; recall.py: recall's glue into it
@@ -34,7 +35,14 @@ from chat_api.replies.start import (
     start_reply,
     store_message,
 )
-from chat_api.replies.stop import reply_streaming, stop_reply, wait_reply_done
+from chat_api.replies.stop import (
+    RunStored,
+    Stopped,
+    reply_streaming,
+    stop_conversation,
+    stop_reply,
+    wait_reply_done,
+)
 
 __all__ = [
     "Accepted",
@@ -44,7 +52,9 @@ __all__ = [
     "Reply",
     "ReplyKind",
     "ReplyRequest",
+    "RunStored",
     "Started",
+    "Stopped",
     "accept_message",
     "answer_again",
     "answer_tool_results",
@@ -58,6 +68,7 @@ __all__ = [
     "sse_frame",
     "sse_stream",
     "start_reply",
+    "stop_conversation",
     "stop_reply",
     "store_message",
     "wait_reply_done",

@@ -8,11 +8,14 @@ registers the reply in this process before commit and launches it. A reply whose
 is gone does not make the conversation busy: whatever the policy, it is ended first, as the
 reaper would (`reaper.reap_if_owner_gone`), and the request goes on as after any ended
 reply. A request retried with the same Idempotency-Key reattaches to the reply it started
-(ended first the same way).
+(ended first the same way). A stop kept for the reply before it was stored (a stop of the
+conversation, or of the run's key, that found nothing running yet: chat_api.replies.stop)
+is taken in that transaction, and the reply starts stopped.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
@@ -42,6 +45,7 @@ from memory.record.branches import (
 )
 from memory.record.conversations import Owner, get_conversation
 from memory.record.outbox import record_finished_turn
+from memory.record.pending_stops import take_stop
 from memory.record.reply_endings import end_parked_reply, wait_for_parked_turn
 from memory.record.reply_state import reply_state
 from memory.record.tool_calls import ToolCall, takes_a_result, tool_calls_of
@@ -51,6 +55,8 @@ from memory.storage.models import Conversation, Turn
 if TYPE_CHECKING:
     from chat_api.admission import AdmittedReply
     from chat_api.services import Services
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -407,6 +413,8 @@ async def _start_reply(
                 elif conversation.active_reply_id is not None:
                     running = conversation.active_reply_id
                 else:
+                    # A stop that came for this reply before it was stored (memory.record.pending_stops).
+                    stopped = await take_stop(session, conversation, idempotency_key)
                     reply_id = uuid.uuid4()
                     # Its query is encoded while the turns are stored (a regenerate's, once read).
                     if content is not None:
@@ -431,6 +439,9 @@ async def _start_reply(
                     services.registry.add(reply)
                     admitted.registered()  # the registry counts it now: no await in between
                     reply_registered(reply)  # a stop that named its place in line reaches it now
+                    if stopped:
+                        log.info("a reply was started stopped: a stop came for it before it was stored")
+                        reply.request_stop(StopReason.USER)
         except BaseException:
             if reply is not None:
                 services.registry.remove(reply.id)

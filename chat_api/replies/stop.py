@@ -5,19 +5,30 @@ A reply running here is stopped in memory; one running on another process is ask
 process is gone (`reaper.reap_if_owner_gone`: its life lock is free). Each of those
 endings is `memory.record.reply_endings.end_reply`; if the owner does not answer within
 STOP_WAIT_SECONDS and its heartbeat is stale, it is dead, and the stop ends the reply itself.
+
+A stop that names a conversation rather than a reply (`stop_conversation`) may come while
+the reply it means is being started, on any process: it takes the conversation's lock, so
+a reply whose turns are being stored is stored first and then stopped, and one not stored
+yet finds the stop kept on the conversation (memory.record.pending_stops) and starts stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
+
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.metrics import observe_stop
 from chat_api.replies.reaper import reap_if_owner_gone
 from memory.events import StopReason, TurnStatus
+from memory.record.conversations import active_reply_of
+from memory.record.pending_stops import keep_stop
 from memory.record.reply_endings import Ending, end_parked_reply, end_stale_replies
 from memory.record.reply_state import notify_stop, reply_state
 
@@ -100,3 +111,37 @@ async def _stop_reply(services: Services, reply_id: uuid.UUID, reason: StopReaso
             reply_id=reply_id,
         )
     return await _state(services, reply_id) != TurnStatus.STREAMING
+
+
+class Stopped(enum.Enum):
+    """What a stop of a conversation's reply did."""
+
+    ENDED = "ended"  # its reply has ended (by this stop or before), or none runs: a stop is kept
+    UNCONFIRMED = "unconfirmed"  # its process did not confirm within STOP_WAIT_SECONDS
+    KEPT = "kept"  # the run named is not stored yet: it starts stopped
+
+
+# (session, the running reply or None) -> whether the run a stop names is stored (or is that reply).
+RunStored = Callable[[AsyncSession, uuid.UUID | None], Awaitable[bool]]
+
+
+async def stop_conversation(
+    services: Services, conversation_id: uuid.UUID, *, key: str | None = None, stored: RunStored | None = None
+) -> Stopped:
+    """Stop the conversation's running reply, or the run with idempotency key `key` (`stored`
+    says whether it is stored), wherever it runs; or keep the stop for the reply being started.
+
+    Read under the conversation's lock: a start storing its reply holds it, so this waits for
+    it and then stops that reply. If no reply runs, the stop is kept for one whose start had
+    begun (`take_stop`); a run named by `key` and not stored yet is kept for that run.
+    """
+    async with services.db.transaction() as session:
+        running = await active_reply_of(session, conversation_id, for_update=True)
+        if key is not None and stored is not None and not await stored(session, running):
+            await keep_stop(session, conversation_id, key)
+            return Stopped.KEPT
+        if running is None:
+            await keep_stop(session, conversation_id, None)
+            return Stopped.ENDED
+    ended = await stop_reply(services, running, reason=StopReason.USER)
+    return Stopped.ENDED if ended else Stopped.UNCONFIRMED

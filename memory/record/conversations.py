@@ -155,12 +155,16 @@ async def delete_conversation(session: AsyncSession, owner: Owner, conversation_
     await session.execute(delete(MemoryItem).where(MemoryItem.conversation_id == conversation.id))
 
 
-async def active_reply_of(session: AsyncSession, conversation_id: uuid.UUID) -> uuid.UUID | None:
+async def active_reply_of(
+    session: AsyncSession, conversation_id: uuid.UUID, *, for_update: bool = False
+) -> uuid.UUID | None:
     """The conversation's running (or parked) reply as committed now: a fresh read, not the
-    identity map's copy."""
-    found: uuid.UUID | None = await session.scalar(
-        select(Conversation.active_reply_id).where(Conversation.id == conversation_id)
-    )
+    identity map's copy (`for_update`: once the conversation's lock is ours, so a reply being
+    started has been stored or has not begun)."""
+    query = select(Conversation.active_reply_id).where(Conversation.id == conversation_id)
+    if for_update:
+        query = query.with_for_update()
+    found: uuid.UUID | None = await session.scalar(query)
     return found
 
 

@@ -58,7 +58,7 @@ from chat_api.response_headers import STREAM_HEADERS
 from chat_api.schemas import ErrorOut
 from chat_api.services import Services
 from memory.errors import DomainError, InvalidInput, NotFound
-from memory.events import StopReason, TurnStatus
+from memory.events import TurnStatus
 from memory.record.ai_sdk_chats import CHAT_ID, find_chat, names_a_turn, remember_message_id
 from memory.record.branches import (
     conversation_branch,
@@ -67,17 +67,18 @@ from memory.record.branches import (
     load_branch,
     user_turn_named,
 )
-from memory.record.conversations import active_reply_of
 from memory.record.reply_state import reply_state
 from memory.storage.models import Branch, Conversation, Turn
 
 # isort: split
 # The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.
 from chat_api.replies import (
+    RunStored,
     Started,
+    Stopped,
     answer_again,
     answer_tool_results,
-    stop_reply,
+    stop_conversation,
     store_message,
 )
 
@@ -272,20 +273,17 @@ async def _run_id_named(request: Request) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
-async def _running_if_a_run(
-    services: Services, conversation: Conversation, thread_id: str, run_id: str
-) -> uuid.UUID | None:
-    """The thread's running reply, once `run_id` is found to be a run of the thread (NotFound if
-    not): the one running (by the id `connect` gives a reply started elsewhere, too), or one that
-    ran (kept on its user turn, or as its idempotency key). The running reply is read after that
-    check, not taken from `conversation`: a run whose turns were stored since `conversation` was
-    read (it left the line meanwhile) is found by the check, and is then the one running."""
-    if conversation.active_reply_id is not None and run_id == str(conversation.active_reply_id):
-        return conversation.active_reply_id
-    async with services.db.session() as session:
-        if not await names_a_turn(session, conversation.id, RUN_ID, run_id, run_key(run_id)):
-            raise NotFound("run not found", thread_id=thread_id, run_id=run_id)
-        return await active_reply_of(session, conversation.id)
+def _stored_run(conversation: Conversation, run_id: str) -> RunStored:
+    """Whether `run_id` names the thread's running reply (by the id `connect` gives a reply
+    started elsewhere, too) or a run of it that was stored (kept on its user turn, or as its
+    idempotency key)."""
+
+    async def stored(session: AsyncSession, running: uuid.UUID | None) -> bool:
+        if running is not None and run_id == str(running):
+            return True
+        return await names_a_turn(session, conversation.id, RUN_ID, run_id, run_key(run_id))
+
+    return stored
 
 
 @router.post(
@@ -293,7 +291,7 @@ async def _running_if_a_run(
     response_model=StopResult,
     responses={
         202: {"model": StopResult},
-        404: {"model": ErrorOut, "description": "A thread the caller has not used, or no run of it."},
+        404: {"model": ErrorOut, "description": "A thread the caller has not used."},
     },
 )
 async def stop(
@@ -301,33 +299,36 @@ async def stop(
 ) -> StopResult | JSONResponse:
     """Stop the thread's running (or waiting) run on whichever process runs it. Idempotent.
 
-    A thread the caller has not used, or a `runId` that names no run of it, is a 404, as
-    stopping an unknown turn or response is on the other doors; a run that has ended answers 200.
+    A thread the caller has not used is a 404, as stopping an unknown turn or response is on
+    the other doors; a run that has ended answers 200.
 
     The open stream closes its text message and tool calls, answers every unanswered call,
     and ends with RUN_FINISHED (outcome `cancelled`); the stored reply holds exactly what it
     carried. 202 with `success: false` if the process running it did not confirm within
     STOP_WAIT_SECONDS. Any body is accepted; a JSON `{"runId": …}` naming a run of this
     thread still waiting in line (`on_busy: enqueue`) drops that run (its request answers
-    409 `stopped_while_waiting`, nothing stored) and leaves the run ahead of it going. A run
-    let out of the line whose turns are still being stored is stopped as its reply starts.
+    409 `stopped_while_waiting`, nothing stored) and leaves the run ahead of it going.
+
+    A stop can come before the run it means is stored, on any process: the client picked the
+    runId. A `runId` of no stored run is kept for the thread's next run and answers 202 with
+    `success: false` (accepted, not confirmed): if that run is the one starting, it starts
+    stopped (RUN_FINISHED `cancelled`, stored `interrupted_by_user` and empty); any other run
+    clears it. Without a runId, a stop that finds no run running is kept the same way for a
+    run whose start had begun before it, and answers 200.
     """
     async with services.db.session() as session:
         conversation = await find_chat(session, owner, thread_id)
     if conversation is None:
         raise NotFound("thread not found", thread_id=thread_id)
     run_id = await _run_id_named(request)
-    running = conversation.active_reply_id
-    if run_id is not None:
-        in_line = services.queues.stop_waiting(conversation.id, run_key(run_id))
+    key = run_key(run_id) if run_id is not None else None
+    if key is not None:
+        in_line = services.queues.stop_waiting(conversation.id, key)
         if in_line is not None and in_line.reply is None:
             return StopResult(success=True)  # dropped from the line, or stopped as its reply starts
-        if in_line is not None and in_line.reply is not None:
-            running = in_line.reply.id
-        else:
-            running = await _running_if_a_run(services, conversation, thread_id, run_id)
-    if running is None:
+    stopped = await stop_conversation(
+        services, conversation.id, key=key, stored=_stored_run(conversation, run_id) if run_id else None
+    )
+    if stopped is Stopped.ENDED:
         return StopResult(success=True)
-    if not await stop_reply(services, running, reason=StopReason.USER):
-        return JSONResponse(StopResult(success=False).model_dump(), status_code=202)
-    return StopResult(success=True)
+    return JSONResponse(StopResult(success=False).model_dump(), status_code=202)

@@ -55,7 +55,7 @@ from chat_api.protocols.ai_sdk.stream import (
 from chat_api.schemas import ErrorOut
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
-from memory.events import StopReason, ToolCallState, TurnStatus
+from memory.events import ToolCallState, TurnStatus
 from memory.record.ai_sdk_chats import (
     CHAT_ID,
     chat_conversation,
@@ -88,6 +88,7 @@ from chat_api.replies import (
     OnDisconnect,
     ReplyKind,
     Started,
+    Stopped,
     accept_message,
     answer_again,
     decide,
@@ -97,7 +98,7 @@ from chat_api.replies import (
     hung_up,
     reply_streaming,
     start_reply,
-    stop_reply,
+    stop_conversation,
 )
 
 router = door_router(prefix="/v1/ai-sdk/chat", tags=["ai-sdk"])
@@ -488,9 +489,7 @@ async def stop(
     202 with `success: false` if the process running it did not confirm within STOP_WAIT_SECONDS.
     """
     conversation = await _existing_chat(services, owner, chat_id)
-    if conversation.active_reply_id is None:
-        return StopResult(success=True)
-    if not await stop_reply(services, conversation.active_reply_id, reason=StopReason.USER):
+    if await stop_conversation(services, conversation.id) is not Stopped.ENDED:
         return JSONResponse(StopResult(success=False).model_dump(), status_code=202)
     return StopResult(success=True)
 
