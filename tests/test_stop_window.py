@@ -1,0 +1,136 @@
+"""A stop sent while the reply it means is being started: before its turns are stored.
+
+The client has sent its message (or picked its AG-UI runId) and then stops; the server may
+not have stored the reply yet, on this process or another. Each test holds the
+conversation's row lock in its own transaction, so the start (and the stop) wait at it;
+`pg_stat_activity` tells when they do (a condition, not a sleep). Then the lock is let go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import text
+
+from tests.conftest import LiveServer
+from tests.sse import iter_sse
+from tests.support import new_conversation, wait_until
+
+SLOW = {"demo_tokens_per_second": 40}
+AT_THE_LOCK = text(
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE wait_event_type = 'Lock' AND query LIKE '%FROM conversations%FOR UPDATE%'"
+)
+
+
+@asynccontextmanager
+async def conversation_locked(db: Any, conversation_id: str) -> AsyncIterator[Any]:
+    """Hold the conversation's row lock; yields `waiting(n)`: wait until n requests wait at it."""
+
+    async def waiting(count: int) -> None:
+        async def there() -> bool:
+            async with db.session() as watch:  # a new snapshot of pg_stat_activity each time
+                return bool((await watch.execute(AT_THE_LOCK)).scalar_one() == count)
+
+        await wait_until(there, what=f"{count} request(s) at the conversation's lock")
+
+    async with db.transaction() as session:
+        lock = text("SELECT 1 FROM conversations WHERE id = :id FOR UPDATE")
+        await session.execute(lock, {"id": conversation_id})
+        yield waiting
+
+
+def run_input(thread_id: str, content: str) -> dict[str, Any]:
+    message = {"id": str(uuid.uuid4()), "role": "user", "content": content}
+    run_id = str(uuid.uuid4())
+    return {"threadId": thread_id, "runId": run_id, "messages": [message], "protocolVersion": "1.0"}
+
+
+def ui_message(content: str) -> dict[str, Any]:
+    return {"id": str(uuid.uuid4()), "role": "user", "parts": [{"type": "text", "text": content}]}
+
+
+async def stored_replies(api: Any, chat_id: str) -> list[tuple[str, str]]:
+    stored = (await api.get(f"/v1/ai-sdk/chat/{chat_id}/messages")).json()
+    return [
+        (m["metadata"]["status"], "".join(p.get("text", "") for p in m["parts"]))
+        for m in stored
+        if m["role"] == "assistant"
+    ]
+
+
+async def test_an_ag_ui_stop_naming_a_run_not_yet_stored_answered_404_and_the_run_streamed_to_its_end(
+    start_server: Any, db: Any
+) -> None:
+    """Found: the client picks the runId, so its stop can come before the run's turns are
+    stored; it answered 404 and the run then started and streamed to its end. The stop is now
+    kept for the run (202, not confirmed yet), and the run starts stopped: RUN_FINISHED
+    `cancelled`, stored `interrupted_by_user` with nothing said."""
+    server: LiveServer = await start_server(**SLOW)
+    async with server.client() as api:
+        thread_id = await new_conversation(api)
+        body = run_input(thread_id, "/long story")
+        async with conversation_locked(db, thread_id) as waiting:
+            stop = asyncio.create_task(api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": body["runId"]}))
+            await waiting(1)  # the stop has the lock next
+            run = asyncio.create_task(api.post("/v1/ag-ui", json=body))
+            await waiting(2)  # the run's start waits behind it, its turns not stored
+        stopped = await stop
+        assert (stopped.status_code, stopped.json()) == (202, {"success": False}), stopped.text
+        answered = await run
+        assert answered.status_code == 200, answered.text
+        events = [item.data async for item in iter_sse(answered)]
+        assert events[0]["type"] == "RUN_STARTED"
+        assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "cancelled"}
+        assert await stored_replies(api, thread_id) == [("interrupted_by_user", "")]
+        # The kept stop was taken: the thread's next run is answered in full.
+        async with api.stream("POST", "/v1/ag-ui", json=run_input(thread_id, "hello")) as response:
+            await response.aread()
+        statuses = [status for status, _ in await stored_replies(api, thread_id)]
+        assert statuses == ["interrupted_by_user", "completed"]
+
+
+async def test_an_ai_sdk_stop_while_the_reply_was_being_stored_answered_success_and_stopped_nothing(
+    start_server: Any, db: Any
+) -> None:
+    """Found: the AI SDK stop names only the chat; sent while the reply's turns were being
+    stored, it read no running reply, answered `{"success": true}`, and the reply streamed to
+    its end. The stop now waits for the conversation's lock, reads the reply just stored, and
+    stops it: the stream ends with `abort`, the reply is stored `interrupted_by_user`."""
+    server: LiveServer = await start_server(**SLOW)
+    async with server.client() as api:
+        chat_id = await new_conversation(api)  # the conversation's own id names it as a chat
+        body = {"id": chat_id, "trigger": "submit-message", "messages": [ui_message("/long story")]}
+        async with conversation_locked(db, chat_id) as waiting:
+            sent = asyncio.create_task(api.post("/v1/ai-sdk/chat", json=body))
+            await waiting(1)  # the message's start waits at the lock, nothing stored
+            stop = asyncio.create_task(api.post(f"/v1/ai-sdk/chat/{chat_id}/stop", json={}))
+            await waiting(2)
+        stopped = await stop
+        assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
+        answered = await sent
+        assert answered.status_code == 200, answered.text
+        chunks = [line[len("data: ") :] for line in answered.text.splitlines() if line.startswith("data: ")]
+        assert chunks[-1] == "[DONE]"
+        assert json.loads(chunks[-2])["type"] == "abort", chunks[-2]
+        assert [status for status, _ in await stored_replies(api, chat_id)] == ["interrupted_by_user"]
+
+
+async def test_a_stop_of_a_chat_with_nothing_running_stopped_the_next_message(start_server: Any) -> None:
+    """A stop that found nothing running is kept only for a reply whose start had begun before
+    it. The person stopped a reply that had just ended (the stop came too late) and then
+    sent a new message: that message's reply must be answered in full, not started stopped."""
+    server: LiveServer = await start_server()
+    async with server.client() as api:
+        chat_id = await new_conversation(api)
+        late = await api.post(f"/v1/ai-sdk/chat/{chat_id}/stop", json={})
+        assert (late.status_code, late.json()) == (200, {"success": True}), late.text
+        body = {"id": chat_id, "trigger": "submit-message", "messages": [ui_message("hello")]}
+        answered = await api.post("/v1/ai-sdk/chat", json=body)
+        assert answered.status_code == 200, answered.text
+        assert [status for status, _ in await stored_replies(api, chat_id)] == ["completed"]
