@@ -134,3 +134,46 @@ async def test_a_stop_of_a_chat_with_nothing_running_stopped_the_next_message(st
         answered = await api.post("/v1/ai-sdk/chat", json=body)
         assert answered.status_code == 200, answered.text
         assert [status for status, _ in await stored_replies(api, chat_id)] == ["completed"]
+
+
+async def test_a_stop_sent_after_a_message_but_stored_before_its_turns_stopped_nothing(
+    start_server: Any, db: Any
+) -> None:
+    """A stop that finds nothing running is kept for a reply whose request arrived before it.
+    Driven so that the stop takes the conversation's lock before the message's start does,
+    after the message arrived: the message waits in line behind a run (at the lock) that then
+    fails; the stop finds nothing running and is kept; the message's reply starts stopped.
+    Before, the stop answered success and the reply streamed to its end."""
+    server: LiveServer = await start_server(**SLOW)
+    async with server.client() as api:
+        chat_id = await new_conversation(api)
+        enqueue = {"on_busy": "enqueue"}
+        # Answers no tool call of the conversation: refused under the lock, nothing stored.
+        result = {"id": str(uuid.uuid4()), "role": "tool", "toolCallId": "call_none", "content": "{}"}
+        failing = {
+            "threadId": chat_id,
+            "runId": str(uuid.uuid4()),
+            "messages": [result],
+            "forwardedProps": enqueue,
+        }
+        message = {
+            "id": chat_id,
+            "trigger": "submit-message",
+            "messages": [ui_message("/long story")],
+            **enqueue,
+        }
+        async with conversation_locked(db, chat_id) as waiting:
+            ahead = asyncio.create_task(api.post("/v1/ag-ui", json=failing))
+            await waiting(1)
+            sent = asyncio.create_task(api.post("/v1/ai-sdk/chat", json=message))
+            await wait_until(lambda: server.services.queues.waiting(uuid.UUID(chat_id)) == 2, what="in line")
+            stop = asyncio.create_task(api.post(f"/v1/ai-sdk/chat/{chat_id}/stop", json={}))
+            await waiting(2)
+        assert (await ahead).status_code == 422
+        stopped = await stop
+        assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
+        answered = await sent
+        assert answered.status_code == 200, answered.text
+        chunks = [line[len("data: ") :] for line in answered.text.splitlines() if line.startswith("data: ")]
+        assert json.loads(chunks[-2])["type"] == "abort", chunks[-2]
+        assert await stored_replies(api, chat_id) == [("interrupted_by_user", "")]

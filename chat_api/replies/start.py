@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -107,6 +108,7 @@ async def accept_message(
     idempotency_key: str | None,
     memory_scope: str,
     parked_gives_way: bool = False,
+    arrived_at: datetime | None = None,
 ) -> Accepted:
     """Store the user turn and a streaming assistant turn, and start the reply."""
 
@@ -125,6 +127,7 @@ async def accept_message(
         memory_scope=memory_scope,
         content=content,
         parked_gives_way=parked_gives_way,
+        arrived_at=arrived_at,
     )
 
 
@@ -288,6 +291,7 @@ async def edit_message(
     idempotency_key: str | None,
     memory_scope: str,
     parked_gives_way: bool = False,
+    arrived_at: datetime | None = None,
 ) -> Accepted:
     """Replace a user message: a new active branch forked just before it, the new message, and a reply."""
 
@@ -309,6 +313,7 @@ async def edit_message(
         memory_scope=memory_scope,
         content=content,
         parked_gives_way=parked_gives_way,
+        arrived_at=arrived_at,
     )
 
 
@@ -325,6 +330,7 @@ async def start_reply(
     memory_scope: str,
     content: str | None = None,
     parked_gives_way: bool = False,
+    arrived_at: datetime | None = None,
 ) -> Accepted:
     """Lock the conversation, apply the busy policy, store the reply's turns with `begin`, and launch it.
 
@@ -341,6 +347,10 @@ async def start_reply(
     Requests that may wait (`on_busy=enqueue`) are served in arrival order (chat_api.replies.queue);
     with `on_disconnect="stop"`, one whose client leaves while it waits is dropped before
     anything is stored, whichever door it came through.
+
+    `arrived_at` is the database's time the request arrived (`Conversation.read_at` of its
+    first read): a stop of the conversation kept since then starts the reply stopped
+    (memory.record.pending_stops). Without it, the time the reply's turns began to be stored.
     """
 
     async def attempt() -> Accepted:
@@ -355,6 +365,7 @@ async def start_reply(
             memory_scope=memory_scope,
             content=content,
             parked_gives_way=parked_gives_way,
+            arrived_at=arrived_at,
         )
 
     drop_if_client_leaves(on_disconnect == "stop")
@@ -387,6 +398,7 @@ async def _start_reply(
     memory_scope: str,
     content: str | None,
     parked_gives_way: bool,
+    arrived_at: datetime | None,
 ) -> Accepted:
     while True:
         # A request that waited (its line, the reply it interrupts) may find the process shutting down.
@@ -414,7 +426,7 @@ async def _start_reply(
                     running = conversation.active_reply_id
                 else:
                     # A stop that came for this reply before it was stored (memory.record.pending_stops).
-                    stopped = await take_stop(session, conversation, idempotency_key)
+                    stopped = await take_stop(session, conversation, idempotency_key, arrived_at)
                     reply_id = uuid.uuid4()
                     # Its query is encoded while the turns are stored (a regenerate's, once read).
                     if content is not None:
