@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,6 +28,7 @@ from tests.procs import hand_index_to_the_real_encoder
 from tests.sse import SSEEvent, collect, iter_sse
 from tests.support import new_conversation
 from tests.test_stop import read_until, text_of
+from tests.test_stop_window import conversation_locked, run_input, stored_replies
 
 pytestmark = pytest.mark.slow
 
@@ -205,6 +207,45 @@ async def test_metrics_of_either_worker_count_the_requests_of_both(pg_url: str) 
                 # The database's state is reported once, not once per worker.
                 assert len(_scraped(scrape, "chatmem_outbox_backlog")) == 1
                 assert _scraped(scrape, "chatmem_encoder_info", runtime="openvino") == [1.0]
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+
+async def test_a_stop_sent_to_the_other_worker_while_a_run_was_being_started_was_lost(
+    pg_url: str, db: Any
+) -> None:
+    """Found: an AG-UI stop naming a run whose turns were not stored yet answered 404 (on the
+    other worker the enqueue line's places do not help), and the run streamed to its end.
+    Both orders at the conversation's lock: the stop first (kept in the database, the run on
+    the other worker starts stopped) and the run first (the stop waits, then stops it there)."""
+    async with two_workers(pg_url) as url:
+        a, b = await one_client_per_worker(url)
+        try:
+            for stop_first in (True, False):
+                thread_id = await new_conversation(a)
+                body = run_input(thread_id, "/long story")
+                async with conversation_locked(db, thread_id) as waiting:
+                    stop_body = {"runId": body["runId"]}
+                    if stop_first:
+                        stop = asyncio.create_task(b.post(f"/v1/ag-ui/{thread_id}/stop", json=stop_body))
+                        await waiting(1)
+                        run = asyncio.create_task(a.post("/v1/ag-ui", json=body))
+                    else:
+                        run = asyncio.create_task(a.post("/v1/ag-ui", json=body))
+                        await waiting(1)
+                        stop = asyncio.create_task(b.post(f"/v1/ag-ui/{thread_id}/stop", json=stop_body))
+                    await waiting(2)
+                stopped = await stop
+                expected = (202, {"success": False}) if stop_first else (200, {"success": True})
+                assert (stopped.status_code, stopped.json()) == expected, stopped.text
+                answered = await run
+                assert answered.status_code == 200, answered.text
+                events = [item.data async for item in iter_sse(answered)]
+                assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+                assert events[-1]["outcome"] == {"type": "cancelled"}, events[-1]
+                replies = await stored_replies(b, thread_id)
+                assert [status for status, _ in replies] == ["interrupted_by_user"], (stop_first, replies)
         finally:
             await a.aclose()
             await b.aclose()
