@@ -115,9 +115,7 @@ async def test_an_ai_sdk_stop_while_the_reply_was_being_stored_answered_success_
         assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
         answered = await sent
         assert answered.status_code == 200, answered.text
-        chunks = [line[len("data: ") :] for line in answered.text.splitlines() if line.startswith("data: ")]
-        assert chunks[-1] == "[DONE]"
-        assert json.loads(chunks[-2])["type"] == "abort", chunks[-2]
+        assert last_chunk(answered)["type"] == "abort"
         assert [status for status, _ in await stored_replies(api, chat_id)] == ["interrupted_by_user"]
 
 
@@ -136,44 +134,75 @@ async def test_a_stop_of_a_chat_with_nothing_running_stopped_the_next_message(st
         assert [status for status, _ in await stored_replies(api, chat_id)] == ["completed"]
 
 
+async def stop_while_a_message_waits_its_turn(
+    server: LiveServer, api: Any, db: Any, chat_id: str, stop_path: str, stop_body: dict[str, Any]
+) -> tuple[Any, Any]:
+    """Send a message, then a stop that takes the conversation's lock before the message's start
+    does: the message waits in line behind a run (at the lock) that then fails, so the stop
+    finds nothing running. The stop's answer, and the message's."""
+    enqueue = {"on_busy": "enqueue"}
+    # Answers no tool call of the conversation: refused under the lock, nothing stored.
+    result = {"id": str(uuid.uuid4()), "role": "tool", "toolCallId": "call_none", "content": "{}"}
+    failing = {
+        "threadId": chat_id,
+        "runId": str(uuid.uuid4()),
+        "messages": [result],
+        "forwardedProps": enqueue,
+    }
+    message = {"id": chat_id, "trigger": "submit-message", "messages": [ui_message("/long story")], **enqueue}
+    async with conversation_locked(db, chat_id) as waiting:
+        ahead = asyncio.create_task(api.post("/v1/ag-ui", json=failing))
+        await waiting(1)
+        sent = asyncio.create_task(api.post("/v1/ai-sdk/chat", json=message))
+        await wait_until(lambda: server.services.queues.waiting(uuid.UUID(chat_id)) == 2, what="in line")
+        stop = asyncio.create_task(api.post(stop_path, json=stop_body))
+        await waiting(2)
+    assert (await ahead).status_code == 422
+    answered = await sent
+    assert answered.status_code == 200, answered.text
+    return await stop, answered
+
+
+def last_chunk(answered: Any) -> dict[str, Any]:
+    """The AI SDK stream's last chunk before `[DONE]`."""
+    chunks = [line[len("data: ") :] for line in answered.text.splitlines() if line.startswith("data: ")]
+    assert chunks[-1] == "[DONE]"
+    found: dict[str, Any] = json.loads(chunks[-2])
+    return found
+
+
 async def test_a_stop_sent_after_a_message_but_stored_before_its_turns_stopped_nothing(
     start_server: Any, db: Any
 ) -> None:
-    """A stop that finds nothing running is kept for a reply whose request arrived before it.
-    Driven so that the stop takes the conversation's lock before the message's start does,
-    after the message arrived: the message waits in line behind a run (at the lock) that then
-    fails; the stop finds nothing running and is kept; the message's reply starts stopped.
-    Before, the stop answered success and the reply streamed to its end."""
+    """A stop that finds nothing running is kept for a reply whose request arrived before it:
+    the message's reply starts stopped. Before, the stop answered success and the reply
+    streamed to its end."""
     server: LiveServer = await start_server(**SLOW)
     async with server.client() as api:
         chat_id = await new_conversation(api)
-        enqueue = {"on_busy": "enqueue"}
-        # Answers no tool call of the conversation: refused under the lock, nothing stored.
-        result = {"id": str(uuid.uuid4()), "role": "tool", "toolCallId": "call_none", "content": "{}"}
-        failing = {
-            "threadId": chat_id,
-            "runId": str(uuid.uuid4()),
-            "messages": [result],
-            "forwardedProps": enqueue,
-        }
-        message = {
-            "id": chat_id,
-            "trigger": "submit-message",
-            "messages": [ui_message("/long story")],
-            **enqueue,
-        }
-        async with conversation_locked(db, chat_id) as waiting:
-            ahead = asyncio.create_task(api.post("/v1/ag-ui", json=failing))
-            await waiting(1)
-            sent = asyncio.create_task(api.post("/v1/ai-sdk/chat", json=message))
-            await wait_until(lambda: server.services.queues.waiting(uuid.UUID(chat_id)) == 2, what="in line")
-            stop = asyncio.create_task(api.post(f"/v1/ai-sdk/chat/{chat_id}/stop", json={}))
-            await waiting(2)
-        assert (await ahead).status_code == 422
-        stopped = await stop
+        stop_path = f"/v1/ai-sdk/chat/{chat_id}/stop"
+        stopped, answered = await stop_while_a_message_waits_its_turn(server, api, db, chat_id, stop_path, {})
         assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
-        answered = await sent
-        assert answered.status_code == 200, answered.text
-        chunks = [line[len("data: ") :] for line in answered.text.splitlines() if line.startswith("data: ")]
-        assert json.loads(chunks[-2])["type"] == "abort", chunks[-2]
+        assert last_chunk(answered)["type"] == "abort"
         assert await stored_replies(api, chat_id) == [("interrupted_by_user", "")]
+
+
+async def test_a_stop_naming_a_run_that_had_ended_stopped_the_next_message(
+    start_server: Any, db: Any
+) -> None:
+    """A stop naming by its runId a run that had ended stops nothing, and keeps nothing: it
+    must not be kept as a stop of the chat and stop a message in flight beside it."""
+    server: LiveServer = await start_server(**SLOW)
+    async with server.client() as api:
+        thread_id = await new_conversation(api)
+        ended = run_input(thread_id, "hello")
+        async with api.stream("POST", "/v1/ag-ui", json=ended) as response:
+            await response.aread()
+        stop_path = f"/v1/ag-ui/{thread_id}/stop"
+        stop_body = {"runId": ended["runId"]}
+        stopped, answered = await stop_while_a_message_waits_its_turn(
+            server, api, db, thread_id, stop_path, stop_body
+        )
+        assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
+        assert last_chunk(answered)["type"] == "finish"
+        assert [status for status, _ in await stored_replies(api, thread_id)] == ["completed", "completed"]

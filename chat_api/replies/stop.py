@@ -116,7 +116,7 @@ async def _stop_reply(services: Services, reply_id: uuid.UUID, reason: StopReaso
 class Stopped(enum.Enum):
     """What a stop of a conversation's reply did."""
 
-    ENDED = "ended"  # its reply has ended (by this stop or before), or none runs: a stop is kept
+    ENDED = "ended"  # its reply has ended (by this stop or before), or none runs (a keyless stop is kept)
     UNCONFIRMED = "unconfirmed"  # its process did not confirm within STOP_WAIT_SECONDS
     KEPT = "kept"  # the run named is not stored yet: it starts stopped
 
@@ -132,8 +132,9 @@ async def stop_conversation(
     says whether it is stored), wherever it runs; or keep the stop for the reply being started.
 
     Read under the conversation's lock: a start storing its reply holds it, so this waits for
-    it and then stops that reply. If no reply runs, the stop is kept for one whose start had
-    begun (`take_stop`); a run named by `key` and not stored yet is kept for that run.
+    it and then stops that reply. If no reply runs, the stop is kept for one whose request
+    had arrived and is not stored yet (`take_stop`); a stop naming by `key` a run not stored
+    yet is kept for that run.
     """
     async with services.db.transaction() as session:
         running = await active_reply_of(session, conversation_id, for_update=True)
@@ -141,7 +142,8 @@ async def stop_conversation(
             await keep_stop(session, conversation_id, key)
             return Stopped.KEPT
         if running is None:
-            await keep_stop(session, conversation_id, None)
+            if key is None:  # a run named by its key and stored has ended: nothing is kept
+                await keep_stop(session, conversation_id, None)
             return Stopped.ENDED
     ended = await stop_reply(services, running, reason=StopReason.USER)
     return Stopped.ENDED if ended else Stopped.UNCONFIRMED
