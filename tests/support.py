@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import shutil
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from sqlalchemy import text
 
 from memory.recall.embeddings import HashEmbedder
 
@@ -96,3 +98,29 @@ async def run_node_tests(
     print(report)  # node's report, shown with -s or -rA
     assert proc.returncode == 0, report[-20000:]
     return report
+
+
+# Requests waiting for a conversation's row lock (its begin transaction's `FOR UPDATE`).
+AT_THE_LOCK = text(
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE wait_event_type = 'Lock' AND query LIKE '%FROM conversations%FOR UPDATE%'"
+)
+
+
+@asynccontextmanager
+async def conversation_locked(
+    db: Any, conversation_id: str
+) -> AsyncIterator[Callable[[int], Awaitable[None]]]:
+    """Hold the conversation's row lock; yields `waiting(n)`: wait until n requests wait at it."""
+
+    async def waiting(count: int) -> None:
+        async def there() -> bool:
+            async with db.session() as watch:  # a new snapshot of pg_stat_activity each time
+                return bool((await watch.execute(AT_THE_LOCK)).scalar_one() == count)
+
+        await wait_until(there, what=f"{count} request(s) at the conversation's lock")
+
+    async with db.transaction() as session:
+        lock = text("SELECT 1 FROM conversations WHERE id = :id FOR UPDATE")
+        await session.execute(lock, {"id": conversation_id})
+        yield waiting

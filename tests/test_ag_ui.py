@@ -14,12 +14,11 @@ from typing import Any
 
 from ag_ui.core import Event
 from pydantic import TypeAdapter
-from sqlalchemy import text
 
 from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.sse import iter_sse
-from tests.support import new_conversation, wait_until
+from tests.support import conversation_locked, new_conversation, wait_until
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
 SLOW = {"demo_tokens_per_second": 40}
@@ -329,27 +328,16 @@ async def test_a_stop_naming_a_run_let_out_of_the_line_before_its_turns_were_sto
     run started and streamed to its end. The stop is kept with the place and the reply is
     stopped as it registers: the run ends cancelled, stored `interrupted_by_user`."""
     server: LiveServer = await start_server(**SLOW)
-    at_the_lock = text(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND query LIKE '%FROM conversations%FOR UPDATE%'"
-    )
-
-    async def waits_at_the_lock() -> bool:
-        async with db.session() as watch:  # a new snapshot of pg_stat_activity each time
-            return bool((await watch.execute(at_the_lock)).scalar_one() == 1)
-
     async with server.client() as api:
         thread_id = await new_conversation(api)  # the conversation's own id names it as a thread
         body = run_input(
             thread_id, "/long story", protocolVersion="1.0", forwardedProps={"on_busy": "enqueue"}
         )
-        async with db.transaction() as session:
-            # The run is first in line, so let out at once; it waits at the conversation's lock,
-            # before its turns are stored.
-            lock = text("SELECT 1 FROM conversations WHERE id = :id FOR UPDATE")
-            await session.execute(lock, {"id": thread_id})
+        # The run is first in line, so let out at once; it waits at the conversation's lock,
+        # before its turns are stored.
+        async with conversation_locked(db, thread_id) as waiting:
             run = asyncio.create_task(api.post("/v1/ag-ui", json=body))
-            await wait_until(waits_at_the_lock, what="the run at the conversation's lock")
+            await waiting(1)
             assert server.services.queues.waiting(uuid.UUID(thread_id)) == 1
             stop = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": body["runId"]})
             assert stop.json() == {"success": True}

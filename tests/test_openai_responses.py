@@ -18,13 +18,12 @@ import httpx
 import openai
 import pytest
 from openai.types.responses import Response
-from sqlalchemy import text
 
 from memory.config import Settings
 from tests.conftest import auth
 from tests.openai_support import MODEL, TENANT, conversations, ended_turns, make_key, new_user, sdk, turns
 from tests.procs import ServerProcess, server_process
-from tests.support import wait_until
+from tests.support import conversation_locked, wait_until
 
 WEATHER = {
     "type": "function",
@@ -839,27 +838,15 @@ async def test_two_inputs_at_once_beside_a_waiting_reply_replace_it_once_and_the
     # stored its own message too: two messages answered at once, one reply cut off.
     server = await start_server(tools_requiring_approval=["current_time"], demo_tokens_per_second=20)
     user, client, _, conversation = await waiting_for_an_approval(server)
-    waiting = text(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND query LIKE '%FROM conversations%FOR UPDATE%'"
-    )
-
-    async def both_wait_for_the_lock() -> bool:
-        async with db.session() as watch:  # a new snapshot of pg_stat_activity each time
-            return bool((await watch.execute(waiting)).scalar_one() == 2)
-
-    async with db.transaction() as session:
-        # Both requests get as far as the conversation's lock, and wait there together.
-        await session.execute(
-            text("SELECT 1 FROM conversations WHERE id = :id FOR UPDATE"), {"id": conversation}
-        )
+    # Both requests get as far as the conversation's lock, and wait there together.
+    async with conversation_locked(db, conversation) as waiting:
         inputs = [
             asyncio.create_task(
                 client.responses.create(model=MODEL, input=f"instead, {n}", conversation=conversation)
             )
             for n in ("one", "two")
         ]
-        await wait_until(both_wait_for_the_lock, what="both requests at the conversation's lock")
+        await waiting(2)
     outcomes = await asyncio.gather(*inputs, return_exceptions=True)
     answered = [o for o in outcomes if not isinstance(o, BaseException)]
     refused = [o for o in outcomes if isinstance(o, openai.ConflictError)]

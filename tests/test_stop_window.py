@@ -11,38 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
-
-from sqlalchemy import text
 
 from tests.conftest import LiveServer
 from tests.sse import iter_sse
-from tests.support import new_conversation, wait_until
+from tests.support import conversation_locked, new_conversation, wait_until
 
 SLOW = {"demo_tokens_per_second": 40}
-AT_THE_LOCK = text(
-    "SELECT count(*) FROM pg_stat_activity"
-    " WHERE wait_event_type = 'Lock' AND query LIKE '%FROM conversations%FOR UPDATE%'"
-)
-
-
-@asynccontextmanager
-async def conversation_locked(db: Any, conversation_id: str) -> AsyncIterator[Any]:
-    """Hold the conversation's row lock; yields `waiting(n)`: wait until n requests wait at it."""
-
-    async def waiting(count: int) -> None:
-        async def there() -> bool:
-            async with db.session() as watch:  # a new snapshot of pg_stat_activity each time
-                return bool((await watch.execute(AT_THE_LOCK)).scalar_one() == count)
-
-        await wait_until(there, what=f"{count} request(s) at the conversation's lock")
-
-    async with db.transaction() as session:
-        lock = text("SELECT 1 FROM conversations WHERE id = :id FOR UPDATE")
-        await session.execute(lock, {"id": conversation_id})
-        yield waiting
 
 
 def run_input(thread_id: str, content: str) -> dict[str, Any]:

@@ -26,9 +26,9 @@ from memory.events import EventName
 from tests.conftest import TEST_SECRET, auth, free_port
 from tests.procs import hand_index_to_the_real_encoder
 from tests.sse import SSEEvent, collect, iter_sse
-from tests.support import new_conversation
+from tests.support import conversation_locked, new_conversation
 from tests.test_stop import read_until, text_of
-from tests.test_stop_window import conversation_locked, run_input, stored_replies
+from tests.test_stop_window import run_input, stored_replies
 
 pytestmark = pytest.mark.slow
 
