@@ -93,7 +93,19 @@ class HttpSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `chatmem up/serve` listens on.")
     port: int = Field(8000, ge=1, le=65535, description="Port `chatmem up/serve` listens on.")
     cors_origins: CommaList = Field(default_factory=list, description="Allowed CORS origins.")
-    max_message_chars: int = Field(32_000, ge=1, description="Longest user message accepted.")
+    max_message_chars: int = Field(
+        32_000,
+        ge=1,
+        description=(
+            "Longest text one message may hold, in characters: a new message, a client's system text,"
+            " a tool result, every turn of a history sent or imported. A new message must also fit"
+            " the prompt in tokens (CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS, less the ~300 of"
+            " chatmem's system prompt and the time: 4,670 by default, ~18,000 characters of English,"
+            " ~4,600 of Chinese); past it, a 4xx `context_length_exceeded`. This default stays above"
+            " that room: it bounds history turns too (a long reply sent back, an import), which need"
+            " none, and characters cannot promise tokens (~4 a token in English, ~1 in Chinese)."
+        ),
+    )
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
     max_history_body_bytes: int = Field(
         8_000_000,
@@ -292,7 +304,15 @@ class ContextSettings(BaseSettings):
             " of them: its start moves in half-window steps, so the history stays a cached prefix."
         ),
     )
-    context_max_tokens: int = Field(6000, ge=100, description="Recent window: most tokens in the prompt.")
+    context_max_tokens: int = Field(
+        6000,
+        ge=100,
+        description=(
+            "Most tokens in the prompt (system prompts, recent window, memory block, new message)."
+            " A new message that, with chatmem's system prompt and the time, does not fit this less"
+            " REPLY_RESERVE_TOKENS is refused before anything is stored (`context_length_exceeded`)."
+        ),
+    )
     reply_reserve_tokens: int = Field(1024, ge=0, description="Tokens kept free for the reply.")
     memory_reserve_tokens: int = Field(800, ge=0, description="Tokens kept for the memory block.")
     tool_result_max_chars: int = Field(

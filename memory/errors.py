@@ -28,6 +28,13 @@ class InvalidInput(DomainError):
     code = "invalid_input"
 
 
+class ContextLengthExceeded(InvalidInput):
+    """The new message, with what every prompt spends before it, does not fit the prompt's room
+    (OpenAI's own code for a prompt over the model's context)."""
+
+    code = "context_length_exceeded"
+
+
 class Conflict(DomainError):
     """The request conflicts with the current state (e.g. a reply is already streaming)."""
 

@@ -1,16 +1,21 @@
-"""Prompt room: a client's system text that leaves the reply no room in the prompt is refused.
+"""Prompt room: a new message, or a client's system text, that leaves the reply no room is refused.
 
-A client's system text (chat completions' `system`/`developer` messages, the Responses API's
-`instructions` and system items, the AI SDK's and AG-UI's system messages and context) goes
-into the system message after chatmem's own. The part of the prompt no budget can shorten
-(`memory.prompt.context.fixed_tokens`: both system texts, the time and the new user message)
-must fit CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS; past that the history got no room and
-the prompt went out over the budget. The memory block is not counted: it shrinks to what is
-left (`PromptWindow.part_room`) rather than refuse the request.
+The part of a prompt no budget can shorten (`memory.prompt.context.fixed_tokens`: chatmem's
+system prompt with the client's system text, the time and the new user message) must fit
+CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS; the current exchange is sent whole, so past that
+the prompt went to the model over the budget, and the model server refused or cut it mid-stream.
+The memory block is not counted: it shrinks to what is left (`PromptWindow.part_room`) rather
+than refuse the request. Counted as the prompt builder counts, before anything is stored:
 
-Only a request whose system text is what does not fit is refused here: a user message that
-alone fills the room is held to MAX_MESSAGE_CHARS only, and the current exchange is sent whole
-even over the budget, with or without a system text beside it.
+- a new message that alone (with chatmem's system prompt and the time) does not fit is
+  `ContextLengthExceeded` naming the message as sent, whatever system text is beside it;
+- else a client's system text (chat completions' `system`/`developer` messages, the Responses
+  API's `instructions` and system items, the AI SDK's and AG-UI's system messages and context)
+  that with them does not fit is `InvalidInput` naming the system text.
+
+MAX_MESSAGE_CHARS is a bound in characters on every stored text (history and imports too, which
+need no room: the window leaves out what does not fit); a character count cannot promise a token
+count, so this is what holds a new message to what a prompt can take.
 """
 
 from __future__ import annotations
@@ -22,45 +27,77 @@ from typing import TYPE_CHECKING
 
 from anyio import to_thread
 
-from memory.errors import InvalidInput
+from memory.errors import ContextLengthExceeded, InvalidInput
 from memory.prompt.context import fixed_tokens
 
 if TYPE_CHECKING:
     from chat_api.replies.prompt import Prompter
 
 
+# Counting a text this short takes well under a millisecond: no worker thread for it.
+INLINE_COUNT_CHARS = 2_000
+
+
 def check_prompt_room(
-    prompter: Prompter, instructions: str | None, user_text: str | None, *, field: str
+    prompter: Prompter,
+    instructions: str | None,
+    user_text: str | None,
+    *,
+    message_field: str,
+    instructions_field: str = "instructions",
 ) -> None:
-    """InvalidInput naming `field` (the client's system text) when, with chatmem's system prompt and
-    the new message, it does not fit the prompt's room. Counted as the prompt builder counts."""
-    if not instructions:
-        return
+    """ContextLengthExceeded naming `message_field` when the new message alone leaves no room; else
+    InvalidInput naming `instructions_field` when the client's system text is what leaves none."""
     budget = prompter.budget
     now = datetime.now(UTC)
+    base = fixed_tokens(prompter.prompts, None, None, now)
+    alone = fixed_tokens(prompter.prompts, None, user_text, now) if user_text else base
+    if alone > budget.prompt_room:
+        raise ContextLengthExceeded(
+            f"the message is too long: it comes to ~{alone - base} tokens and at most "
+            f"{max(0, budget.prompt_room - base)} fit (CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS is "
+            f"{budget.prompt_room}, and chatmem's system prompt and the time take {base}); shorten it",
+            field=message_field,
+            message_tokens=alone - base,
+            max_message_tokens=max(0, budget.prompt_room - base),
+        )
+    if not instructions:
+        return
     fixed = fixed_tokens(prompter.prompts, instructions, user_text, now)
     if fixed <= budget.prompt_room:
-        return
-    if fixed_tokens(prompter.prompts, None, user_text, now) > budget.prompt_room:
-        # The new message alone does not fit: the system text is not what is too long, and the
-        # message is answered as it would be without one (sent whole, as above).
         return
     raise InvalidInput(
         f"the system prompt is too long: with chatmem's own and the new message it comes to "
         f"~{fixed} tokens, more than the {budget.prompt_room} a prompt may take "
         "(CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS); shorten it",
-        field=field,
+        field=instructions_field,
         prompt_tokens=fixed,
         max_prompt_tokens=budget.prompt_room,
     )
 
 
 async def check_prompt_room_off_loop(
-    prompter: Prompter, instructions: str | None, user_text: str | None, *, field: str
+    prompter: Prompter,
+    instructions: str | None,
+    user_text: str | None,
+    *,
+    message_field: str,
+    instructions_field: str = "instructions",
 ) -> None:
-    """`check_prompt_room` in a worker thread: counting a long text holds the GIL for milliseconds."""
-    if instructions:
-        await to_thread.run_sync(partial(check_prompt_room, prompter, instructions, user_text, field=field))
+    """`check_prompt_room`, in a worker thread unless the texts are short: counting a long text holds
+    the GIL for milliseconds."""
+    check = partial(
+        check_prompt_room,
+        prompter,
+        instructions,
+        user_text,
+        instructions_field=instructions_field,
+        message_field=message_field,
+    )
+    if instructions or len(user_text or "") > INLINE_COUNT_CHARS:
+        await to_thread.run_sync(check)
+    else:
+        check()
 
 
 def longest_field(parts: Sequence[tuple[str, str]], default: str) -> str:

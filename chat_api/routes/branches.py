@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import Body, Header
 from sse_starlette import EventSourceResponse
 
-from chat_api.admission import AdmissionDep, check_text, door_router
+from chat_api.admission import AdmissionDep, check_prompt_room_off_loop, check_text, door_router
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.replies import edit_message, regenerate_reply
 from chat_api.routes.messages import admit, reply_response
@@ -136,6 +136,7 @@ async def edit(
 ) -> EventSourceResponse | ReplyOut:
     """Replace a user message of the active branch: a new active branch with the new text, and its reply."""
     check_text(body.content, field="content", max_chars=services.settings.max_message_chars)
+    await check_prompt_room_off_loop(services.prompter, None, body.content, message_field="content")
     async with services.db.session() as session:
         turn = await get_turn(session, owner, turn_id)
     with admit(admission, owner, body) as admitted:

@@ -8,7 +8,14 @@ from typing import Annotated
 from fastapi import Header
 from sse_starlette import EventSourceResponse
 
-from chat_api.admission import Admission, AdmissionDep, AdmittedReply, check_text, door_router
+from chat_api.admission import (
+    Admission,
+    AdmissionDep,
+    AdmittedReply,
+    check_prompt_room_off_loop,
+    check_text,
+    door_router,
+)
 from chat_api.deps import OwnerDep, ServicesDep
 from chat_api.replies import Accepted, ReplyKind, accept_message, sse_stream, wait_reply_done
 from chat_api.response_headers import STREAM_HEADERS
@@ -35,6 +42,7 @@ async def post_message(
 ) -> EventSourceResponse | ReplyOut:
     """Store the message and stream the reply (`turn.started` … `turn.completed|interrupted|failed`)."""
     check_text(body.content, field="content", max_chars=services.settings.max_message_chars)
+    await check_prompt_room_off_loop(services.prompter, None, body.content, message_field="content")
     with admit(admission, owner, body) as admitted:
         accepted = await accept_message(
             services,

@@ -99,8 +99,13 @@ async def run(
     body = await checked(body, *LISTS)
     request = read_run(body, max_message_chars=services.settings.max_message_chars)
     user_text = request.user_message[1] if request.user_message is not None else None
-    field = request.instructions_field
-    await check_prompt_room_off_loop(services.prompter, request.instructions, user_text, field=field)
+    await check_prompt_room_off_loop(
+        services.prompter,
+        request.instructions,
+        user_text,
+        instructions_field=request.instructions_field,
+        message_field=f"messages[{len(body.messages) - 1}].content",
+    )
     steer_away = bool(request.answers) and request.user_message is not None
     before: list[BaseEvent] = []
     if request.answers and not steer_away:

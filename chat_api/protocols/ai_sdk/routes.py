@@ -230,9 +230,14 @@ def _system_texts(body: ChatRequest) -> list[tuple[str, str]]:
 async def _check_room(
     services: Services, body: ChatRequest, instructions: str | None, user_text: str | None
 ) -> None:
-    """400 when the system messages, with chatmem's system prompt and the new message, leave no room."""
-    field = longest_field(_system_texts(body), "messages")
-    await check_prompt_room_off_loop(services.prompter, instructions, user_text, field=field)
+    """422 when the new message, or the system messages beside it, leave the reply no room."""
+    await check_prompt_room_off_loop(
+        services.prompter,
+        instructions,
+        user_text,
+        instructions_field=longest_field(_system_texts(body), "messages"),
+        message_field=f"messages[{len(body.messages) - 1}].parts",
+    )
 
 
 async def _edit(

@@ -268,8 +268,13 @@ async def read_request(
         if chat_of is not None:
             chat = chat_of(asked)
             check_texts(chat, max_chars)
-            field = chat.instructions_field
-            check_prompt_room(services.prompter, chat.instructions, chat.prompt, field=field)
+            check_prompt_room(
+                services.prompter,
+                chat.instructions,
+                chat.prompt,
+                instructions_field=chat.instructions_field,
+                message_field=chat.param(chat.prompt_index),
+            )
         return asked
 
     return await to_thread.run_sync(read)
