@@ -7,10 +7,18 @@ reply's reserve was accepted; the history got no room and the prompt went to the
 the budget. Now it is refused in the door's error shape (the OpenAI doors' 400, driven by the
 `openai` SDK; chatmem's 422 on the AI SDK and AG-UI doors, whose refusals come before any
 stream as JSON), naming the field as the client sent it, with nothing stored.
+
+Found too: a new message that alone (with chatmem's system prompt and the time) filled that room
+was accepted and sent whole, over the budget, whatever system text was beside it; the model
+server refused or cut it mid-stream. Now it is refused the same way, as OpenAI answers a prompt
+over a model's context (`context_length_exceeded`), naming the message and saying how many
+tokens it is and how many fit: over HTTP and the Responses WebSocket, on continued chats, and
+on chatmem's own API.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -19,6 +27,7 @@ import pytest
 from openai import AsyncOpenAI
 from sqlalchemy import func, select
 
+from memory.prompt.context import MESSAGE_OVERHEAD_TOKENS
 from memory.prompt.tokens import count_tokens
 from memory.storage.db import Database
 from memory.storage.models import Conversation, OutboxRow, Turn
@@ -30,6 +39,8 @@ MAX_TOKENS, RESERVE = 2400, 1024
 TOO_LONG = "Be precise and name your sources. " * 200  # ~1,700 tokens
 FITS = "Be precise and name your sources. " * 100  # ~850 tokens
 LONG_QUESTION = "alpha beta gamma delta " * 60 + "which letter comes next?"  # ~350 tokens
+# ~1,600 tokens (9,200 characters, well within MAX_MESSAGE_CHARS): alone over the room.
+HUGE_QUESTION = "alpha beta gamma delta " * 400 + "which letter comes next?"
 
 
 async def served(start_server: Any, fake_openai: FakeOpenAI) -> LiveServer:
@@ -195,17 +206,158 @@ async def test_an_ag_ui_system_message_or_context_that_leaves_no_room_is_refused
     assert await stored(db) == (0, 0, 0) and fake_openai.requests == []
 
 
-async def test_a_short_system_prompt_beside_a_question_that_alone_fills_the_room_was_refused_as_too_long(
+def refused_as_too_long(body: Any, param: str) -> None:
+    """The question was refused as OpenAI refuses a prompt over its context, saying how long it is
+    and how much fits; chatmem's own API and the AI SDK and AG-UI doors say the same in their shape."""
+    named = body["param"] if "param" in body else body["details"]["field"]
+    assert named == param, body
+    assert body["code"] == "context_length_exceeded", body
+    counted = re.search(r"comes to ~(\d+) tokens and at most (\d+) fit", body["message"])
+    assert counted is not None, body
+    assert int(counted[1]) == count_tokens(HUGE_QUESTION) + MESSAGE_OVERHEAD_TOKENS
+    # chatmem's system prompt and the time take a few hundred tokens of the 1,376.
+    assert MAX_TOKENS - RESERVE - 500 < int(counted[2]) < MAX_TOKENS - RESERVE < int(counted[1])
+
+
+def openai_refused(error: pytest.ExceptionInfo[openai.BadRequestError], param: str) -> None:
+    assert error.value.status_code == 400
+    body: Any = error.value.body
+    assert body["type"] == "invalid_request_error", body
+    refused_as_too_long(body, param)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_question_that_alone_fills_the_room_was_sent_whole_with_or_without_a_system_prompt(
+    start_server: Any, fake_openai: FakeOpenAI, db: Database, stream: bool
+) -> None:
+    """A short system prompt beside it is not what is too long: the question is named either way."""
+    client = await client_for(start_server, fake_openai)
+    assert count_tokens(HUGE_QUESTION) > MAX_TOKENS - RESERVE
+    for system in ([{"role": "developer", "content": "Be brief."}], []):
+        with pytest.raises(openai.BadRequestError) as error:
+            await client.chat.completions.create(
+                model="fake-model",
+                messages=[*system, {"role": "user", "content": HUGE_QUESTION}],
+                stream=stream,
+            )
+        openai_refused(error, f"messages[{len(system)}].content")
+    assert await stored(db) == (0, 0, 0) and fake_openai.requests == []
+
+
+async def test_a_responses_input_that_alone_fills_the_room_was_sent_whole_to_the_model(
     start_server: Any, fake_openai: FakeOpenAI, db: Database
 ) -> None:
-    """The system text is not what does not fit: the question is answered as it is without one."""
     client = await client_for(start_server, fake_openai)
-    question = "alpha beta gamma delta " * 400 + "which letter comes next?"
-    assert count_tokens(question) > MAX_TOKENS - RESERVE
-    fake_openai.script(Reply(text="Epsilon."), Reply(text="Epsilon."))
-    for system in ([{"role": "developer", "content": "Be brief."}], []):
-        answer = await client.chat.completions.create(
-            model="fake-model", messages=[*system, {"role": "user", "content": question}]
+    with pytest.raises(openai.BadRequestError) as error:
+        await client.responses.create(model="fake-model", instructions="Be brief.", input=HUGE_QUESTION)
+    openai_refused(error, "input")
+    with pytest.raises(openai.BadRequestError) as error:
+        await client.responses.create(
+            model="fake-model",
+            input=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": HUGE_QUESTION}],
+            stream=True,
         )
-        assert answer.choices[0].message.content == "Epsilon."
-    assert len(fake_openai.requests) == 2 and (await stored(db))[1] == 4
+    openai_refused(error, "input[1].content")
+    assert await stored(db) == (0, 0, 0) and fake_openai.requests == []
+
+
+async def test_a_continued_chat_or_response_whose_new_message_alone_fills_the_room_is_refused(
+    start_server: Any, fake_openai: FakeOpenAI, db: Database
+) -> None:
+    client = await client_for(start_server, fake_openai)
+    fake_openai.script(Reply(text="Noted."), Reply(text="Noted."))
+    first: list[Any] = [{"role": "user", "content": "hi"}]
+    kept = {"X-Chatmem-Chat-Key": "room"}
+    await client.chat.completions.create(model="fake-model", messages=first, extra_headers=kept)
+    response = await client.responses.create(model="fake-model", input="hi")
+    before = await stored(db)
+    assert before[0] == 2 and before[1] == 4
+    requests = len(fake_openai.requests)
+
+    with pytest.raises(openai.BadRequestError) as error:
+        await client.chat.completions.create(
+            model="fake-model",
+            messages=[
+                *first,
+                {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": HUGE_QUESTION},
+            ],
+            extra_headers=kept,
+        )
+    openai_refused(error, "messages[2].content")
+    with pytest.raises(openai.BadRequestError) as error:
+        await client.responses.create(
+            model="fake-model",
+            input=[{"role": "user", "content": HUGE_QUESTION}],
+            previous_response_id=response.id,
+            stream=True,
+        )
+    openai_refused(error, "input[0].content")
+    assert await stored(db) == before and len(fake_openai.requests) == requests
+
+
+async def test_a_responses_websocket_message_that_alone_fills_the_room_is_an_error_and_the_connection_goes_on(
+    start_server: Any, fake_openai: FakeOpenAI, db: Database
+) -> None:
+    client = await client_for(start_server, fake_openai)
+    fake_openai.script(Reply(text="Epsilon."))
+    async with client.responses.connect() as connection:
+        await connection.response.create(model="fake-model", input=HUGE_QUESTION)
+        refused = await connection.recv()
+        assert refused.type == "error" and refused.status == 400, refused  # type: ignore[union-attr]
+        refused_as_too_long(refused.error.model_dump(), "input")  # type: ignore[union-attr]
+        assert await stored(db) == (0, 0, 0) and fake_openai.requests == []
+        await connection.response.create(model="fake-model", input="which letter comes next?")
+        async for event in connection:
+            if event.type in ("response.completed", "response.failed", "error"):
+                assert event.type == "response.completed", event
+                break
+    assert (await stored(db))[:2] == (1, 2)
+
+
+async def test_an_ai_sdk_or_ag_ui_message_that_alone_fills_the_room_was_sent_whole_to_the_model(
+    start_server: Any, fake_openai: FakeOpenAI, db: Database
+) -> None:
+    server = await served(start_server, fake_openai)
+    system = {"id": "s1", "role": "system", "parts": [{"type": "text", "text": "Be brief."}]}
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": HUGE_QUESTION}]}
+    ai_sdk = {"id": "chat-room", "trigger": "submit-message", "messages": [system, user]}
+    ag_ui = {
+        "threadId": str(uuid.uuid4()),
+        "runId": "r1",
+        "messages": [
+            {"id": "s1", "role": "system", "content": "Be brief."},
+            {"id": "u1", "role": "user", "content": HUGE_QUESTION},
+        ],
+    }
+    for path, body, field in (
+        ("/v1/ai-sdk/chat", ai_sdk, "messages[1].parts"),
+        ("/v1/ag-ui", ag_ui, "messages[1].content"),
+    ):
+        async with server.client() as api:
+            refused = await api.post(path, json=body)
+        assert refused.status_code == 422, refused.text
+        assert refused.headers["content-type"].startswith("application/json")
+        refused_as_too_long(refused.json()["error"], field)
+    assert await stored(db) == (0, 0, 0) and fake_openai.requests == []
+
+
+async def test_a_chatmem_api_message_or_edit_that_alone_fills_the_room_was_sent_whole_to_the_model(
+    start_server: Any, fake_openai: FakeOpenAI, db: Database
+) -> None:
+    server = await served(start_server, fake_openai)
+    fake_openai.script(Reply(text="Noted."))
+    async with server.client() as api:
+        conversation = (await api.post("/v1/conversations", json={})).json()["id"]
+        answered = await api.post(
+            f"/v1/conversations/{conversation}/messages", json={"content": "hi", "stream": False}
+        )
+        assert answered.status_code == 200, answered.text
+        user_turn = answered.json()["user_turn"]["id"]
+        before = await stored(db)
+        requests = len(fake_openai.requests)
+        for path in (f"/v1/conversations/{conversation}/messages", f"/v1/turns/{user_turn}/edit"):
+            refused = await api.post(path, json={"content": HUGE_QUESTION})
+            assert refused.status_code == 422, refused.text
+            refused_as_too_long(refused.json()["error"], "content")
+    assert await stored(db) == before and len(fake_openai.requests) == requests
