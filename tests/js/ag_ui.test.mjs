@@ -487,6 +487,21 @@ describe('chatmem over AG-UI', { concurrency: true }, () => {
     crowded.addMessage(user('hi'));
     await assert.rejects(crowded.runAgent(), (error) => error.status === 422 && error.payload.error.details.field === 'messages[0].content');
     assert.deepEqual(await stored(crowded.threadId), [], 'nothing was stored');
+
+    // A message that alone fills that room (27,000 characters, within MAX_MESSAGE_CHARS, ~6,750
+    // tokens) was accepted and sent whole to the model: refused naming it, saying what fits.
+    const long = newAgent('long');
+    long.addMessage(user('The quick brown fox jumps over the lazy dog. '.repeat(600)));
+    await assert.rejects(long.runAgent(), (error) => {
+      const refusal = error.payload.error;
+      assert.equal(error.status, 422);
+      assert.equal(refusal.code, 'context_length_exceeded');
+      assert.equal(refusal.details.field, 'messages[0].content');
+      assert.ok(refusal.details.message_tokens > refusal.details.max_message_tokens, JSON.stringify(refusal));
+      assert.match(refusal.message, /comes to ~\d+ tokens and at most \d+ fit/);
+      return true;
+    });
+    assert.deepEqual(await stored(long.threadId), [], 'nothing was stored');
   });
 
   test("another user's thread is neither changed nor revealed", BOUND, async () => {

@@ -484,6 +484,18 @@ test('a system message that leaves the reply no room in the prompt is refused na
   assert.deepEqual(await stored(chat.id), []);
 });
 
+test('a message that alone fills the prompt\'s room is refused naming it, with its tokens and what fits: nothing sent whole over the budget or stored', BOUND, async () => {
+  // Found: a message within MAX_MESSAGE_CHARS (27,000 characters) but over CONTEXT_MAX_TOKENS less
+  // the reply's reserve (~6,750 tokens of ~4,670 that fit) was accepted and sent whole to the model.
+  const chat = newChat();
+  await chat.sendMessage({ text: 'The quick brown fox jumps over the lazy dog. '.repeat(600) });
+  assert.equal(chat.status, 'error');
+  assert.match(chat.error.message, /"code":\s*"context_length_exceeded"/);
+  assert.match(chat.error.message, /"field":\s*"messages\[0\]\.parts"/);
+  assert.match(chat.error.message, /comes to ~\d+ tokens and at most \d+ fit/);
+  assert.deepEqual(await stored(chat.id), []);
+});
+
 test("another user's chat: the same client id, or the owner's conversation id, is just a chat they have not used", BOUND, async () => {
   const chat = newChat();
   await chat.sendMessage({ text: 'mine alone' });
