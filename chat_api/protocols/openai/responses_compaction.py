@@ -7,6 +7,10 @@ the answer is one compaction item naming where that history ends. A response who
 starts with that item goes on from there (`responses_routes.py`). Only
 user and assistant text is kept as turns; the item is opaque to clients and names a turn
 only its owner can continue from.
+
+It is not held to the prompt's room (`chat_api.admission.prompt_room`): nothing here goes to a
+model, and the turns it keeps are history, which a prompt's window leaves out when it does not
+fit. The response that goes on from the item is held to the room like any other.
 """
 
 from __future__ import annotations
