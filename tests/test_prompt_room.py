@@ -74,7 +74,7 @@ def refused(error: pytest.ExceptionInfo[openai.BadRequestError], param: str) -> 
     assert error.value.status_code == 400
     body: Any = error.value.body
     assert body["param"] == param and body["type"] == "invalid_request_error", body
-    assert body["code"] == "invalid_input" and "system prompt is too long" in body["message"], body
+    assert body["code"] == "context_length_exceeded" and "system prompt is too long" in body["message"], body
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -182,7 +182,7 @@ async def test_an_ai_sdk_system_message_that_leaves_no_room_is_refused_not_sent_
             refused = await api.post("/v1/ai-sdk/chat", json=body)
         assert refused.status_code == 422, refused.text
         error = refused.json()["error"]
-        assert error["code"] == "invalid_input" and error["details"]["field"] == "messages[0].parts"
+        assert error["code"] == "context_length_exceeded" and error["details"]["field"] == "messages[0].parts"
     assert await stored(db) == (0, 0, 0) and fake_openai.requests == []
 
 
@@ -202,7 +202,7 @@ async def test_an_ag_ui_system_message_or_context_that_leaves_no_room_is_refused
     assert refused.status_code == 422, refused.text
     error = refused.json()["error"]
     field = "context[0]" if where == "context" else "messages[0].content"
-    assert error["code"] == "invalid_input" and error["details"]["field"] == field
+    assert error["code"] == "context_length_exceeded" and error["details"]["field"] == field
     assert await stored(db) == (0, 0, 0) and fake_openai.requests == []
 
 

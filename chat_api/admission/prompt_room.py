@@ -11,7 +11,7 @@ than refuse the request. Counted as the prompt builder counts, before anything i
   `ContextLengthExceeded` naming the message as sent, whatever system text is beside it;
 - else a client's system text (chat completions' `system`/`developer` messages, the Responses
   API's `instructions` and system items, the AI SDK's and AG-UI's system messages and context)
-  that with them does not fit is `InvalidInput` naming the system text.
+  that with them does not fit is `ContextLengthExceeded` naming the system text.
 
 MAX_MESSAGE_CHARS is a bound in characters on every stored text (history and imports too, which
 need no room: the window leaves out what does not fit); a character count cannot promise a token
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from anyio import to_thread
 
-from memory.errors import ContextLengthExceeded, InvalidInput
+from memory.errors import ContextLengthExceeded
 from memory.prompt.context import fixed_tokens
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def check_prompt_room(
     instructions_field: str = "instructions",
 ) -> None:
     """ContextLengthExceeded naming `message_field` when the new message alone leaves no room; else
-    InvalidInput naming `instructions_field` when the client's system text is what leaves none."""
+    the same naming `instructions_field` when the client's system text is what leaves none."""
     budget = prompter.budget
     now = datetime.now(UTC)
     base = fixed_tokens(prompter.prompts, None, None, now)
@@ -67,7 +67,7 @@ def check_prompt_room(
     fixed = fixed_tokens(prompter.prompts, instructions, user_text, now)
     if fixed <= budget.prompt_room:
         return
-    raise InvalidInput(
+    raise ContextLengthExceeded(
         f"the system prompt is too long: with chatmem's own and the new message it comes to "
         f"~{fixed} tokens, more than the {budget.prompt_room} a prompt may take "
         "(CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS); shorten it",

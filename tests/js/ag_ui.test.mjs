@@ -485,7 +485,7 @@ describe('chatmem over AG-UI', { concurrency: true }, () => {
     const crowded = newAgent('crowded');
     crowded.addMessage({ id: randomUUID(), role: 'system', content: 'Be precise and name your sources. '.repeat(700) });
     crowded.addMessage(user('hi'));
-    await assert.rejects(crowded.runAgent(), (error) => error.status === 422 && error.payload.error.details.field === 'messages[0].content');
+    await assert.rejects(crowded.runAgent(), (error) => error.status === 422 && error.payload.error.code === 'context_length_exceeded' && error.payload.error.details.field === 'messages[0].content');
     assert.deepEqual(await stored(crowded.threadId), [], 'nothing was stored');
 
     // A message that alone fills that room (27,000 characters, within MAX_MESSAGE_CHARS, ~6,750

@@ -481,6 +481,7 @@ test('a system message that leaves the reply no room in the prompt is refused na
   assert.equal(chat.status, 'error');
   assert.match(chat.error.message, /system prompt is too long/);
   assert.match(chat.error.message, /"field":\s*"messages\[0\]\.parts"/);
+  assert.match(chat.error.message, /"code":\s*"context_length_exceeded"/);
   assert.deepEqual(await stored(chat.id), []);
 });
 
