@@ -18,7 +18,15 @@ from urllib.parse import urlsplit
 
 import platformdirs
 import pydantic_settings
-from pydantic import Field, NonNegativeFloat, PositiveFloat, SecretStr, field_validator, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A list setting is read from the environment as written (not as JSON first), so that the
@@ -292,6 +300,11 @@ class RetentionSettings(BaseSettings):
     )
 
 
+# The least CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS may be: room for chatmem's system prompt,
+# the time and a short message.
+MIN_PROMPT_ROOM_TOKENS = 512
+
+
 class ContextSettings(BaseSettings):
     """What goes into a prompt."""
 
@@ -321,6 +334,19 @@ class ContextSettings(BaseSettings):
     interrupted_policy: Literal["keep_text", "drop_turn"] = Field(
         "keep_text", description="How interrupted turns enter the prompt."
     )
+
+    @field_validator("reply_reserve_tokens")
+    @classmethod
+    def _leaves_a_prompt_room(cls, reserve: int, info: ValidationInfo) -> int:
+        # chatmem's own system prompt and the time take ~300 tokens of every prompt: a smaller room
+        # refused every message as too long.
+        room = info.data.get("context_max_tokens", 0) - reserve
+        if "context_max_tokens" in info.data and room < MIN_PROMPT_ROOM_TOKENS:
+            raise ValueError(
+                f"CONTEXT_MAX_TOKENS less REPLY_RESERVE_TOKENS is {room} tokens; a prompt needs at least "
+                f"{MIN_PROMPT_ROOM_TOKENS} (chatmem's system prompt and the time take ~300 of them)"
+            )
+        return reserve
 
 
 class QueueSettings(BaseSettings):

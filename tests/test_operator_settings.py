@@ -54,6 +54,7 @@ def test_list_settings_were_refused_in_the_comma_separated_form_the_readme_docum
         ("JWT_SECRET", "changeme"),  # guessable offline from any one token
         ("LLM_BASE_URL", "localhost:8080/v1"),  # every reply failed as provider_error
         ("EMBEDDING_BASE_URL", "htp://embeddings/v1"),
+        ("REPLY_RESERVE_TOKENS", "5800"),  # with the default CONTEXT_MAX_TOKENS every message was refused
     ],
 )
 def test_a_malformed_setting_was_a_traceback_and_is_one_line(
