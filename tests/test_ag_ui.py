@@ -325,8 +325,9 @@ async def test_a_stop_naming_a_run_let_out_of_the_line_before_its_turns_were_sto
 ) -> None:
     """Found: a run let out of the `on_busy: enqueue` line keeps its place until its turns are
     stored; a stop naming it then was answered `{"success": true}` and nothing watched it, so the
-    run started and streamed to its end. The stop is kept with the place and the reply is
-    stopped as it registers: the run ends cancelled, stored `interrupted_by_user`."""
+    run started and streamed to its end. A stop of a run that no longer waits is the database's
+    to carry, as on any process: it waits for the conversation's lock (or is kept on its row for
+    the run) and stops the reply stored: the run ends cancelled, stored `interrupted_by_user`."""
     server: LiveServer = await start_server(**SLOW)
     async with server.client() as api:
         thread_id = await new_conversation(api)  # the conversation's own id names it as a thread
@@ -339,8 +340,10 @@ async def test_a_stop_naming_a_run_let_out_of_the_line_before_its_turns_were_sto
             run = asyncio.create_task(api.post("/v1/ag-ui", json=body))
             await waiting(1)
             assert server.services.queues.waiting(uuid.UUID(thread_id)) == 1
-            stop = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": body["runId"]})
-            assert stop.json() == {"success": True}
+            stop = asyncio.create_task(api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": body["runId"]}))
+            await waiting(2)  # not dropped from the line: it waits behind the run's start
+        stopped = await stop
+        assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
         answered = await run
         assert answered.status_code == 200, answered.text
         events = [item.data async for item in iter_sse(answered)]

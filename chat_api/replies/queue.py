@@ -21,9 +21,10 @@ Bounds and departures:
 - A stop aimed at a waiting request (`stop_waiting`, by the key it was sent with: AG-UI's
   stop with the run's `runId`) drops that request before anything is stored (409
   `stopped_while_waiting`); the reply ahead of it goes on: it is not the one stopped.
-  A request keeps its place (and its key) until its reply is registered and stored, so a
-  stop that names it after it stopped waiting, while its turns are being stored, is not
-  lost: it is kept, and the reply is stopped as it registers (`reply_registered`).
+  Only a request that waits is dropped here. One that has stopped waiting (its turns are
+  being stored) is the database's to stop, on any process: the stop waits for the
+  conversation's lock and stops the stored reply, or is kept for it
+  (chat_api.replies.stop.stop_conversation).
 
 The lines live in this process. Requests for one conversation that reach different API
 processes are ordered within each process only (a sticky load balancer keeps a
@@ -39,17 +40,12 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
 
 from fastapi import Request
 
 from chat_api import metrics
 from chat_api.errors import RateLimited
 from memory.errors import Conflict, DomainError
-from memory.events import StopReason
-
-if TYPE_CHECKING:
-    from chat_api.replies.reply import Reply
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +95,7 @@ class Place:
         self.key = key  # the request's idempotency key, by which a stop finds it
         self.at_front = asyncio.Event()
         self.stopped = asyncio.Event()
-        self.reply: Reply | None = None  # the reply it started, once registered
+        self.waiting = False  # in `until`: a stop drops it (it checks `stopped` first when it wakes)
         self._left = False
 
     async def wait_front(self) -> None:
@@ -137,16 +133,14 @@ class ReplyQueues:
             place.at_front.set()
         return place
 
-    def stop_waiting(self, conversation_id: uuid.UUID, key: str) -> Place | None:
-        """Stop the request in this conversation's line with `key`: dropped if it still waits,
-        its reply stopped if it has started one or as it registers one; None if none is here."""
+    def stop_waiting(self, conversation_id: uuid.UUID, key: str) -> bool:
+        """Drop the request in this conversation's line with `key` if it waits (it answers 409,
+        nothing stored); False if none with that key waits here."""
         for place in self._lines.get(conversation_id, ()):
-            if place.key == key:
+            if place.key == key and place.waiting:
                 place.stopped.set()
-                if place.reply is not None:
-                    place.reply.request_stop(StopReason.USER)
-                return place
-        return None
+                return True
+        return False
 
     def remove(self, place: Place) -> None:
         """Take `place` out of its line; the new front is woken."""
@@ -176,18 +170,6 @@ async def in_line(
         place.leave()
 
 
-def reply_registered(reply: Reply) -> None:
-    """For the request being served: its reply is registered. A stop that named its place once
-    it had stopped waiting is honoured now, and one still to come finds the reply by its place."""
-    place = _place.get()
-    if place is None:
-        return
-    place.reply = reply
-    if place.stopped.is_set():
-        log.info("a queued message's reply was stopped as it started: a stop named it on its way out of line")
-        reply.request_stop(StopReason.USER)
-
-
 async def until(waiting: Awaitable[object]) -> None:
     """Await `waiting`; raise ClientLeft once the client is gone, if the request asked for a stop then,
     and StoppedWhileWaiting once a stop drops the request's place in its line."""
@@ -196,19 +178,24 @@ async def until(waiting: Awaitable[object]) -> None:
     task = asyncio.ensure_future(waiting)
     stopped = asyncio.ensure_future(place.stopped.wait()) if place is not None else None
     watched = {task} if stopped is None else {task, stopped}
+    if place is not None:
+        place.waiting = True
     try:
         while True:
             done, _ = await asyncio.wait(watched, timeout=CLIENT_CHECK_SECONDS, return_when="FIRST_COMPLETED")
+            # A stop that found it waiting was answered "dropped": it wins over its turn coming.
+            if place is not None and place.stopped.is_set():
+                log.info("a queued message was dropped: a stop named it before its turn")
+                raise StoppedWhileWaiting("the run was stopped while it waited; it was not stored")
             if task in done:
                 task.result()
                 return
-            if stopped in done:
-                log.info("a queued message was dropped: a stop named it before its turn")
-                raise StoppedWhileWaiting("the run was stopped while it waited; it was not stored")
             if client_gone is not None and await client_gone():
                 log.info("a queued message was dropped: its client left before its turn")
                 raise ClientLeft("the client left while the message waited; it was not stored")
     finally:
+        if place is not None:
+            place.waiting = False
         for pending in watched:
             if not pending.done():
                 pending.cancel()

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from chat_api.metrics import observe_query_ahead
 from chat_api.providers.base import ModelOptions
 from chat_api.replies.idempotency import check_replay
-from chat_api.replies.queue import drop_if_client_leaves, in_line, reply_registered, until
+from chat_api.replies.queue import drop_if_client_leaves, in_line, until
 from chat_api.replies.reaper import reap_if_owner_gone
 from chat_api.replies.recall import recalls
 from chat_api.replies.reply import Reply, ReplyRequest
@@ -450,7 +450,6 @@ async def _start_reply(
                     # turn is visible must find it here.
                     services.registry.add(reply)
                     admitted.registered()  # the registry counts it now: no await in between
-                    reply_registered(reply)  # a stop that named its place in line reaches it now
                     if stopped:
                         log.info("a reply was started stopped: a stop came for it before it was stored")
                         reply.request_stop(StopReason.USER)

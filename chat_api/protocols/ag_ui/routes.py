@@ -327,10 +327,8 @@ async def stop(
         raise NotFound("thread not found", thread_id=thread_id)
     run_id = await _run_id_named(request)
     key = run_key(run_id) if run_id is not None else None
-    if key is not None:
-        in_line = services.queues.stop_waiting(conversation.id, key)
-        if in_line is not None and in_line.reply is None:
-            return StopResult(success=True)  # dropped from the line, or stopped as its reply starts
+    if key is not None and services.queues.stop_waiting(conversation.id, key):
+        return StopResult(success=True)  # dropped from the line here: nothing of it is stored
     stopped = await stop_conversation(
         services, conversation.id, key=key, stored=_stored_run(conversation, run_id) if run_id else None
     )
