@@ -110,11 +110,18 @@ async def test_a_stop_of_a_chat_with_nothing_running_stopped_the_next_message(st
 
 
 async def stop_while_a_message_waits_its_turn(
-    server: LiveServer, api: Any, db: Any, chat_id: str, stop_path: str, stop_body: dict[str, Any]
+    server: LiveServer,
+    api: Any,
+    db: Any,
+    chat_id: str,
+    stop_path: str,
+    stop_body: dict[str, Any],
+    send: tuple[str, dict[str, Any]] | None = None,
 ) -> tuple[Any, Any]:
-    """Send a message, then a stop that takes the conversation's lock before the message's start
-    does: the message waits in line behind a run (at the lock) that then fails, so the stop
-    finds nothing running. The stop's answer, and the message's."""
+    """Send a message (by default to the AI SDK door; `send`: another door's path and body),
+    then a stop that takes the conversation's lock before the message's start does: the
+    message waits in line behind a run (at the lock) that then fails, so the stop finds
+    nothing running. The stop's answer, and the message's."""
     enqueue = {"on_busy": "enqueue"}
     # Answers no tool call of the conversation: refused under the lock, nothing stored.
     result = {"id": str(uuid.uuid4()), "role": "tool", "toolCallId": "call_none", "content": "{}"}
@@ -125,10 +132,11 @@ async def stop_while_a_message_waits_its_turn(
         "forwardedProps": enqueue,
     }
     message = {"id": chat_id, "trigger": "submit-message", "messages": [ui_message("/long story")], **enqueue}
+    path, body = send or ("/v1/ai-sdk/chat", message)
     async with conversation_locked(db, chat_id) as waiting:
         ahead = asyncio.create_task(api.post("/v1/ag-ui", json=failing))
         await waiting(1)
-        sent = asyncio.create_task(api.post("/v1/ai-sdk/chat", json=message))
+        sent = asyncio.create_task(api.post(path, json={**body, **enqueue}))
         await wait_until(lambda: server.services.queues.waiting(uuid.UUID(chat_id)) == 2, what="in line")
         stop = asyncio.create_task(api.post(stop_path, json=stop_body))
         await waiting(2)
@@ -181,3 +189,24 @@ async def test_a_stop_naming_a_run_that_had_ended_stopped_the_next_message(
         assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
         assert last_chunk(answered)["type"] == "finish"
         assert [status for status, _ in await stored_replies(api, thread_id)] == ["completed", "completed"]
+
+
+async def test_a_stop_of_the_chat_kept_while_a_message_to_the_turns_door_waited_stopped_nothing(
+    start_server: Any, db: Any
+) -> None:
+    """Found: the doors that passed no arrival time (chatmem's own messages, regenerate and
+    edit, the OpenAI doors, ...) counted a kept stop from the start of the transaction storing
+    the reply, so a stop sent after the message, but kept before its turns were stored, was
+    taken as stale: the reply streamed to its end. Every door's request now arrives at the
+    door, and the stop is taken: the reply is stored `interrupted_by_user`, empty."""
+    server: LiveServer = await start_server(**SLOW)
+    async with server.client() as api:
+        conversation_id = await new_conversation(api)
+        stop_path = f"/v1/ai-sdk/chat/{conversation_id}/stop"
+        send = (f"/v1/conversations/{conversation_id}/messages", {"content": "/long story", "stream": False})
+        stopped, answered = await stop_while_a_message_waits_its_turn(
+            server, api, db, conversation_id, stop_path, {}, send
+        )
+        assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
+        assert answered.json()["status"] == "interrupted_by_user", answered.text
+        assert await stored_replies(api, conversation_id) == [("interrupted_by_user", "")]

@@ -1,6 +1,7 @@
 """The door: who is asking, settled before any work, for every authenticated route and for /mcp.
 
-`pass_door` is chatmem's one authentication, in this order:
+`pass_door` is chatmem's one authentication, in this order (first noting that the request
+arrived: chat_api.admission.arrival):
 
 1. the client address's allowance of failed authentications (AUTH_FAILURES_PER_MINUTE):
    once it is spent, 429 before the credential is even looked at, so guessing tokens or
@@ -46,6 +47,7 @@ from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.types import Scope
 
+from chat_api.admission.arrival import note_arrival
 from chat_api.admission.inputs import check_url_strings, parse_json
 from chat_api.auth import AuthError, is_api_key, verify_api_key
 from chat_api.errors import Forbidden
@@ -85,6 +87,7 @@ async def pass_door(services: Services, scope: Scope, *, stop: bool = False) -> 
 
     AuthError (401) or RateLimited (429); on success the request's state holds the Credential.
     """
+    note_arrival()  # before any wait: a stop sent from now on means what this request starts
     admission = services.admission
     address = _address(scope)
     admission.check_address(address)

@@ -20,11 +20,11 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chat_api.admission.arrival import seconds_since_arrival
 from chat_api.metrics import observe_query_ahead
 from chat_api.providers.base import ModelOptions
 from chat_api.replies.idempotency import check_replay
@@ -108,7 +108,6 @@ async def accept_message(
     idempotency_key: str | None,
     memory_scope: str,
     parked_gives_way: bool = False,
-    arrived_at: datetime | None = None,
 ) -> Accepted:
     """Store the user turn and a streaming assistant turn, and start the reply."""
 
@@ -127,7 +126,6 @@ async def accept_message(
         memory_scope=memory_scope,
         content=content,
         parked_gives_way=parked_gives_way,
-        arrived_at=arrived_at,
     )
 
 
@@ -291,7 +289,6 @@ async def edit_message(
     idempotency_key: str | None,
     memory_scope: str,
     parked_gives_way: bool = False,
-    arrived_at: datetime | None = None,
 ) -> Accepted:
     """Replace a user message: a new active branch forked just before it, the new message, and a reply."""
 
@@ -313,7 +310,6 @@ async def edit_message(
         memory_scope=memory_scope,
         content=content,
         parked_gives_way=parked_gives_way,
-        arrived_at=arrived_at,
     )
 
 
@@ -330,7 +326,6 @@ async def start_reply(
     memory_scope: str,
     content: str | None = None,
     parked_gives_way: bool = False,
-    arrived_at: datetime | None = None,
 ) -> Accepted:
     """Lock the conversation, apply the busy policy, store the reply's turns with `begin`, and launch it.
 
@@ -348,9 +343,9 @@ async def start_reply(
     with `on_disconnect="stop"`, one whose client leaves while it waits is dropped before
     anything is stored, whichever door it came through.
 
-    `arrived_at` is the database's time the request arrived (`Conversation.read_at` of its
-    first read): a stop of the conversation kept since then starts the reply stopped
-    (memory.record.pending_stops). Without it, the time the reply's turns began to be stored.
+    A stop of the conversation kept since the request arrived (it passed the door:
+    chat_api.admission.arrival) starts the reply stopped (memory.record.pending_stops),
+    whichever door it came through.
     """
 
     async def attempt() -> Accepted:
@@ -365,7 +360,6 @@ async def start_reply(
             memory_scope=memory_scope,
             content=content,
             parked_gives_way=parked_gives_way,
-            arrived_at=arrived_at,
         )
 
     drop_if_client_leaves(on_disconnect == "stop")
@@ -398,7 +392,6 @@ async def _start_reply(
     memory_scope: str,
     content: str | None,
     parked_gives_way: bool,
-    arrived_at: datetime | None,
 ) -> Accepted:
     while True:
         # A request that waited (its line, the reply it interrupts) may find the process shutting down.
@@ -426,7 +419,7 @@ async def _start_reply(
                     running = conversation.active_reply_id
                 else:
                     # A stop that came for this reply before it was stored (memory.record.pending_stops).
-                    stopped = await take_stop(session, conversation, idempotency_key, arrived_at)
+                    stopped = await take_stop(session, conversation, idempotency_key, seconds_since_arrival())
                     reply_id = uuid.uuid4()
                     # Its query is encoded while the turns are stored (a regenerate's, once read).
                     if content is not None:

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import with_expression
 
 from memory.errors import InvalidInput, NotFound
 from memory.recall.forgetting import forget_replies_shown_in
@@ -58,13 +57,8 @@ async def create_conversation(
 async def get_conversation(
     session: AsyncSession, owner: Owner, conversation_id: uuid.UUID, *, for_update: bool = False
 ) -> Conversation:
-    """The owner's live conversation, or NotFound (also for other tenants' ids); `read_at` is
-    the database's time of this transaction."""
-    query = (
-        select(Conversation)
-        .where(Conversation.id == conversation_id, _owned(owner))
-        .options(with_expression(Conversation.read_at, func.now()))
-    )
+    """The owner's live conversation, or NotFound (also for other tenants' ids)."""
+    query = select(Conversation).where(Conversation.id == conversation_id, _owned(owner))
     if for_update:
         query = query.with_for_update()
     conversation = (await session.execute(query)).scalar_one_or_none()

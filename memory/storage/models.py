@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import text as sql_text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, query_expression
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 EMBEDDING_DIM = 384
 
@@ -66,9 +66,6 @@ class Conversation(Base):
     # A stop that found no reply to stop yet, kept for the one being started (memory/record/pending_stops.py).
     stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     stop_requested_key: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # Not a column: the database's time when this row was read (`get_conversation` asks for it):
-    # a request's arrival, for a stop kept since then (None on a row made here).
-    read_at: Mapped[datetime | None] = query_expression()
     # The branch new turns go to and prompts read (memory/record/branches.py). Its root branch has
     # the conversation's id; a trigger (migration 0005) fills both in for any INSERT.
     active_branch_id: Mapped[uuid.UUID] = mapped_column(

@@ -81,7 +81,6 @@ async def start_and_stream(
             memory_scope=request.memory_scope or services.settings.memory_scope,
             content=content,
             admitted=admitted,
-            arrived_at=conversation.read_at,  # a stop of the thread from now on stops this run
         )
         hand_over(services, accepted, tools=request.tools, instructions=request.instructions)
     translator = RunTranslator(request.thread_id, request.run_id, modern=request.modern)

@@ -191,7 +191,6 @@ async def chat(
             # A retried request (same message id) reattaches to the reply it started.
             idempotency_key=f"ai-sdk:{last.id}",
             memory_scope=body.memory_scope or services.settings.memory_scope,
-            arrived_at=conversation.read_at,  # a stop of the chat from now on stops this reply
         )
         hand_over(services, accepted, instructions=instructions)
         await _remember_client_id(services, accepted, last.id)
@@ -268,7 +267,6 @@ async def _edit(
             parked_gives_way=body.on_busy is None,
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
-            arrived_at=conversation.read_at,
         )
         hand_over(services, accepted, instructions=instructions)
         await _remember_client_id(services, accepted, body.messageId)
@@ -307,7 +305,6 @@ async def _regenerate(
             parked_gives_way=body.on_busy is None,
             idempotency_key=None,
             memory_scope=body.memory_scope or services.settings.memory_scope,
-            arrived_at=conversation.read_at,
         )
         hand_over(services, accepted, instructions=instructions)
     return _reply_stream(services, admitted, accepted, body)
