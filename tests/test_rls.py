@@ -22,7 +22,15 @@ from memory.storage.tenancy import current_tenant, tenant_scope, unscoped
 from tests.conftest import LiveServer
 from tests.sse import collect
 
-RLS_TABLES = ("conversations", "turns", "turn_events", "tool_invocations", "outbox", "memory_items")
+RLS_TABLES = (
+    "conversations",
+    "turns",
+    "turn_events",
+    "tool_invocations",
+    "outbox",
+    "memory_items",
+    "chat_stops",
+)
 
 SEED = [
     """INSERT INTO conversations (id, tenant_id, user_id, title, memory_mode)
@@ -40,6 +48,8 @@ SEED = [
                                  turn_seq, role, text, search_terms, embedding, turn_created_at)
        VALUES (1, :tenant, 'u1', :conversation, :turn, 0, 1, 'user', 'hello', to_tsvector('simple', 'hello'),
                CAST(:embedding AS vector), now())""",
+    """INSERT INTO chat_stops (tenant_id, user_id, chat_id, requested_at, run_key)
+       VALUES (:tenant, 'u1', 'new-chat', now(), NULL)""",
 ]
 
 

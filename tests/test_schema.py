@@ -263,3 +263,38 @@ def test_0024_outbox_rows_are_found_by_conversation_and_seq_and_a_poison_row_sti
     definition = after["ix_outbox_conversation_seq"]
     assert "(conversation_id, " in definition and "(payload ->> 'seq'::text)" in definition
     asyncio.run(admin(pg_url, "DROP DATABASE upgrade_0024"))
+
+
+CHAT_STOPS_RLS = text(
+    "SELECT c.relrowsecurity, (SELECT count(*) FROM pg_policies p WHERE p.tablename = c.relname) AS policies"
+    " FROM pg_class c WHERE c.relname = 'chat_stops'"
+)
+
+
+def test_0026_keeps_stops_of_new_chats_under_the_tenant_policy_and_downgrades_to_0025(pg_url: str) -> None:
+    # Stops of chat ids not used yet hold user ids and the client's chat ids: the table is under
+    # the tenant policy as every table of user data, and 0026 goes back to 0025 cleanly.
+    async def chat_stops(url: str) -> list[tuple[bool, int]]:
+        db = Database(url, pool_size=1)
+        try:
+            async with db.transaction() as session:
+                return [(row.relrowsecurity, row.policies) for row in await session.execute(CHAT_STOPS_RLS)]
+        finally:
+            await db.dispose()
+
+    from alembic import command
+    from alembic.config import Config
+
+    from memory.storage.db import MIGRATIONS_DIR
+
+    url = fresh_database(pg_url, "upgrade_0026")
+    upgrade(url, "head")
+    assert asyncio.run(chat_stops(url)) == [(True, 1)]
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", async_url(url).replace("%", "%%"))
+    command.downgrade(config, "0025")
+    assert asyncio.run(chat_stops(url)) == []
+    upgrade(url, "head")
+    assert asyncio.run(chat_stops(url)) == [(True, 1)]
+    asyncio.run(admin(pg_url, "DROP DATABASE upgrade_0026"))

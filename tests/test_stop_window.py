@@ -13,6 +13,9 @@ import json
 import uuid
 from typing import Any
 
+from sqlalchemy import text
+
+from memory.record.pending_stops import NEW_CHAT_STOP_SECONDS
 from tests.conftest import LiveServer
 from tests.sse import iter_sse
 from tests.support import conversation_locked, new_conversation, wait_until
@@ -210,3 +213,79 @@ async def test_a_stop_of_the_chat_kept_while_a_message_to_the_turns_door_waited_
         assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
         assert answered.json()["status"] == "interrupted_by_user", answered.text
         assert await stored_replies(api, conversation_id) == [("interrupted_by_user", "")]
+
+
+async def test_a_stop_of_a_brand_new_ag_ui_thread_answered_404_and_its_first_run_streamed_to_its_end(
+    start_server: Any,
+) -> None:
+    """Found: the client picks the threadId, so the stop of a new thread's first run can come
+    before the run's request has made the thread; it answered 404 and the run streamed
+    unstopped. The stop is kept for the thread id (202, not confirmed), and the first run
+    (the one it names) starts stopped; the next run is answered in full."""
+    server: LiveServer = await start_server(**SLOW)
+    thread_id = str(uuid.uuid4())
+    body = run_input(thread_id, "/long story")
+    async with server.client() as api:
+        stopped = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": body["runId"]})
+        assert (stopped.status_code, stopped.json()) == (202, {"success": False}), stopped.text
+        answered = await api.post("/v1/ag-ui", json=body)
+        assert answered.status_code == 200, answered.text
+        events = [item.data async for item in iter_sse(answered)]
+        assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "cancelled"}
+        assert await stored_replies(api, thread_id) == [("interrupted_by_user", "")]
+        async with api.stream("POST", "/v1/ag-ui", json=run_input(thread_id, "hello")) as response:
+            await response.aread()
+        assert [status for status, _ in await stored_replies(api, thread_id)] == [
+            "interrupted_by_user",
+            "completed",
+        ]
+
+
+async def test_a_stop_of_a_brand_new_ai_sdk_chat_answered_404_and_its_first_reply_streamed_to_its_end(
+    start_server: Any,
+) -> None:
+    """The same for the AI SDK's stop, which names only the chat: kept for the chat's first
+    reply, which starts stopped (the stream ends with `abort`)."""
+    server: LiveServer = await start_server(**SLOW)
+    chat_id = f"chat-{uuid.uuid4().hex}"
+    async with server.client() as api:
+        stopped = await api.post(f"/v1/ai-sdk/chat/{chat_id}/stop", json={})
+        assert (stopped.status_code, stopped.json()) == (202, {"success": False}), stopped.text
+        body = {"id": chat_id, "trigger": "submit-message", "messages": [ui_message("/long story")]}
+        answered = await api.post("/v1/ai-sdk/chat", json=body)
+        assert answered.status_code == 200, answered.text
+        assert last_chunk(answered)["type"] == "abort"
+        assert await stored_replies(api, chat_id) == [("interrupted_by_user", "")]
+
+
+KEPT_FOR_NEW_CHATS = text("SELECT chat_id FROM chat_stops ORDER BY chat_id")
+AGE_KEPT_STOPS = text(
+    "UPDATE chat_stops SET requested_at = requested_at - make_interval(secs => CAST(:seconds AS float8))"
+)
+
+
+async def test_a_stop_of_a_chat_id_no_run_came_for_stopped_a_chat_begun_later_and_was_kept_forever(
+    start_server: Any, db: Any
+) -> None:
+    """A stop of a chat id is kept for that chat's first run only NEW_CHAT_STOP_SECONDS: a
+    chat begun after that (the run the stop meant never came) is answered in full, and the
+    next stop kept in the tenant deletes the stale row, so stops of ids nobody uses do not
+    pile up. (Time is moved by SQL, not waited for.)"""
+    server: LiveServer = await start_server()
+    async with server.client() as api:
+        stale = await api.post("/v1/ai-sdk/chat/never-sent/stop", json={})
+        assert stale.status_code == 202, stale.text
+        async with db.transaction() as session:
+            await session.execute(AGE_KEPT_STOPS, {"seconds": NEW_CHAT_STOP_SECONDS + 1})
+        body = {"id": "never-sent", "trigger": "submit-message", "messages": [ui_message("hello")]}
+        answered = await api.post("/v1/ai-sdk/chat", json=body)
+        assert answered.status_code == 200, answered.text
+        assert [status for status, _ in await stored_replies(api, "never-sent")] == ["completed"]
+
+        for chat_id in ("unused-a", "unused-b"):
+            assert (await api.post(f"/v1/ai-sdk/chat/{chat_id}/stop", json={})).status_code == 202
+        async with db.transaction() as session:
+            await session.execute(AGE_KEPT_STOPS, {"seconds": NEW_CHAT_STOP_SECONDS + 1})
+        assert (await api.post("/v1/ai-sdk/chat/unused-c/stop", json={})).status_code == 202
+        async with db.session() as session:
+            assert list((await session.execute(KEPT_FOR_NEW_CHATS)).scalars()) == ["unused-c"]

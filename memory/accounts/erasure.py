@@ -49,6 +49,10 @@ DELETE_USER_DEAD_LETTERS = text(
 )
 
 
+# Stops kept for chat ids the user had not used yet (memory.record.pending_stops).
+DELETE_USER_CHAT_STOPS = text("DELETE FROM chat_stops WHERE tenant_id = :tenant_id AND user_id = :user_id")
+
+
 class UserBusy(Conflict):
     """A reply of the user is streaming; stop it before deleting the user."""
 
@@ -77,6 +81,9 @@ async def delete_user(session: AsyncSession, owner: Owner) -> Counter[str]:
     result = await session.execute(DELETE_USER_MEMORY, params)
     counts["memory_items"] += int(getattr(result, "rowcount", 0) or 0)
     counts["api_keys"] += await delete_keys(session, owner)
+    kept_stops = int(getattr(await session.execute(DELETE_USER_CHAT_STOPS, params), "rowcount", 0) or 0)
+    if kept_stops:
+        counts["chat_stops"] += kept_stops
     return counts
 
 

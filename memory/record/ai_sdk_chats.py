@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memory.errors import InvalidInput, NotFound
 from memory.events import EventName
 from memory.record.conversations import Owner, create_conversation, get_conversation
+from memory.record.pending_stops import keep_new_chat_stop, take_new_chat_stop
 from memory.storage.models import Conversation
 
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -88,14 +89,20 @@ async def find_chat(session: AsyncSession, owner: Owner, chat_id: str) -> Conver
         return None  # unused, or anyone else's: the same answer
 
 
+async def _lock_new_chat(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation | None:
+    """Take the lock that creating the chat takes, then the chat's conversation if it has one now."""
+    key = f"ai-sdk-chat:{owner.tenant_id}:{owner.user_id}:{chat_id}"
+    await session.execute(LOCK_NEW_CHAT, {"key": key})
+    return await find_chat(session, owner, chat_id)
+
+
 async def chat_conversation(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation:
-    """The owner's conversation for this chat id, created (and mapped) on first use."""
+    """The owner's conversation for this chat id, created (and mapped) on first use; a stop
+    kept for the chat id before then (`stop_of_chat`) is kept on the new conversation."""
     found = await find_chat(session, owner, chat_id)
     if found is not None:
         return found
-    key = f"ai-sdk-chat:{owner.tenant_id}:{owner.user_id}:{chat_id}"
-    await session.execute(LOCK_NEW_CHAT, {"key": key})
-    found = await find_chat(session, owner, chat_id)
+    found = await _lock_new_chat(session, owner, chat_id)
     if found is not None:
         return found
     conversation = await create_conversation(session, owner)
@@ -106,7 +113,24 @@ async def chat_conversation(session: AsyncSession, owner: Owner, chat_id: str) -
         "conversation_id": conversation.id,
     }
     await session.execute(ADD_CHAT, params)
+    await take_new_chat_stop(session, owner, chat_id, conversation.id)
     return conversation
+
+
+async def stop_of_chat(
+    session: AsyncSession, owner: Owner, chat_id: str, key: str | None
+) -> Conversation | None:
+    """The owner's conversation for this chat id, to stop; None if the owner has not used the id
+    yet: then the stop is kept for the chat's first run (memory.record.pending_stops), under the
+    lock that creating the chat takes, so a chat created meanwhile is found instead."""
+    found = await find_chat(session, owner, chat_id)
+    if found is not None:
+        return found
+    found = await _lock_new_chat(session, owner, chat_id)
+    if found is not None:
+        return found
+    await keep_new_chat_stop(session, owner, chat_id, key)
+    return None
 
 
 async def memory_payloads(

@@ -1,7 +1,8 @@
 """Storage models: every row that holds user data carries tenant_id and user_id.
 
 The migrations (memory/storage/migrations/) define every table; tables only ever written by
-SQL statements (dead_letters: indexer/pg_queue.py; ai_sdk_chats: memory/record/ai_sdk_chats.py)
+SQL statements (dead_letters: indexer/pg_queue.py; ai_sdk_chats: memory/record/ai_sdk_chats.py;
+chat_stops: memory/record/pending_stops.py)
 have no model here.
 """
 

@@ -210,6 +210,24 @@ describe('chatmem over AG-UI', { concurrency: true }, () => {
     assert.equal((await stored(agent.threadId))[3].metadata.status, 'completed');
   });
 
+  test("a new thread's first run, stopped on another replica before its input was served, streamed to its end", BOUND, async () => {
+    // The client picks the threadId and runId: the stop can come first. It was a 404; it is
+    // kept for the thread's first run (202, not confirmed), and that run starts stopped.
+    const agent = newAgent('stop-new-thread');
+    const runId = randomUUID();
+    const stop = await call('POST', `/v1/ag-ui/${agent.threadId}/stop`, { body: { runId }, base: REPLICA });
+    assert.deepEqual([stop.status, stop.body], [202, { success: false }]);
+    agent.addMessage(user('/long tell me a long story'));
+    const first = await run(agent, { runId });
+    assert.equal(first.outcome, 'cancelled');
+    assert.equal(first.text, '');
+    const [, reply] = await stored(agent.threadId);
+    assert.equal(reply.metadata.status, 'interrupted_by_user');
+    agent.addMessage(user('go on, briefly'));
+    assert.equal((await run(agent)).outcome, 'success');
+    assert.equal((await stored(agent.threadId)).at(-1).metadata.status, 'completed');
+  });
+
   test('stop mid-arguments closes the call, answers it, and the next run is answered', BOUND, async () => {
     const agent = newAgent('stop-cut-arguments');
     agent.addMessage(user(`/tool transfer_funds ${LONG_ARGUMENTS}`));

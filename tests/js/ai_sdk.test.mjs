@@ -134,12 +134,19 @@ test('stop mid-reply: the stream ends with abort, and the stored text is what th
 });
 
 test('a stop of a chat id nobody used answered success, as if a reply had been stopped', BOUND, async () => {
-  // Every other door's stop is a 404 for an id that names nothing; this one said `{success: true}`.
+  // It said `{success: true}`; then a 404, and a stop sent before a new chat's first message
+  // was served was lost. It is accepted, not confirmed (202): kept for the chat's first reply.
   const unused = generateId();
   const unknown = await call('POST', `/v1/ai-sdk/chat/${unused}/stop`, { body: {} });
-  assert.equal(unknown.status, 404);
-  assert.equal(unknown.body.error.code, 'not_found');
+  assert.deepEqual([unknown.status, unknown.body], [202, { success: false }]);
   assert.equal((await stored(unused)).length, 0, 'nothing was made by the stop');
+  // The chat's first message, sent by the SDK's own transport: its reply starts stopped.
+  const first = new Chat({ id: unused, transport: transport() });
+  await first.sendMessage({ text: '/long a story' });
+  const history = await stored(unused);
+  assert.equal(history.length, 2);
+  assert.equal(history[1].metadata.status, 'interrupted_by_user');
+  assert.equal(textOf(history[1]), '');
   // A chat that exists with nothing streaming still answers success, as before.
   const chat = newChat();
   await chat.sendMessage({ text: 'hello' });
@@ -516,7 +523,7 @@ test("another user's chat: the same client id, or the owner's conversation id, i
       for (const [method, path, body, status] of [
         ['GET', `/v1/ai-sdk/chat/${id}/messages`, undefined, 200],
         ['GET', `/v1/ai-sdk/chat/${id}/stream`, undefined, 204],
-        ['POST', `/v1/ai-sdk/chat/${id}/stop`, {}, 404],
+        ['POST', `/v1/ai-sdk/chat/${id}/stop`, {}, 202],
       ]) {
         const answer = await call(method, path, { token, body });
         assert.equal(answer.status, status, `${method} ${path}`);
@@ -527,9 +534,11 @@ test("another user's chat: the same client id, or the owner's conversation id, i
     }
     assert.deepEqual(answers[0], answers[1]);
     // Sending to it starts a chat of their own; the owner's conversation is untouched.
+    // Its first reply starts stopped: the stop above was kept for the chat's first reply.
     const theirs = new Chat({ id: conversationId, transport: transport(token) });
     await theirs.sendMessage({ text: 'let me in' });
     assert.equal(theirs.status, 'ready');
+    assert.equal((await stored(conversationId, token))[1].metadata.status, 'interrupted_by_user');
     const mine = (await call('GET', '/v1/conversations', { token })).body.items;
     assert.equal(mine.length, 1);
     assert.notEqual(mine[0].id, conversationId);

@@ -59,7 +59,7 @@ from chat_api.schemas import ErrorOut
 from chat_api.services import Services
 from memory.errors import DomainError, InvalidInput, NotFound
 from memory.events import TurnStatus
-from memory.record.ai_sdk_chats import CHAT_ID, find_chat, names_a_turn, remember_message_id
+from memory.record.ai_sdk_chats import CHAT_ID, find_chat, names_a_turn, remember_message_id, stop_of_chat
 from memory.record.branches import (
     conversation_branch,
     fork_branch,
@@ -295,8 +295,13 @@ def _stored_run(conversation: Conversation, run_id: str) -> RunStored:
     "/{thread_id}/stop",
     response_model=StopResult,
     responses={
-        202: {"model": StopResult},
-        404: {"model": ErrorOut, "description": "A thread the caller has not used."},
+        202: {
+            "model": StopResult,
+            "description": "Accepted, not confirmed: the run's process did not confirm in time, or the "
+            "stop is kept for a run not stored yet (a runId of no stored run, or a thread id the caller "
+            "has not used yet).",
+        },
+        404: {"model": ErrorOut, "description": "The thread's conversation was deleted."},
     },
 )
 async def stop(
@@ -304,8 +309,7 @@ async def stop(
 ) -> StopResult | JSONResponse:
     """Stop the thread's running (or waiting) run on whichever process runs it. Idempotent.
 
-    A thread the caller has not used is a 404, as stopping an unknown turn or response is on
-    the other doors; a run that has ended answers 200.
+    A run that has ended answers 200.
 
     The open stream closes its text message and tool calls, answers every unanswered call,
     and ends with RUN_FINISHED (outcome `cancelled`); the stored reply holds exactly what it
@@ -319,14 +323,17 @@ async def stop(
     `success: false` (accepted, not confirmed): if that run is the one starting, it starts
     stopped (RUN_FINISHED `cancelled`, stored `interrupted_by_user` and empty); any other run
     clears it. Without a runId, a stop that finds no run running is kept the same way for a
-    run whose start had begun before it, and answers 200.
+    run whose request had arrived before it, and answers 200. A thread id the caller has not
+    used yet (another user's answers the same) may be the thread of a first run not served
+    yet: the stop, with its runId if named, is kept for that thread's first run for a short
+    while and answers 202 `success: false`.
     """
-    async with services.db.session() as session:
-        conversation = await find_chat(session, owner, thread_id)
-    if conversation is None:
-        raise NotFound("thread not found", thread_id=thread_id)
     run_id = await _run_id_named(request)
     key = run_key(run_id) if run_id is not None else None
+    async with services.db.transaction() as session:
+        conversation = await stop_of_chat(session, owner, thread_id, key)
+    if conversation is None:
+        return JSONResponse(StopResult(success=False).model_dump(), status_code=202)
     if key is not None and services.queues.stop_waiting(conversation.id, key):
         return StopResult(success=True)  # dropped from the line here: nothing of it is stored
     stopped = await stop_conversation(

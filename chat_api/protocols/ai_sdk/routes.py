@@ -62,6 +62,7 @@ from memory.record.ai_sdk_chats import (
     find_chat,
     memory_payloads,
     remember_message_id,
+    stop_of_chat,
 )
 from memory.record.approvals import Decision
 from memory.record.branches import (
@@ -475,8 +476,12 @@ class StopResult(BaseModel):
     "/{chat_id}/stop",
     response_model=StopResult,
     responses={
-        202: {"model": StopResult},
-        404: {"model": ErrorOut, "description": "A chat id the caller has not used."},
+        202: {
+            "model": StopResult,
+            "description": "Accepted, not confirmed: the reply's process did not confirm in time, or the "
+            "chat id is one the caller has not used yet (the stop is kept for its first reply).",
+        },
+        404: {"model": ErrorOut, "description": "The chat's conversation was deleted."},
     },
 )
 async def stop(
@@ -489,12 +494,15 @@ async def stop(
     Any body is accepted and not read (`{}`, or `{assistantMessage, activeStreamId}` as the
     SDK's docs show, with or without a JSON content type). The open stream ends with
     `abort`; its stored reply holds exactly what it carried. A chat with no running reply
-    answers 200; a chat id the caller has not used is a 404, as stopping an unknown turn,
-    response or thread is on the other doors.
-    202 with `success: false` if the process running it did not confirm within STOP_WAIT_SECONDS.
+    answers 200. 202 with `success: false` if the process running it did not confirm within
+    STOP_WAIT_SECONDS, and for a chat id the caller has not used yet (the client picks it, so
+    the stop may come before the chat's first message is served): the stop is kept for that
+    chat's first reply for a short while, and the reply starts stopped (another user's chat
+    id answers the same).
     """
-    conversation = await _existing_chat(services, owner, chat_id)
-    if await stop_conversation(services, conversation.id) is not Stopped.ENDED:
+    async with services.db.transaction() as session:
+        conversation = await stop_of_chat(session, owner, chat_id, None)
+    if conversation is None or await stop_conversation(services, conversation.id) is not Stopped.ENDED:
         return JSONResponse(StopResult(success=False).model_dump(), status_code=202)
     return StopResult(success=True)
 
