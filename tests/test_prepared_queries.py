@@ -132,6 +132,8 @@ async def test_an_openai_doors_query_is_encoded_before_its_turns_are_stored(
     embedder = RecordingEmbedder(real_encoder, log)
     server: LiveServer = await start_server(embedder=embedder)
     engine = server.services.db.engine.sync_engine
+    async with server.client() as native:  # the user has memory (a user with none is not searched)
+        await say(native, await new_conversation(native, "Family"), FACT)
 
     def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         if statement.lstrip().upper().startswith("INSERT INTO TURNS"):

@@ -86,6 +86,7 @@ async def recall_for_reply(
                     window=window,
                     for_block=True,
                     prepared=reply.id,  # the query encoded while the reply was accepted, if it was
+                    nothing_stored=reply.nothing_stored,
                 )
     except TimeoutError:
         observe_recall("timeout")

@@ -27,6 +27,7 @@ from memory.events import (
 from memory.json_values import JsonObject
 from memory.prompt.context import StoredWindow
 from memory.recall.found import FoundMemory
+from memory.recall.stored import NothingStored
 from memory.record.conversations import Owner
 from memory.record.tool_calls import ToolCall
 
@@ -69,6 +70,8 @@ class Reply:
         # first prompt (None: that prompt reads them itself, as a resumed reply's does).
         self.stored_window: StoredWindow | None = None
         self.rewritten_query: str | None = None  # what recall searched; stored with the first step
+        # The user had nothing to recall when the reply was accepted: its recall searches nothing.
+        self.nothing_stored: NothingStored | None = None
         # Whether the reply is made with memory: on (recall ran, even if it found nothing), off
         # (the user turned it off), unavailable (recall failed or timed out). Not remembered unless on.
         self.memory_use = "on"

@@ -35,6 +35,7 @@ from chat_api.replies.reply import Reply, ReplyRequest
 from chat_api.replies.stop import reply_parked, stop_reply, wait_reply_done
 from memory.errors import ConversationBusy, InvalidInput
 from memory.events import EventName, StopReason, TurnStartedData, TurnStatus
+from memory.recall.stored import NothingStored
 from memory.record.branches import (
     conversation_branch,
     edit_point,
@@ -421,13 +422,16 @@ async def _start_reply(
                     # A stop that came for this reply before it was stored (memory.record.pending_stops).
                     stopped = await take_stop(session, conversation, idempotency_key, seconds_since_arrival())
                     reply_id = uuid.uuid4()
+                    # A user with nothing to recall: no query is encoded, no search made.
+                    empty = await _nothing_stored(services, session, owner, conversation, memory_scope)
                     # Its query is encoded while the turns are stored (a regenerate's, once read).
-                    if content is not None:
+                    if content is not None and empty is None:
                         prepared = _prepare_query(services, conversation, reply_id, content, memory_scope)
                     user_turn, user_text = await begin(session, conversation, reply_id)
-                    if content is None:
+                    if content is None and empty is None:
                         prepared = _prepare_query(services, conversation, reply_id, user_text, memory_scope)
                     reply = Reply(reply_id, owner, conversation.id, user_turn.id)
+                    reply.nothing_stored = empty
                     await services.prompter.read_at_start(session, reply)
                     reply.publish(
                         EventName.TURN_STARTED,
@@ -495,6 +499,15 @@ async def _give_way_if_parked(session: AsyncSession, conversation: Conversation)
         return running
     conversation.active_reply_id = None  # its ending released the conversation
     return None
+
+
+async def _nothing_stored(
+    services: Services, session: AsyncSession, owner: Owner, conversation: Conversation, memory_scope: str
+) -> NothingStored | None:
+    """Whether the reply will recall for a user who has nothing to recall (memory.recall.stored)."""
+    if not recalls(memory_scope, conversation.use_memory):
+        return None
+    return await services.recaller.nothing_stored(session, owner)
 
 
 def _prepare_query(

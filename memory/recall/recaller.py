@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from memory.config import Settings
 from memory.prompt.context import ContextBudget, PromptWindow, read_window
 from memory.prompt.templates import PromptSet
@@ -29,6 +31,7 @@ from memory.recall.prepared_queries import PreparedQueries
 from memory.recall.remembering import remembered_text
 from memory.recall.rewrite import Complete, HistoryLine, Rewrite, rewrite_query, stands_alone
 from memory.recall.search import Recalled, recall_memories
+from memory.recall.stored import NothingStored, nothing_stored
 from memory.recall.vector_cache import VectorCache
 from memory.record.conversations import Owner
 from memory.storage.db import Database
@@ -98,6 +101,16 @@ class Recaller:
         self.prepared.prepare(key, query, generation, box_seconds=self.settings.recall_timeout_seconds)
         return True
 
+    async def nothing_stored(self, session: AsyncSession, owner: Owner) -> NothingStored | None:
+        """Whether ``owner`` has nothing recall could find now (``memory.recall.stored``), in ``session``.
+
+        None (search as usual) for a bare encoder, whose generation is only read by the search.
+        """
+        generation = current_generation(self.embedder)
+        if generation is None:
+            return None
+        return await nothing_stored(session, owner, generation)
+
     def forget_query(self, key: uuid.UUID) -> None:
         """Drop the query prepared for ``key`` (its reply ended, or will not recall)."""
         self.prepared.drop(key)
@@ -116,6 +129,7 @@ class Recaller:
         window: PromptWindow | None = None,
         for_block: bool = False,
         prepared: uuid.UUID | None = None,
+        nothing_stored: NothingStored | None = None,
     ) -> RecallResult:
         """Rewrite (with the history of ``window``, or of ``history_conversation``) and search.
 
@@ -124,6 +138,8 @@ class Recaller:
         MEMORY_RELATIVE_CUT (memory.recall.excerpts).
         ``prepared``: the key a query was prepared under (``prepare_query``); its vector is
         used if it is the query searched, in the generation searched.
+        ``nothing_stored``: the user had nothing to recall when the reply was accepted
+        (``nothing_stored``): the search neither encodes nor reads, if it reads that generation.
         """
         ahead = self.prepared.take(prepared) if prepared is not None else None
         try:
@@ -168,6 +184,7 @@ class Recaller:
                 fusion=self.fusion,
                 cache=self.turn_vectors,
                 prepared=ahead,
+                nothing_stored=nothing_stored,
             )
             if recalled.query_ahead:
                 self.prepared.used += 1

@@ -44,6 +44,7 @@ from memory.recall.index import Generation, generation_of, looking_again_if_take
 from memory.recall.index_search import fuse, search_candidates
 from memory.recall.keywords import memory_text, photo_caption
 from memory.recall.prepared_queries import PreparedQuery
+from memory.recall.stored import NothingStored
 from memory.recall.unindexed import UNINDEXED_LIMIT, UnindexedTurn, find_unindexed, score_unindexed
 from memory.recall.vector_cache import VectorCache, embed_with_query, turn_key
 from memory.storage.db import Database
@@ -96,6 +97,7 @@ async def recall_memories(
     fusion: Fusion = DEFAULT_FUSION,
     cache: VectorCache | None = None,
     prepared: PreparedQuery | None = None,
+    nothing_stored: NothingStored | None = None,
 ) -> Recalled:
     """The user's ``k`` best memories for a query, indexed or not yet, best first; and each step's ms.
 
@@ -104,6 +106,9 @@ async def recall_memories(
     the unindexed turns' vectors from one recall to the next. ``prepared``: the query's
     vector encoded ahead, used if it is this query's in this generation. If the embedding
     service gives no query vector, the memories come from keyword search alone (``degraded``).
+    ``nothing_stored``: the user had nothing to recall as the reply was accepted
+    (``memory.recall.stored``); if this is the generation that check saw, nothing is encoded
+    or read: no search would find anything.
     """
     latency: dict[str, float] = {}
     if k <= 0 or not query_text.strip():
@@ -111,6 +116,8 @@ async def recall_memories(
     started = time.perf_counter()
     # The query is encoded by the encoder of the generation it is compared with (never mixed).
     generation = await generation_of(embedder, db)
+    if nothing_stored is not None and nothing_stored.holds_for(generation):
+        return Recalled([], {"unindexed": 0.0, "embed": 0.0, "rank": 0.0})
 
     async def search_index(session: AsyncSession, query_vector: list[float]) -> list[FoundMemory]:
         with looking_again_if_taken_over(embedder):
