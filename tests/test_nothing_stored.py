@@ -137,3 +137,26 @@ async def test_memory_in_another_generation_is_not_nothing_stored(start_server: 
             text("UPDATE memory_indexes SET spec_key = :key WHERE id = :id"),
             {"key": generation.key, "id": generation.id},
         )
+
+
+async def test_a_user_seen_with_memory_is_not_checked_again(start_server: Any) -> None:
+    server: LiveServer = await start_server(embedder=RecordingHashEmbedder())
+    engine = server.services.db.engine.sync_engine
+    checks: list[str] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "AS index_key" in statement:
+            checks.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        async with server.client() as client:
+            await say(client, await new_conversation(client, "Family"), FACT)  # nothing stored yet
+            first = retrieved(await say(client, await new_conversation(client, "Travel"), QUESTION))
+            again = retrieved(await say(client, await new_conversation(client, "Trip"), QUESTION))
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    # Checked for the first two replies (nothing, then the fact), not for the third.
+    assert len(checks) == 2
+    assert FACT in [item["text"] for item in first["items"]]
+    assert FACT in [item["text"] for item in again["items"]]

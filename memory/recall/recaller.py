@@ -31,7 +31,7 @@ from memory.recall.prepared_queries import PreparedQueries
 from memory.recall.remembering import remembered_text
 from memory.recall.rewrite import Complete, HistoryLine, Rewrite, rewrite_query, stands_alone
 from memory.recall.search import Recalled, recall_memories
-from memory.recall.stored import NothingStored, nothing_stored
+from memory.recall.stored import NothingStored, Remembering, nothing_stored
 from memory.recall.vector_cache import VectorCache
 from memory.record.conversations import Owner
 from memory.storage.db import Database
@@ -79,6 +79,8 @@ class Recaller:
         self.turn_vectors = VectorCache()
         # Replies' queries encoded while the replies are accepted, until their recall takes them.
         self.prepared = PreparedQueries()
+        # Users seen with memory: not checked for it again (memory.recall.stored).
+        self.remembering = Remembering()
 
     def _prepare_text(self, body: str) -> str | None:
         # A turn the indexer would skip is not recalled before indexing either.
@@ -104,12 +106,16 @@ class Recaller:
     async def nothing_stored(self, session: AsyncSession, owner: Owner) -> NothingStored | None:
         """Whether ``owner`` has nothing recall could find now (``memory.recall.stored``), in ``session``.
 
-        None (search as usual) for a bare encoder, whose generation is only read by the search.
+        None (search as usual) for a bare encoder, whose generation is only read by the search,
+        and, with no statement, for a user this process has seen with memory.
         """
         generation = current_generation(self.embedder)
-        if generation is None:
+        if generation is None or owner in self.remembering:
             return None
-        return await nothing_stored(session, owner, generation)
+        empty = await nothing_stored(session, owner, generation)
+        if empty is None:
+            self.remembering.add(owner)
+        return empty
 
     def forget_query(self, key: uuid.UUID) -> None:
         """Drop the query prepared for ``key`` (its reply ended, or will not recall)."""

@@ -17,6 +17,10 @@ saw and whether that generation is still made by its encoder, and the recall ski
 it reads that same generation: a generation taken over or switched in between is searched
 as before (and refused as before, ``ForeignGeneration``).
 
+Once a user is seen to have memory, this process does not check them again (``Remembering``):
+users mostly keep theirs, and one who has since lost it all is searched as every user was
+before the check existed. Only "nothing stored" must be current, and it is read each time.
+
 The check reads a snapshot taken as the reply is accepted; a search reads one a few
 milliseconds later. Memory indexed in between (from another of the user's conversations)
 is not found by this reply, as it would not be by a reply accepted a moment earlier.
@@ -24,6 +28,7 @@ is not found by this reply, as it would not be by a reply accepted a moment earl
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -31,6 +36,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.recall.index import Generation
 from memory.record.conversations import Owner
+
+# Users seen with memory, per process: enough for every user active in a while.
+DEFAULT_REMEMBERED_OWNERS = 50_000
 
 # Both through the owners' indexes (memory_items: tenant, user, index; conversations: tenant,
 # user, created_at); the first row found ends each. The generation's key is read with them,
@@ -75,3 +83,23 @@ async def nothing_stored(session: AsyncSession, owner: Owner, generation: Genera
     if row.stored or row.index_key != generation.key:
         return None
     return NothingStored(generation.id, generation.key)
+
+
+class Remembering:
+    """The users this process has seen with something stored, the most recently seen kept."""
+
+    def __init__(self, *, max_entries: int = DEFAULT_REMEMBERED_OWNERS) -> None:
+        self.max_entries = max_entries
+        self._owners: OrderedDict[Owner, None] = OrderedDict()
+
+    def __contains__(self, owner: Owner) -> bool:
+        if owner not in self._owners:
+            return False
+        self._owners.move_to_end(owner)
+        return True
+
+    def add(self, owner: Owner) -> None:
+        self._owners[owner] = None
+        self._owners.move_to_end(owner)
+        while len(self._owners) > self.max_entries:
+            self._owners.popitem(last=False)
