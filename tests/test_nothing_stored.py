@@ -8,36 +8,22 @@ asked to encode), the real indexing pipeline.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import event, text
 
-from memory.recall.embeddings import HashEmbedder
 from memory.recall.found import RecallResult
 from memory.recall.recaller import Recaller
 from memory.recall.stored import nothing_stored
 from memory.record.conversations import Owner
 from tests.conftest import LiveServer
-from tests.support import new_conversation
+from tests.support import CountingEmbedder, new_conversation
 from tests.test_memory_recall import FACT, QUESTION, index_outbox, retrieved, say
 
 OWNER = Owner("t1", "u1")  # the user of server.client()
 
 # The statements of a search: the unindexed turns' read, and the index's search.
 SEARCH_STATEMENTS = ("t.memory_use = ANY(:remembered_uses)", "owner_rows AS MATERIALIZED")
-
-
-class RecordingHashEmbedder(HashEmbedder):
-    """The deterministic encoder, noting each text it is asked to encode."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.texts: list[str] = []
-
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        self.texts.extend(texts)
-        return await super().embed(texts)
 
 
 def searches(log: list[str]) -> Any:
@@ -58,7 +44,7 @@ def as_announced(found: RecallResult) -> tuple[str, str, list[str]]:
 
 
 async def test_a_user_with_nothing_stored_is_answered_without_encode_or_search(start_server: Any) -> None:
-    embedder = RecordingHashEmbedder()
+    embedder = CountingEmbedder()
     server: LiveServer = await start_server(embedder=embedder)
     engine = server.services.db.engine.sync_engine
     log: list[str] = []
@@ -91,7 +77,7 @@ async def test_a_user_with_nothing_stored_is_answered_without_encode_or_search(s
 
 
 async def test_a_fact_not_indexed_yet_is_recalled_the_user_has_memory_then(start_server: Any) -> None:
-    embedder = RecordingHashEmbedder()
+    embedder = CountingEmbedder()
     server: LiveServer = await start_server(embedder=embedder)
     async with server.client() as client:
         await say(client, await new_conversation(client, "Family"), FACT)
@@ -101,7 +87,7 @@ async def test_a_fact_not_indexed_yet_is_recalled_the_user_has_memory_then(start
 
 
 async def test_an_indexed_fact_is_recalled_when_no_turn_waits_for_the_indexer(start_server: Any) -> None:
-    server: LiveServer = await start_server(embedder=RecordingHashEmbedder())
+    server: LiveServer = await start_server(embedder=CountingEmbedder())
     db = server.services.db
     async with server.client() as client:
         family = await new_conversation(client, "Family")
@@ -140,7 +126,7 @@ async def test_memory_in_another_generation_is_not_nothing_stored(start_server: 
 
 
 async def test_a_user_seen_with_memory_is_not_checked_again(start_server: Any) -> None:
-    server: LiveServer = await start_server(embedder=RecordingHashEmbedder())
+    server: LiveServer = await start_server(embedder=CountingEmbedder())
     engine = server.services.db.engine.sync_engine
     checks: list[str] = []
 

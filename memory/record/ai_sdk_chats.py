@@ -89,8 +89,12 @@ async def find_chat(session: AsyncSession, owner: Owner, chat_id: str) -> Conver
         return None  # unused, or anyone else's: the same answer
 
 
-async def _lock_new_chat(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation | None:
-    """Take the lock that creating the chat takes, then the chat's conversation if it has one now."""
+async def _found_or_locked(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation | None:
+    """The chat's conversation; if it has none, the lock that creating it takes is taken first, and
+    then the conversation if one was created meanwhile (None: none, and this session holds the lock)."""
+    found = await find_chat(session, owner, chat_id)
+    if found is not None:
+        return found
     key = f"ai-sdk-chat:{owner.tenant_id}:{owner.user_id}:{chat_id}"
     await session.execute(LOCK_NEW_CHAT, {"key": key})
     return await find_chat(session, owner, chat_id)
@@ -99,10 +103,7 @@ async def _lock_new_chat(session: AsyncSession, owner: Owner, chat_id: str) -> C
 async def chat_conversation(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation:
     """The owner's conversation for this chat id, created (and mapped) on first use; a stop
     kept for the chat id before then (`stop_of_chat`) is kept on the new conversation."""
-    found = await find_chat(session, owner, chat_id)
-    if found is not None:
-        return found
-    found = await _lock_new_chat(session, owner, chat_id)
+    found = await _found_or_locked(session, owner, chat_id)
     if found is not None:
         return found
     conversation = await create_conversation(session, owner)
@@ -123,10 +124,7 @@ async def stop_of_chat(
     """The owner's conversation for this chat id, to stop; None if the owner has not used the id
     yet: then the stop is kept for the chat's first run (memory.record.pending_stops), under the
     lock that creating the chat takes, so a chat created meanwhile is found instead."""
-    found = await find_chat(session, owner, chat_id)
-    if found is not None:
-        return found
-    found = await _lock_new_chat(session, owner, chat_id)
+    found = await _found_or_locked(session, owner, chat_id)
     if found is not None:
         return found
     await keep_new_chat_stop(session, owner, chat_id, key)
