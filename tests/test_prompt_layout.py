@@ -55,9 +55,9 @@ def test_an_earlier_message_is_shown_again_with_the_part_its_reply_was_given() -
     assert check_chat_messages(built.messages) is None
     first = built.messages[1]["content"]
     assert first == (
-        "Memories:\n"
-        '- [2024-07-05] [conversation "Pets"] the user said: My dog is called Rex\n'
-        f"(Current time: {SHOWN_AT}.)\n\nwhat's my dog called?"
+        f"<memories>\nCurrent time: {SHOWN_AT}.\n"
+        '- [2024-07-05, conversation "Pets"] the user said: My dog is called Rex\n'
+        "</memories>\n\nwhat's my dog called?"
     )
     # The new message gets its own part; a memory shown earlier in the window is not repeated.
     again = build_context(turns_with_part(), prompts=EN, budget=ContextBudget(), now=NOW, memory=[rex()])
@@ -65,16 +65,17 @@ def test_an_earlier_message_is_shown_again_with_the_part_its_reply_was_given() -
     assert "Rex" not in again.messages[-1]["content"] and again.dropped["memory_already_shown"] == 1
 
 
-def test_a_memory_shown_without_a_date_is_replayed_without_one_the_next_day() -> None:
-    """A memory's missing date means the day of the time its block says, not of the reply that replays
-    it: the replayed part stays what the model server has cached, and still means the right day."""
+def test_a_memory_shown_as_today_is_replayed_as_today_the_next_day() -> None:
+    """A memory's "today" is the day of the time its block says, not of the reply that replays it: the
+    replayed part stays what the model server has cached, and still means the right day."""
     said = replace(rex(), created_at=datetime(2025, 3, 13, 17, 0, tzinfo=UTC))  # SHOWN_AT's day
     turns = turns_with_part()
     turns[1] = replace(turns[1], prompt_part=ShownPart(SHOWN_AT, (said,)).to_json())
     built = build_context(turns, prompts=EN, budget=ContextBudget(), now=NOW)
     assert built.messages[1]["content"] == (
-        'Memories:\n- [conversation "Pets"] the user said: My dog is called Rex\n'
-        f"(Current time: {SHOWN_AT}.)\n\nwhat's my dog called?"
+        f"<memories>\nCurrent time: {SHOWN_AT}.\n"
+        '- [today, conversation "Pets"] the user said: My dog is called Rex\n'
+        "</memories>\n\nwhat's my dog called?"
     )
 
 
@@ -138,7 +139,7 @@ async def test_forget_then_ask_in_the_same_conversation(
         cid = await new_conversation(client, "Travel")
         await say(client, cid, QUESTION)
         shown = await context(client, cid)
-        assert FACT in shown[1]["content"] and shown[1]["content"].startswith("Memories:\n")
+        assert FACT in shown[1]["content"] and shown[1]["content"].startswith("<memories>")
         await say(client, cid, "Thanks, tell me more.")
         later = await context(client, cid)
         assert later[:3] == shown[:3]  # the first exchange is shown exactly as before

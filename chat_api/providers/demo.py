@@ -122,10 +122,10 @@ def _arguments_for(tool: dict[str, Any], user_text: str) -> str:
     return json.dumps(values, ensure_ascii=False)
 
 
-# The reply's part the context builder puts before the latest user's words, in either shipped
-# language: the memories shown, if any (a header, then a "- " line each), then the time line.
+# The reply's part the context builder puts before the latest user's words (memories and
+# the time, or the time alone, in either shipped language).
 REPLY_PART = re.compile(
-    r"^(?:(?:Memories:|记忆：)\n(?:- [^\n]*\n)*)?(?:\(Current time: [^)]*\)|（当前时间：[^）]*）)\s*"
+    r"^(?:<memories>.*?</memories>|\(Current time: [^)]*\)|（当前时间：[^）]*）)\s*", re.DOTALL
 )
 
 

@@ -620,23 +620,20 @@ def _memory_block(
 ) -> tuple[str | None, list[PromptMemory]]:
     """The memory block within `reserve` tokens (best-scored items first), and the items in it.
 
-    The block is a header, one line per memory, then the time line the reply's part is without
-    memories (`current_time`): it costs only its header and lines over the memory-off part (it
-    said the time again between <memories> tags, 8 more tokens of a small model's tokenizer).
-    A memory from the block's own day (`now`, as the block says it) has no date: the time line
-    says it, and an ISO date costs about ten of those tokens (a digit each), "[today]" three,
-    on every line. Other memories keep their ISO date.
+    A memory from the block's own day (`now`, as the block says it) is dated "today": the
+    block's time line already says the date, and an ISO date costs a small model's tokenizer
+    about ten tokens (a digit each) on every line. Other memories keep their ISO date.
     """
     if not memory:
         return None, []
     today = _spoken_day(now)
-    time = prompts.render("current_time", now=now)
+    today_word = prompts.render("memory_today")
     roles = {
         "user": prompts.render("memory_role_user"),
         "assistant": prompts.render("memory_role_assistant"),
         "tool": prompts.render("memory_role_tool"),
     }
-    used = count_tokens(prompts.render("memory_block", items="", time=time))
+    used = count_tokens(prompts.render("memory_block", items="", now=now))
     lines: list[str] = []
     kept: list[PromptMemory] = []
     for item in sorted(memory, key=lambda item: item.score, reverse=True):
@@ -645,19 +642,15 @@ def _memory_block(
         if not text:
             dropped["memory_empty"] += 1
             continue
-        # The title on its memory's line too: the block is one line per memory (system prompt).
-        title = " ".join((item.conversation_title or "").split())
         if current_conversation is not None and item.conversation_id == current_conversation:
             conversation = prompts.render("memory_this_conversation")
-        elif title:
-            conversation = prompts.render("memory_conversation", title=title)
+        elif item.conversation_title and item.conversation_title.strip():
+            conversation = prompts.render("memory_conversation", title=item.conversation_title.strip())
         else:
             conversation = prompts.render("memory_untitled_conversation")
         line = prompts.render(
             "memory_item",
-            date=""
-            if item.created_at.date() == today
-            else prompts.render("memory_date", date=item.created_at.date().isoformat()),
+            date=today_word if item.created_at.date() == today else item.created_at.date().isoformat(),
             conversation=conversation,
             role=roles.get(item.role, roles["assistant"]),
             text=text,
@@ -671,7 +664,7 @@ def _memory_block(
         used += tokens
     if not lines:
         return None, []
-    return prompts.render("memory_block", items="\n".join(lines), time=time), kept
+    return prompts.render("memory_block", items="\n".join(lines), now=now), kept
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,10 +24,10 @@ from typing import Any
 TEMPLATE_FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
     {
         "system": frozenset(),
-        "memory_block": frozenset({"items", "time"}),
+        "memory_block": frozenset({"items", "now"}),
         "current_time": frozenset({"now"}),
         "memory_item": frozenset({"date", "conversation", "role", "text"}),
-        "memory_date": frozenset({"date"}),
+        "memory_today": frozenset(),
         "memory_conversation": frozenset({"title"}),
         "memory_untitled_conversation": frozenset(),
         "memory_this_conversation": frozenset(),
