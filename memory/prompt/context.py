@@ -642,10 +642,13 @@ def _memory_block(
         if not text:
             dropped["memory_empty"] += 1
             continue
+        # The title on its memory's line too: a title's own line breaks made lines of their own,
+        # which could pass for the block's end.
+        title = " ".join((item.conversation_title or "").split())
         if current_conversation is not None and item.conversation_id == current_conversation:
             conversation = prompts.render("memory_this_conversation")
-        elif item.conversation_title and item.conversation_title.strip():
-            conversation = prompts.render("memory_conversation", title=item.conversation_title.strip())
+        elif title:
+            conversation = prompts.render("memory_conversation", title=title)
         else:
             conversation = prompts.render("memory_untitled_conversation")
         line = prompts.render(
