@@ -118,7 +118,10 @@ async def test_stop_before_first_token_stores_an_empty_interrupted_turn(start_se
             stop = await client.post(f"/v1/turns/{started.data['reply_id']}/stop")
             rest = [e async for e in stream]
         assert stop.json()["status"] == "interrupted_by_user"
-        assert [e.event for e in rest] == [EventName.TURN_INTERRUPTED]
+        # Recall may announce what it found (nothing, for a user with nothing stored: at once) before
+        # the stop lands; no text does.
+        events = [e.event for e in rest if e.event != EventName.MEMORY_RETRIEVED]
+        assert events == [EventName.TURN_INTERRUPTED]
         stored = (await client.get(f"/v1/turns/{started.data['reply_id']}")).json()
         assert stored["status"] == "interrupted_by_user" and stored["content"] == ""
 
