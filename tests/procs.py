@@ -72,19 +72,18 @@ class ServerProcess:
             ],
             env=self.env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            # Inherited: pytest captures it with the test's own output, so a failing test shows the
+            # server's errors (a 500's traceback) beside its own. A pipe nobody read showed nothing,
+            # and a server that logged more than the pipe holds would block on its next line.
+            stderr=None,
         )
         try:
-            await wait_until_ready(self.base_url, self.proc, 180, exited=self._stderr_tail)
+            await wait_until_ready(self.base_url, self.proc, 180)
         except BaseException:
             # Not ready in time (a loaded machine) or cancelled: a server left running would
             # outlive the test run.
             self.kill()
             raise
-
-    def _stderr_tail(self) -> str:
-        assert self.proc is not None
-        return self.proc.stderr.read().decode()[-2000:] if self.proc.stderr else ""
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as in a crash."""
