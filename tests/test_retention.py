@@ -17,6 +17,7 @@ import httpx
 from sqlalchemy import text
 
 from memory.events import EventName
+from memory.record.pending_stops import NEW_CHAT_STOP_SECONDS
 from memory.storage.db import Database
 from memory.storage.retention import RetentionJob, RetentionPolicy
 from tests.conftest import LiveServer
@@ -320,3 +321,28 @@ async def test_purging_a_deleted_conversation_waits_while_a_fork_shares_its_turn
     assert (await rows_of(db, "t1", "u1"))["turns"] == 0
     async with db.transaction() as session:
         assert (await session.execute(text("SELECT count(*) FROM branches"))).scalar_one() == 0
+
+
+async def test_a_tenants_last_stop_of_a_chat_id_no_run_came_for_was_kept_forever(
+    server: LiveServer, db: Database
+) -> None:
+    """Found: a stale stop kept for a chat id (memory/record/pending_stops.py) was deleted only
+    by the same tenant's next kept stop, or with its user: a tenant that stopped an id once and
+    never again kept the row forever. The purge deletes stale ones, in batches, for every
+    tenant, even one whose data is kept forever; a fresh one stays for its chat's first run."""
+    for tenant, chat_ids in (("t1", ("a", "b", "c")), ("t2", ("d",)), ("t3", ("fresh",))):
+        async with server.client(tenant=tenant) as client:
+            for chat_id in chat_ids:
+                stopped = await client.post(f"/v1/ai-sdk/chat/{chat_id}/stop", json={})
+                assert (stopped.status_code, stopped.json()) == (202, {"success": False}), stopped.text
+    await age(
+        db,
+        "UPDATE chat_stops SET requested_at = requested_at - make_interval(secs => CAST(:s AS float8))"
+        " WHERE tenant_id <> 't3'",
+        s=NEW_CHAT_STOP_SECONDS + 1,
+    )
+    result = await job(db, batch_size=2).run_once()  # retention off (keep forever); small batches
+    assert result["purged"]["chat_stops"] == 4
+    async with db.transaction() as session:
+        kept = (await session.execute(text("SELECT tenant_id, chat_id FROM chat_stops"))).all()
+    assert [tuple(row) for row in kept] == [("t3", "fresh")]

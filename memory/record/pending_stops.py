@@ -16,8 +16,9 @@ memory.record.ai_sdk_chats), and the transaction that creates the chat's convers
 it onto the conversation's row (`take_new_chat_stop`) as if made then: nothing of that chat
 ran before it, so it can only mean the first run. It is kept NEW_CHAT_STOP_SECONDS: a stop of
 an id no run comes for is not taken after that (a chat started later is answered in full),
-and the next stop kept in the tenant deletes it, so the table holds at most the stops of the
-last NEW_CHAT_STOP_SECONDS of each tenant that stops at all.
+and the next stop kept in the tenant deletes it; the retention job's purge deletes the rest
+(a tenant's last stop too), in batches: the table holds little more than the stops of the last
+NEW_CHAT_STOP_SECONDS plus one retention interval.
 Functions here take a session and never commit.
 """
 
@@ -64,6 +65,17 @@ _STALE = "clock_timestamp() - make_interval(secs => CAST(:ttl AS float8))"
 
 # Stale stops of chat ids no run came for (the tenant's, under its policy).
 FORGET_STALE_CHAT_STOPS = text(f"DELETE FROM chat_stops WHERE requested_at < {_STALE}")
+
+# The same, for every tenant, at most :limit rows a time (memory.storage.retention runs it as
+# the tables' owner, beside its other purges).
+PURGE_STALE_CHAT_STOPS = text(
+    f"""
+    DELETE FROM chat_stops WHERE (tenant_id, user_id, chat_id) IN (
+        SELECT tenant_id, user_id, chat_id FROM chat_stops WHERE requested_at < {_STALE}
+        ORDER BY requested_at LIMIT :limit FOR UPDATE SKIP LOCKED
+    )
+    """
+)
 
 KEEP_FOR_NEW_CHAT = text(
     """

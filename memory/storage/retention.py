@@ -8,7 +8,9 @@ read filters ``deleted_at``, so expired data vanishes at once.
 Phase 2 (purge): conversations soft-deleted longer than the grace period (expired, or
 deleted by their user with DELETE /v1/conversations/{id}) go with everything hanging off
 them; soft-deleted turns go with their events, tool invocations, memory and outbox rows;
-and outbox rows already published or consumed go once older than the tenant's age.
+outbox rows already published or consumed go once older than the tenant's age; and stops
+kept for a chat id no run came for go once stale (memory/record/pending_stops.py), whatever
+the tenant's age.
 
 Every statement works on at most ``batch_size`` rows (or conversations) in its own
 transaction, claimed ``FOR UPDATE SKIP LOCKED``: a big purge never holds long locks, and
@@ -32,6 +34,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.config import Settings
+from memory.record.pending_stops import NEW_CHAT_STOP_SECONDS, PURGE_STALE_CHAT_STOPS
 from memory.storage.db import Database
 
 log = logging.getLogger(__name__)
@@ -283,7 +286,8 @@ class RetentionJob:
         return counts
 
     async def purge(self) -> Counter[str]:
-        """Phase 2: delete what was soft-deleted longer than the grace period, and delivered outbox rows."""
+        """Phase 2: delete what was soft-deleted longer than the grace period, delivered outbox rows,
+        and stale stops of chat ids."""
         counts: Counter[str] = Counter()
         grace = {"grace": self.policy.grace_days * DAY_SECONDS, "limit": self.policy.batch_size}
         while True:
@@ -309,6 +313,7 @@ class RetentionJob:
         counts["memory_items"] += await self._batches(PURGE_MEMORY, {"grace": grace["grace"]})
         for group in self.policy.groups():
             counts["outbox"] += await self._batches(PURGE_OUTBOX, group)
+        counts["chat_stops"] += await self._batches(PURGE_STALE_CHAT_STOPS, {"ttl": NEW_CHAT_STOP_SECONDS})
         return counts
 
     async def run_once(self) -> dict[str, Counter[str]]:
