@@ -289,3 +289,37 @@ async def test_a_stop_of_a_chat_id_no_run_came_for_stopped_a_chat_begun_later_an
         assert (await api.post("/v1/ai-sdk/chat/unused-c/stop", json={})).status_code == 202
         async with db.session() as session:
             assert list((await session.execute(KEPT_FOR_NEW_CHATS)).scalars()) == ["unused-c"]
+
+
+CHAT_OF = text("SELECT conversation_id FROM ai_sdk_chats WHERE chat_id = :chat_id")
+STOP_PATHS = {"ai-sdk": "/v1/ai-sdk/chat/{chat_id}/stop", "ag-ui": "/v1/ag-ui/{thread_id}/stop"}
+
+
+async def test_a_stop_of_a_deleted_chat_answered_404_by_its_picked_id_and_202_by_its_conversation_id(
+    server: LiveServer, db: Any
+) -> None:
+    """Found: both stop routes documented 404 for a chat whose conversation was deleted, but
+    only a chat id the client picked got it; the conversation's own id (a chat id too) answered
+    202 `{success: false}`, as any id the caller has not used does. A stop is what a client
+    sends blind (on a button, on unmount), and its answer must not tell a deleted chat from
+    one never used: every form answers 202 `{success: false}` on both doors, and nothing is
+    kept for a picked id that still names the deleted conversation (no run can start under
+    it). The published contract no longer promises a 404."""
+    async with server.client() as api:
+        picked = f"chat-{uuid.uuid4().hex}"
+        body = {"id": picked, "trigger": "submit-message", "messages": [ui_message("hello")]}
+        assert (await api.post("/v1/ai-sdk/chat", json=body)).status_code == 200
+        async with db.session() as session:
+            conversation_id = str((await session.execute(CHAT_OF, {"chat_id": picked})).scalar_one())
+        assert (await api.delete(f"/v1/conversations/{conversation_id}")).status_code == 204
+        for path in STOP_PATHS.values():
+            for chat_id in (picked, conversation_id):
+                stop = path.format(chat_id=chat_id, thread_id=chat_id)
+                stopped = await api.post(stop, json={})
+                assert (stopped.status_code, stopped.json()) == (202, {"success": False}), stop
+        async with db.session() as session:
+            # The conversation's id is a chat id not used now: a message to it starts a new chat.
+            assert list((await session.execute(KEPT_FOR_NEW_CHATS)).scalars()) == [conversation_id]
+        contract = (await api.get("/openapi.json")).json()
+        for path in STOP_PATHS.values():
+            assert "404" not in contract["paths"][path]["post"]["responses"], path

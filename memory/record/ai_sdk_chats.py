@@ -123,8 +123,13 @@ async def stop_of_chat(
 ) -> Conversation | None:
     """The owner's conversation for this chat id, to stop; None if the owner has not used the id
     yet: then the stop is kept for the chat's first run (memory.record.pending_stops), under the
-    lock that creating the chat takes, so a chat created meanwhile is found instead."""
-    found = await _found_or_locked(session, owner, chat_id)
+    lock that creating the chat takes, so a chat created meanwhile is found instead. None too
+    if the id names a conversation of theirs that was deleted: nothing runs there, and a stop
+    (sent blind, on a button or an unmount) answers as for an id never used."""
+    try:
+        found = await _found_or_locked(session, owner, chat_id)
+    except NotFound:
+        return None  # deleted: no run can start under this id, so nothing is kept for one
     if found is not None:
         return found
     await keep_new_chat_stop(session, owner, chat_id, key)

@@ -55,7 +55,6 @@ from chat_api.protocols.ag_ui.thread import (
     thread_messages,
 )
 from chat_api.response_headers import STREAM_HEADERS
-from chat_api.schemas import ErrorOut
 from chat_api.services import Services
 from memory.errors import DomainError, InvalidInput, NotFound
 from memory.events import TurnStatus
@@ -299,9 +298,8 @@ def _stored_run(conversation: Conversation, run_id: str) -> RunStored:
             "model": StopResult,
             "description": "Accepted, not confirmed: the run's process did not confirm in time, or the "
             "stop is kept for a run not stored yet (a runId of no stored run, or a thread id the caller "
-            "has not used yet).",
+            "has not used yet), or the thread's conversation was deleted.",
         },
-        404: {"model": ErrorOut, "description": "The thread's conversation was deleted."},
     },
 )
 async def stop(
@@ -326,7 +324,8 @@ async def stop(
     run whose request had arrived before it, and answers 200. A thread id the caller has not
     used yet (another user's answers the same) may be the thread of a first run not served
     yet: the stop, with its runId if named, is kept for that thread's first run for a short
-    while and answers 202 `success: false`.
+    while and answers 202 `success: false`. A thread whose conversation was deleted answers
+    the same (nothing is kept for it): a stop never tells a deleted thread from one never used.
     """
     run_id = await _run_id_named(request)
     key = run_key(run_id) if run_id is not None else None

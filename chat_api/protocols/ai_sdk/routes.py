@@ -52,7 +52,6 @@ from chat_api.protocols.ai_sdk.stream import (
     text_of,
     ui_messages,
 )
-from chat_api.schemas import ErrorOut
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotAwaitingApproval, NotFound, NotOnActiveBranch
 from memory.events import ToolCallState, TurnStatus
@@ -479,9 +478,9 @@ class StopResult(BaseModel):
         202: {
             "model": StopResult,
             "description": "Accepted, not confirmed: the reply's process did not confirm in time, or the "
-            "chat id is one the caller has not used yet (the stop is kept for its first reply).",
+            "chat id is one the caller has not used yet (the stop is kept for its first reply), or its "
+            "conversation was deleted.",
         },
-        404: {"model": ErrorOut, "description": "The chat's conversation was deleted."},
     },
 )
 async def stop(
@@ -498,7 +497,8 @@ async def stop(
     STOP_WAIT_SECONDS, and for a chat id the caller has not used yet (the client picks it, so
     the stop may come before the chat's first message is served): the stop is kept for that
     chat's first reply for a short while, and the reply starts stopped (another user's chat
-    id answers the same).
+    id answers the same). A chat whose conversation was deleted answers the same too (nothing
+    is kept for it): a stop never tells a deleted chat from one never used.
     """
     async with services.db.transaction() as session:
         conversation = await stop_of_chat(session, owner, chat_id, None)
