@@ -13,10 +13,11 @@ import json
 import uuid
 from typing import Any
 
+from openai import AsyncOpenAI
 from sqlalchemy import text
 
 from memory.record.pending_stops import NEW_CHAT_STOP_SECONDS
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, token_for
 from tests.sse import iter_sse
 from tests.support import conversation_locked, new_conversation, wait_until
 
@@ -323,3 +324,50 @@ async def test_a_stop_of_a_deleted_chat_answered_404_by_its_picked_id_and_202_by
         contract = (await api.get("/openapi.json")).json()
         for path in STOP_PATHS.values():
             assert "404" not in contract["paths"][path]["post"]["responses"], path
+
+
+# The chat completions door reads the caller's histories (to find the conversation a request
+# continues) before it takes the conversation's lock; a stop never reads turns.
+TURNS_LOCKED = text("LOCK TABLE turns IN ACCESS EXCLUSIVE MODE")
+CHOOSING_AT_THE_TURNS_LOCK = text(
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE wait_event_type = 'Lock' AND query LIKE '%SELECT c.id FROM conversations c%'"
+)
+
+
+async def test_a_stop_kept_while_an_openai_sdk_request_was_on_its_way_to_being_stored_stopped_nothing(
+    start_server: Any, db: Any
+) -> None:
+    """The OpenAI doors passed no arrival time: a stop of the conversation sent after the
+    request had passed the door, and kept before its turns were stored, was taken as stale (as
+    if it meant a reply that had ended) and the reply streamed in full. Through the `openai`
+    SDK: the request is held where it chooses its conversation, the stop finds nothing running
+    and is kept, and the reply starts stopped: nothing streamed, stored `interrupted_by_user`."""
+    server: LiveServer = await start_server(**SLOW)
+    openai = AsyncOpenAI(base_url=f"{server.base_url}/openai/v1", api_key=token_for(), max_retries=0)
+    async with openai, server.client() as api:
+        first: list[Any] = [{"role": "user", "content": "hello"}]
+        raw = await openai.chat.completions.with_raw_response.create(model="chatmem-demo", messages=first)
+        conversation_id = raw.headers["x-chatmem-conversation-id"]
+        answer = raw.parse().choices[0].message.content
+        said = {"role": "assistant", "content": answer}
+        messages = [*first, said, {"role": "user", "content": "/long story"}]
+        async with db.transaction() as session:
+            await session.execute(TURNS_LOCKED)
+            sent = asyncio.create_task(
+                openai.chat.completions.create(model="chatmem-demo", messages=messages, stream=True)
+            )
+
+            async def choosing() -> bool:
+                async with db.session() as watch:
+                    return bool((await watch.execute(CHOOSING_AT_THE_TURNS_LOCK)).scalar_one() == 1)
+
+            await wait_until(choosing, what="the request choosing its conversation, at the lock")
+            stopped = await api.post(f"/v1/ai-sdk/chat/{conversation_id}/stop", json={})
+            assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
+        stream = await sent
+        chunks = [chunk async for chunk in stream]
+        assert stream.response.headers["x-chatmem-conversation-id"] == conversation_id
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+        statuses = [status for status, _ in await stored_replies(api, conversation_id)]
+        assert statuses == ["completed", "interrupted_by_user"]
