@@ -403,3 +403,40 @@ async def test_a_connect_run_id_of_another_json_type_was_read_as_a_string(server
         assert answer.status_code == 200, answer.text[:300]
         assert '"runId":"r-1"' in answer.text
         assert (await api.post(f"/v1/ag-ui/{thread_id}/connect", json={})).status_code == 200
+
+
+async def test_a_stop_naming_an_earlier_run_of_the_thread_stopped_the_run_streaming_now(
+    start_server: Any,
+) -> None:
+    """Found: a stop whose runId named a run of the thread that had ended (a client stopping
+    late, or a stale button) found that run stored and then stopped whatever ran in the
+    thread: the newer run was cut off. A run that has ended answers 200 and stops nothing."""
+    server: LiveServer = await start_server(**SLOW)
+    thread_id = str(uuid.uuid4())
+    async with server.client() as api:
+        earlier = run_input(thread_id, "hello")
+        async with api.stream("POST", "/v1/ag-ui", json=earlier) as response:
+            await response.aread()
+        current = run_input(thread_id, "/long story", protocolVersion="1.0")
+        events: list[dict[str, Any]] = []
+        async with api.stream("POST", "/v1/ag-ui", json=current) as response:
+            async for item in iter_sse(response):
+                events.append(item.data)
+                if [e["type"] for e in events].count("TEXT_MESSAGE_CONTENT") == 3:
+                    stale = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": earlier["runId"]})
+                    assert (stale.status_code, stale.json()) == (200, {"success": True}), stale.text
+        assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+        stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
+        assert [m["metadata"]["status"] for m in stored if m["role"] == "assistant"] == ["completed"] * 2
+
+        # A reload (the last message sent again, a new runId) answers it again: a stop naming
+        # that run stops it, though the message it answers was stored by the run before.
+        reload = {**current, "runId": str(uuid.uuid4())}
+        events = []
+        async with api.stream("POST", "/v1/ag-ui", json=reload) as response:
+            async for item in iter_sse(response):
+                events.append(item.data)
+                if [e["type"] for e in events].count("TEXT_MESSAGE_CONTENT") == 3:
+                    stop = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": reload["runId"]})
+                    assert (stop.status_code, stop.json()) == (200, {"success": True}), stop.text
+        assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "cancelled"}

@@ -36,7 +36,8 @@ from chat_api.replies.start import (
     store_message,
 )
 from chat_api.replies.stop import (
-    RunStored,
+    NamedRun,
+    RunNamed,
     Stopped,
     reply_streaming,
     stop_conversation,
@@ -48,11 +49,12 @@ __all__ = [
     "Accepted",
     "BeginReply",
     "Decided",
+    "NamedRun",
     "OnDisconnect",
     "Reply",
     "ReplyKind",
     "ReplyRequest",
-    "RunStored",
+    "RunNamed",
     "Started",
     "Stopped",
     "accept_message",

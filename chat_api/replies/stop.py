@@ -121,26 +121,39 @@ class Stopped(enum.Enum):
     KEPT = "kept"  # the run named is not stored yet: it starts stopped
 
 
-# (session, the running reply or None) -> whether the run a stop names is stored (or is that reply).
-RunStored = Callable[[AsyncSession, uuid.UUID | None], Awaitable[bool]]
+class NamedRun(enum.Enum):
+    """Where the run a stop names (by its key) stands."""
+
+    RUNNING = "running"  # it drives the conversation's running (or waiting) reply
+    ENDED = "ended"  # stored, and not what runs now: an earlier run of the conversation
+    NOT_STORED = "not_stored"  # not stored yet: the stop is kept for it
+
+
+# (session, the running reply or None) -> where the run a stop names stands.
+RunNamed = Callable[[AsyncSession, uuid.UUID | None], Awaitable[NamedRun]]
 
 
 async def stop_conversation(
-    services: Services, conversation_id: uuid.UUID, *, key: str | None = None, stored: RunStored | None = None
+    services: Services, conversation_id: uuid.UUID, *, key: str | None = None, named: RunNamed | None = None
 ) -> Stopped:
-    """Stop the conversation's running reply, or the run with idempotency key `key` (`stored`
-    says whether it is stored), wherever it runs; or keep the stop for the reply being started.
+    """Stop the conversation's running reply, or the run with idempotency key `key` (`named`
+    says where it stands), wherever it runs; or keep the stop for the reply being started.
 
     Read under the conversation's lock: a start storing its reply holds it, so this waits for
     it and then stops that reply. If no reply runs, the stop is kept for one whose request
     had arrived and is not stored yet (`take_stop`); a stop naming by `key` a run not stored
-    yet is kept for that run.
+    yet is kept for that run, and one naming an earlier run (stored, not the one running)
+    stops nothing: that run has ended.
     """
     async with services.db.transaction() as session:
         running = await active_reply_of(session, conversation_id, for_update=True)
-        if key is not None and stored is not None and not await stored(session, running):
-            await keep_stop(session, conversation_id, key)
-            return Stopped.KEPT
+        if key is not None and named is not None:
+            where = await named(session, running)
+            if where is NamedRun.NOT_STORED:
+                await keep_stop(session, conversation_id, key)
+                return Stopped.KEPT
+            if where is NamedRun.ENDED:
+                return Stopped.ENDED
         if running is None:
             if key is None:  # a run named by its key and stored has ended: nothing is kept
                 await keep_stop(session, conversation_id, None)

@@ -64,6 +64,7 @@ from memory.record.branches import (
     fork_branch,
     history_newest_first,
     load_branch,
+    user_turn_before,
     user_turn_named,
 )
 from memory.record.reply_state import reply_state
@@ -72,7 +73,8 @@ from memory.storage.models import Branch, Conversation, Turn
 # isort: split
 # The reply lifecycle's public seam, in this one block so that a move of those modules is one edit here.
 from chat_api.replies import (
-    RunStored,
+    NamedRun,
+    RunNamed,
     Started,
     Stopped,
     answer_again,
@@ -277,17 +279,28 @@ async def _run_id_named(request: Request) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
-def _stored_run(conversation: Conversation, run_id: str) -> RunStored:
-    """Whether `run_id` names the thread's running reply (by the id `connect` gives a reply
-    started elsewhere, too) or a run of it that was stored (kept on its user turn, or as its
-    idempotency key)."""
+def _named_run(conversation: Conversation, run_id: str) -> RunNamed:
+    """Where the run `run_id` names stands: driving the thread's running reply (the run kept on
+    the user turn it answers, as `connect` finds it, or the reply's own id, which `connect`
+    gives a reply started elsewhere), stored as an earlier run of the thread (kept on its user
+    turn, or as its idempotency key), or not stored yet."""
 
-    async def stored(session: AsyncSession, running: uuid.UUID | None) -> bool:
-        if running is not None and run_id == str(running):
-            return True
-        return await names_a_turn(session, conversation.id, RUN_ID, run_id, run_key(run_id))
+    async def named(session: AsyncSession, running: uuid.UUID | None) -> NamedRun:
+        if running is not None and (run_id == str(running) or await _drives(session, running, run_id)):
+            return NamedRun.RUNNING
+        if await names_a_turn(session, conversation.id, RUN_ID, run_id, run_key(run_id)):
+            return NamedRun.ENDED
+        return NamedRun.NOT_STORED
 
-    return stored
+    return named
+
+
+async def _drives(session: AsyncSession, reply_id: uuid.UUID, run_id: str) -> bool:
+    """Whether `run_id` is the run that drives the reply now (a reload or a resume after an
+    approval moves it onto the user turn the reply answers)."""
+    reply = await session.get(Turn, reply_id)  # the reply's first turn: its id is the reply's
+    asked = await user_turn_before(session, reply) if reply is not None else None
+    return asked is not None and (asked.meta or {}).get(RUN_ID) == run_id
 
 
 @router.post(
@@ -307,7 +320,8 @@ async def stop(
 ) -> StopResult | JSONResponse:
     """Stop the thread's running (or waiting) run on whichever process runs it. Idempotent.
 
-    A run that has ended answers 200.
+    A run that has ended answers 200 and stops nothing, also while a newer run of the thread
+    streams.
 
     The open stream closes its text message and tool calls, answers every unanswered call,
     and ends with RUN_FINISHED (outcome `cancelled`); the stored reply holds exactly what it
@@ -336,7 +350,7 @@ async def stop(
     if key is not None and services.queues.stop_waiting(conversation.id, key):
         return StopResult(success=True)  # dropped from the line here: nothing of it is stored
     stopped = await stop_conversation(
-        services, conversation.id, key=key, stored=_stored_run(conversation, run_id) if run_id else None
+        services, conversation.id, key=key, named=_named_run(conversation, run_id) if run_id else None
     )
     if stopped is Stopped.ENDED:
         return StopResult(success=True)
