@@ -1,9 +1,12 @@
 """A Kafka-protocol mock cluster for tests: librdkafka's, bundled with confluent-kafka.
 
 No Apache Kafka broker can be installed on the development machines. librdkafka can
-start an in-process mock cluster (`test.mock.num.brokers`) that speaks the Kafka
-protocol; its bootstrap address appears in the client's `mock` debug log. aiokafka
-produces (idempotent, acks=all), consumes in a group and commits offsets against it.
+start an in-process mock cluster that speaks the Kafka protocol; aiokafka produces
+(idempotent, acks=all), consumes in a group and commits offsets against it. The cluster is
+made through librdkafka's mock API (`rd_kafka_mock_cluster_new`), called with ctypes on the
+library confluent-kafka ships, because that API also sets the brokers' round-trip time while
+they run (`rd_kafka_mock_broker_set_rtt`), which `test.mock.*` settings cannot: a test opens
+a slow window exactly where it needs one and does the rest at full speed.
 What the mock is not: a real broker's durability, retention and transaction handling.
 
 `TcpGate` stands in for "Kafka unreachable": a forwarding port in front of one broker
@@ -13,65 +16,66 @@ that can be closed (connection refused) and opened again.
 from __future__ import annotations
 
 import asyncio
-import logging
-import queue
-import re
-import time
+import ctypes
 from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
 
 import pytest
 
-_BOOTSTRAP = re.compile(r"Mock cluster \S+ bootstrap\.servers=(\S+)")
+_RD_KAFKA_PRODUCER = 0
+_ALL_BROKERS = -1
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: queue.Queue[str] = queue.Queue()
+@cache
+def _librdkafka() -> ctypes.CDLL:
+    """The librdkafka that confluent-kafka loads (its wheel bundles it), typed for the mock API."""
+    import confluent_kafka
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.put(record.getMessage())
+    libs = Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
+    lib = ctypes.CDLL(str(next(libs.glob("librdkafka*.so*"))))
+    lib.rd_kafka_conf_new.restype = ctypes.c_void_p
+    lib.rd_kafka_new.restype = ctypes.c_void_p
+    lib.rd_kafka_new.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.rd_kafka_destroy.argtypes = [ctypes.c_void_p]
+    lib.rd_kafka_mock_cluster_new.restype = ctypes.c_void_p
+    lib.rd_kafka_mock_cluster_new.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p
+    lib.rd_kafka_mock_cluster_bootstraps.argtypes = [ctypes.c_void_p]
+    lib.rd_kafka_mock_cluster_destroy.argtypes = [ctypes.c_void_p]
+    lib.rd_kafka_mock_broker_set_rtt.restype = ctypes.c_int
+    lib.rd_kafka_mock_broker_set_rtt.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int]
+    return lib
 
 
 class MockKafkaCluster:
-    """One librdkafka mock cluster, alive as long as this object is."""
+    """One librdkafka mock cluster, alive until `close()`."""
 
     def __init__(self, brokers: int = 3, *, rtt_ms: int = 0) -> None:
-        import confluent_kafka
-
-        self._handler = _Lines()
-        self._logger = logging.getLogger(f"chatmem.tests.kafka_mock.{id(self)}")
-        self._logger.addHandler(self._handler)
-        self._logger.setLevel(logging.DEBUG)
-        self._logger.propagate = False
-        config = {"test.mock.num.brokers": brokers, "debug": "mock", "logger": self._logger}
+        lib = _librdkafka()
+        error = ctypes.create_string_buffer(512)
+        # The mock cluster lives in a client handle of its own (a producer nobody produces with).
+        self._handle = lib.rd_kafka_new(_RD_KAFKA_PRODUCER, lib.rd_kafka_conf_new(), error, len(error))
+        if not self._handle:
+            raise RuntimeError(f"librdkafka client: {error.value.decode()}")
+        self._cluster = lib.rd_kafka_mock_cluster_new(self._handle, brokers)
+        if not self._cluster:
+            lib.rd_kafka_destroy(self._handle)
+            raise RuntimeError("librdkafka mock cluster could not be created")
+        self.bootstrap_servers: str = lib.rd_kafka_mock_cluster_bootstraps(self._cluster).decode()
         if rtt_ms:
-            # Every broker answers this much later: a window the tests can act in, deterministically.
-            config["test.mock.broker.rtt"] = rtt_ms
-        self._client = confluent_kafka.Producer(config)
-        self.bootstrap_servers = self._find_bootstrap(timeout=15.0)
+            self.set_rtt(rtt_ms)
 
-    def _find_bootstrap(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._client.poll(0.1)  # delivers queued log lines to the logger
-            while True:
-                try:
-                    line = self._handler.lines.get_nowait()
-                except queue.Empty:
-                    break
-                match = _BOOTSTRAP.search(line)
-                if match:
-                    # The mock keeps logging every request; nobody needs those lines.
-                    self._logger.setLevel(logging.WARNING)
-                    return match.group(1)
-        raise RuntimeError("librdkafka mock cluster did not log its bootstrap address")
+    def set_rtt(self, rtt_ms: int) -> None:
+        """Every broker answers `rtt_ms` later from now on (0: at once)."""
+        if _librdkafka().rd_kafka_mock_broker_set_rtt(self._cluster, _ALL_BROKERS, rtt_ms):
+            raise RuntimeError("librdkafka refused the mock brokers' round-trip time")
 
     def close(self) -> None:
         """Shut the cluster down."""
-        self._client.flush(1)
-        self._logger.removeHandler(self._handler)
-        del self._client
+        lib = _librdkafka()
+        lib.rd_kafka_mock_cluster_destroy(self._cluster)
+        lib.rd_kafka_destroy(self._handle)
 
 
 @pytest.fixture(scope="session")
@@ -90,12 +94,13 @@ def kafka_bootstrap(kafka_cluster: MockKafkaCluster) -> str:
     return kafka_cluster.bootstrap_servers
 
 
-@pytest.fixture(scope="session")
-def slow_kafka_bootstrap() -> Iterator[str]:
-    """A second mock cluster whose brokers answer 1.5 s late (a publish takes that long at least)."""
+@pytest.fixture
+def slow_kafka() -> Iterator[MockKafkaCluster]:
+    """A mock cluster of the test's own whose broker answers 1.5 s late (a publish takes that long
+    at least) until the test calls `set_rtt(0)`."""
     cluster = MockKafkaCluster(brokers=1, rtt_ms=1500)
     try:
-        yield cluster.bootstrap_servers
+        yield cluster
     finally:
         cluster.close()
 

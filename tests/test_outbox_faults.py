@@ -27,7 +27,7 @@ from indexer.worker import IndexerWorker
 from memory.config import Settings
 from memory.recall.embeddings import HashEmbedder
 from memory.storage.db import Database
-from tests.kafka_mock import TcpGate
+from tests.kafka_mock import MockKafkaCluster, TcpGate
 from tests.kafka_mock import topic_size as kafka_topic_size
 from tests.support import wait_until
 from tests.test_indexer import chat_turns, memorable, run_worker_until, scalar, test_settings
@@ -226,12 +226,12 @@ async def _none_unpublished(db: Database) -> bool:
 
 
 async def test_relay_killed_between_publish_and_mark(
-    db: Database, pg_url: str, slow_kafka_bootstrap: str
+    db: Database, pg_url: str, slow_kafka: MockKafkaCluster
 ) -> None:
     # The relay's claim is a committed lease, so the kill point is set after it: the brokers
     # answer 1.5 s late, the test locks the table while the relay waits for its acks, and the
     # relay's mark then waits on that lock. The lease is short, so the rows come back soon.
-    kafka_bootstrap = slow_kafka_bootstrap
+    kafka_bootstrap = slow_kafka.bootstrap_servers
     settings = kafka_test_settings(pg_url, kafka_bootstrap, outbox_lease_seconds=2)
     await chat_turns(db, [memorable(i) for i in range(30)])
     with child("relay", settings) as proc:
@@ -244,14 +244,15 @@ async def test_relay_killed_between_publish_and_mark(
             )
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
+    # The kill point is passed: the brokers answer at once again for the rest.
+    slow_kafka.set_rtt(0)
     assert await topic_size(kafka_bootstrap, settings.kafka_topic) == 30  # published and acknowledged
     assert await scalar(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 30  # never marked
 
     async with running(OutboxRelay(db, settings), IndexerWorker(db, settings, HashEmbedder(dim=384))):
-        # Every broker round trip takes 1.5 s here: joining the group alone takes several.
-        await wait_until(lambda: _none_unpublished(db), 90, "the rows published again")
+        await wait_until(lambda: _none_unpublished(db), 60, "the rows published again")
         await wait_until(
-            lambda: _topic_consumed(db, kafka_bootstrap, settings), 90, "the duplicates consumed"
+            lambda: _topic_consumed(db, kafka_bootstrap, settings), 60, "the duplicates consumed"
         )
     assert await topic_size(kafka_bootstrap, settings.kafka_topic) == 60  # every turn delivered twice
     assert await scalar(db, "SELECT count(*) FROM memory_items") == 30
@@ -347,13 +348,13 @@ async def test_a_claim_failing_while_a_batch_fills_does_not_keep_the_rows_alread
 
 
 async def test_a_relay_whose_mark_failed_does_not_keep_the_published_rows_leased_forever(
-    db: Database, pg_url: str, slow_kafka_bootstrap: str
+    db: Database, pg_url: str, slow_kafka: MockKafkaCluster
 ) -> None:
     # Regression: when marking a published batch failed (here its lock timeout, as with any
     # database error), the relay kept the rows in the leases it renews: they stayed unpublished
     # for as long as it lived, never sent again, and /metrics showed them as a backlog growing older.
     settings = kafka_test_settings(
-        pg_url, slow_kafka_bootstrap, background_lock_timeout_ms=300, outbox_lease_seconds=3
+        pg_url, slow_kafka.bootstrap_servers, background_lock_timeout_ms=300, outbox_lease_seconds=3
     )
     await chat_turns(db, [memorable(i) for i in range(10)])
     async with running(OutboxRelay(db, settings)):
@@ -366,8 +367,9 @@ async def test_a_relay_whose_mark_failed_does_not_keep_the_published_rows_leased
             await wait_until(
                 lambda: _not(waiting_on_lock(db, "UPDATE outbox SET published_at")), 30, "its lock timeout"
             )
+            slow_kafka.set_rtt(0)  # the mark has failed: the brokers may answer at once again
         await wait_until(lambda: _none_unpublished(db), 30, "the rows published again and marked")
-    assert await topic_size(slow_kafka_bootstrap, settings.kafka_topic) == 20  # each sent twice
+    assert await topic_size(slow_kafka.bootstrap_servers, settings.kafka_topic) == 20  # each sent twice
 
 
 async def _not(condition: Awaitable[bool]) -> bool:
