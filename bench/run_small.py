@@ -22,7 +22,9 @@ LONGMEMEVAL = ROOT.parent / "shared" / "bench" / "longmemeval_dev.json"
 
 SMALL_RUNS: dict[str, list[str]] = {
     "context_build": ["--turns", "200", "--iterations", "20"],
-    "ttft": ["--concurrency", "1", "2", "--requests", "6", "--memory-rows", "0", "40"],
+    # Replies of 0.15 s (400 tokens/s) instead of 1.5 s: every cell still streams, recalls and
+    # prints, in about half the time.
+    "ttft": ["--concurrency", "1", "2", "--requests", "4", "--memory-rows", "0", "20", "--rate", "400"],
     "stop_latency": ["--stops", "4"],
     "retrieval_latency": ["--small", "--locomo", str(LOCOMO), "--longmemeval", str(LONGMEMEVAL)],
     "indexer_throughput": ["--turns", "32", "--lag-seconds", "2"],
