@@ -11,8 +11,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +200,22 @@ class Server:
             # The server itself, so that a profiler prefix sees it exit and writes its output.
             os.kill(self.pid, signal.SIGTERM)
             self.proc.wait(60)
+
+
+@asynccontextmanager
+async def started_together(*servers: Server) -> AsyncIterator[tuple[Server, ...]]:
+    """Start every server at once (a start is mostly imports and loading the model), stop them all after."""
+    starts = await asyncio.gather(*(server.__aenter__() for server in servers), return_exceptions=True)
+    try:
+        for outcome in starts:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        yield servers
+    finally:
+        # A server that failed to start has stopped itself already.
+        for server, outcome in zip(servers, starts, strict=True):
+            if not isinstance(outcome, BaseException):
+                await server.__aexit__(None, None, None)
 
 
 def headers(tenant: str = "bench", user: str = "u") -> dict[str, str]:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import Server, database, headers, print_table, summary_ms, write_json
+from common import Server, database, headers, print_table, started_together, summary_ms, write_json
 
 
 async def one_stop(
@@ -83,7 +83,7 @@ async def main() -> None:
     args = parser.parse_args()
     with database(args.database_url) as url:
         env = {"demo_tokens_per_second": 40}
-        async with Server(url, **env) as a, Server(url, **env) as b:
+        async with started_together(Server(url, **env), Server(url, **env)) as (a, b):
             rows = await measure(a.url, a.url, args.stops, "same process")
             rows += await measure(a.url, b.url, args.stops, "other process")
     print_table("Stop latency", rows, ["target", "measure", "n", "p50_ms", "p95_ms", "p99_ms", "mean_ms"])
