@@ -316,7 +316,7 @@ async def test_a_claim_failing_while_a_batch_fills_does_not_keep_the_rows_alread
     settings = test_settings(
         pg_url,
         indexer_batch_size=64,
-        indexer_batch_wait_ms=10_000,  # the batch is still filling when the table is locked
+        indexer_batch_wait_ms=3_000,  # the batch is still filling when the table is locked
         background_lock_timeout_ms=300,
         outbox_lease_seconds=3,
     )
