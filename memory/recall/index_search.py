@@ -108,18 +108,21 @@ keyword_query AS (
 -- The owner's rows, read once (owner btree), for both top lists, the corpus count and the
 -- neighbours. Matching the question's terms here, not through the GIN index, reads only this
 -- user's rows: the GIN's posting lists hold every user's rows, so its cost grew with the table.
--- `terms` reads the row's tsvector once (OFFSET 0 keeps the subquery from being inlined into
--- each use), with the question's lexemes weighted A, so ts_filter keeps just them for the term
--- frequencies; unnesting whole vectors was most of the search at 5,000 rows a user. The cosine
--- distance of every row is taken here too: the dense list is exact (see the module docstring).
+-- A row is matched first (`matched`, tested once: OFFSET 0 keeps the subquery from being inlined
+-- into each use); only a matching row's tsvector is copied with the question's lexemes weighted
+-- A, so ts_filter keeps just them for the term frequencies (unnesting whole vectors was most of
+-- the search at 5,000 rows a user). Weighting every row copied each tsvector, about half of them
+-- for nothing: the tsvector is kept in the row (0021), so the match reads it in place. The
+-- cosine distance of every row is taken here too: the dense list is exact (module docstring).
 owner_rows AS MATERIALIZED (
     SELECT m.id, m.kind, m.conversation_id, m.turn_id, m.turn_seq, m.chunk_index,
            m.embedding <=> :embedding AS distance,
-           CASE WHEN t.terms @@ q.tsq THEN ts_filter(t.terms, '{{a}}') END AS matched_terms,
-           CASE WHEN t.terms @@ q.tsq THEN length(t.terms) END AS doc_len
+           CASE WHEN t.matched THEN ts_filter(setweight(m.search_terms, 'A', q.lexemes), '{{a}}') END
+               AS matched_terms,
+           CASE WHEN t.matched THEN length(m.search_terms) END AS doc_len
     FROM memory_items m
     CROSS JOIN keyword_query q
-    CROSS JOIN LATERAL (SELECT setweight(m.search_terms, 'A', q.lexemes) AS terms OFFSET 0) t
+    CROSS JOIN LATERAL (SELECT m.search_terms @@ q.tsq AS matched OFFSET 0) t
     WHERE {owner}
       AND {generation}
 ),
