@@ -189,7 +189,10 @@ async def test_a_reply_that_fails_to_start_or_is_stopped_while_its_query_encodes
     start_server: Any, real_encoder: SentenceTransformerEmbedder
 ) -> None:
     embedder = RecordingEmbedder(real_encoder, [])
-    server: LiveServer = await start_server(embedder=embedder)
+    # Recall's time box far off: the held encode must be ended by the stop, not by the box (3 s
+    # by default, which a loaded machine spent before its stop landed: the reply then went on
+    # without memory, and announced it, before the stop came).
+    server: LiveServer = await start_server(embedder=embedder, recall_timeout_seconds=120)
     recaller = server.services.recaller
     async with server.client() as client:
         cid = await new_conversation(client)
@@ -260,7 +263,7 @@ async def searched_ahead_and_not(
     return ahead, await search(), prepared
 
 
-async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode_bit_for_bit(
+async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode(
     db: Database, pg_url: str, real_encoder: SentenceTransformerEmbedder
 ) -> None:
     index = MemoryIndex(db, real_encoder)
@@ -269,9 +272,14 @@ async def test_a_query_encoded_ahead_is_the_vector_recall_would_encode_bit_for_b
         db, index, pg_url, [UNINDEXED_FACT, "What a view that must be."]
     )
     assert ahead.query_ahead and not plain.query_ahead
-    assert ahead.query_vector == plain.query_vector  # the same floats, not just close
-    found = [(m.turn_id, m.score, m.indexed) for m in ahead.memories]
-    assert found == [(m.turn_id, m.score, m.indexed) for m in plain.memories]
+    # Encoded alone ahead, and in one batch with the unindexed turns without: on some CPUs the
+    # encoder's kernels round a padded batch differently in the last bits (about 1e-7), so the
+    # same vector within float32 rounding, and the same memories in the same order.
+    assert len(ahead.query_vector) == len(plain.query_vector)
+    assert ahead.query_vector == pytest.approx(plain.query_vector, rel=0, abs=1e-6)
+    found = [(m.turn_id, m.indexed) for m in ahead.memories]
+    assert found == [(m.turn_id, m.indexed) for m in plain.memories]
+    assert [m.score for m in ahead.memories] == pytest.approx([m.score for m in plain.memories], abs=1e-6)
     assert ahead.memories[0].text.endswith(FACT)
     assert UNINDEXED_FACT in [m.text for m in ahead.memories if not m.indexed]
     assert len(prepared) == 0
