@@ -13,6 +13,7 @@ import json
 import uuid
 from typing import Any
 
+import pytest
 from openai import AsyncOpenAI
 from sqlalchemy import text
 
@@ -335,8 +336,9 @@ CHOOSING_AT_THE_TURNS_LOCK = text(
 )
 
 
+@pytest.mark.parametrize("door", ["chat-completions", "responses"])
 async def test_a_stop_kept_while_an_openai_sdk_request_was_on_its_way_to_being_stored_stopped_nothing(
-    start_server: Any, db: Any
+    start_server: Any, db: Any, door: str
 ) -> None:
     """The OpenAI doors passed no arrival time: a stop of the conversation sent after the
     request had passed the door, and kept before its turns were stored, was taken as stale (as
@@ -354,9 +356,14 @@ async def test_a_stop_kept_while_an_openai_sdk_request_was_on_its_way_to_being_s
         messages = [*first, said, {"role": "user", "content": "/long story"}]
         async with db.transaction() as session:
             await session.execute(TURNS_LOCKED)
-            sent = asyncio.create_task(
-                openai.chat.completions.create(model="chatmem-demo", messages=messages, stream=True)
-            )
+            if door == "responses":  # the whole history as input: mapped as chat completions' is
+                sent: asyncio.Task[Any] = asyncio.create_task(
+                    openai.responses.create(model="chatmem-demo", input=messages, stream=True)
+                )
+            else:
+                sent = asyncio.create_task(
+                    openai.chat.completions.create(model="chatmem-demo", messages=messages, stream=True)
+                )
 
             async def choosing() -> bool:
                 async with db.session() as watch:
@@ -368,6 +375,9 @@ async def test_a_stop_kept_while_an_openai_sdk_request_was_on_its_way_to_being_s
         stream = await sent
         chunks = [chunk async for chunk in stream]
         assert stream.response.headers["x-chatmem-conversation-id"] == conversation_id
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+        if door == "responses":
+            assert [c.type for c in chunks if c.type == "response.output_text.delta"] == []
+        else:
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
         statuses = [status for status, _ in await stored_replies(api, conversation_id)]
         assert statuses == ["completed", "interrupted_by_user"]
