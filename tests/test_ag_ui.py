@@ -12,6 +12,7 @@ import json
 import uuid
 from typing import Any
 
+import httpx
 from ag_ui.core import Event
 from pydantic import TypeAdapter
 
@@ -405,6 +406,22 @@ async def test_a_connect_run_id_of_another_json_type_was_read_as_a_string(server
         assert (await api.post(f"/v1/ag-ui/{thread_id}/connect", json={})).status_code == 200
 
 
+async def run_stopped_midway(
+    api: httpx.AsyncClient, run: dict[str, Any], stop_run_id: str
+) -> tuple[list[dict[str, Any]], httpx.Response]:
+    """`run`'s events, a stop naming `stop_run_id` sent once its third text delta came, and the
+    stop's answer."""
+    events: list[dict[str, Any]] = []
+    stop: httpx.Response | None = None
+    async with api.stream("POST", "/v1/ag-ui", json=run) as response:
+        async for item in iter_sse(response):
+            events.append(item.data)
+            if stop is None and [e["type"] for e in events].count("TEXT_MESSAGE_CONTENT") == 3:
+                stop = await api.post(f"/v1/ag-ui/{run['threadId']}/stop", json={"runId": stop_run_id})
+    assert stop is not None, [e["type"] for e in events]
+    return events, stop
+
+
 async def test_a_stop_naming_an_earlier_run_of_the_thread_stopped_the_run_streaming_now(
     start_server: Any,
 ) -> None:
@@ -418,13 +435,8 @@ async def test_a_stop_naming_an_earlier_run_of_the_thread_stopped_the_run_stream
         async with api.stream("POST", "/v1/ag-ui", json=earlier) as response:
             await response.aread()
         current = run_input(thread_id, "/long story", protocolVersion="1.0")
-        events: list[dict[str, Any]] = []
-        async with api.stream("POST", "/v1/ag-ui", json=current) as response:
-            async for item in iter_sse(response):
-                events.append(item.data)
-                if [e["type"] for e in events].count("TEXT_MESSAGE_CONTENT") == 3:
-                    stale = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": earlier["runId"]})
-                    assert (stale.status_code, stale.json()) == (200, {"success": True}), stale.text
+        events, stale = await run_stopped_midway(api, current, earlier["runId"])
+        assert (stale.status_code, stale.json()) == (200, {"success": True}), stale.text
         assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
         stored = (await api.get(f"/v1/ai-sdk/chat/{thread_id}/messages")).json()
         assert [m["metadata"]["status"] for m in stored if m["role"] == "assistant"] == ["completed"] * 2
@@ -432,11 +444,6 @@ async def test_a_stop_naming_an_earlier_run_of_the_thread_stopped_the_run_stream
         # A reload (the last message sent again, a new runId) answers it again: a stop naming
         # that run stops it, though the message it answers was stored by the run before.
         reload = {**current, "runId": str(uuid.uuid4())}
-        events = []
-        async with api.stream("POST", "/v1/ag-ui", json=reload) as response:
-            async for item in iter_sse(response):
-                events.append(item.data)
-                if [e["type"] for e in events].count("TEXT_MESSAGE_CONTENT") == 3:
-                    stop = await api.post(f"/v1/ag-ui/{thread_id}/stop", json={"runId": reload["runId"]})
-                    assert (stop.status_code, stop.json()) == (200, {"success": True}), stop.text
+        events, stop = await run_stopped_midway(api, reload, reload["runId"])
+        assert (stop.status_code, stop.json()) == (200, {"success": True}), stop.text
         assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "cancelled"}
