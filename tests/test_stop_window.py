@@ -17,6 +17,8 @@ import pytest
 from openai import AsyncOpenAI
 from sqlalchemy import text
 
+from chat_api.protocols.openai.conversations import chat_key_conversation
+from memory.record.conversations import Owner
 from memory.record.pending_stops import NEW_CHAT_STOP_SECONDS
 from tests.conftest import LiveServer, token_for
 from tests.sse import iter_sse
@@ -381,3 +383,105 @@ async def test_a_stop_kept_while_an_openai_sdk_request_was_on_its_way_to_being_s
             assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
         statuses = [status for status, _ in await stored_replies(api, conversation_id)]
         assert statuses == ["completed", "interrupted_by_user"]
+
+
+def chat_keyed(server: LiveServer, key: str, tenant: str = "t1", user: str = "u1") -> AsyncOpenAI:
+    """An `openai` SDK client of the OpenAI doors whose requests name their chat by `key`."""
+    return AsyncOpenAI(
+        base_url=f"{server.base_url}/openai/v1",
+        api_key=token_for(tenant, user),
+        max_retries=0,
+        default_headers={"X-Chatmem-Chat-Key": key},
+    )
+
+
+async def streamed_text(openai: AsyncOpenAI, door: str, content: str) -> tuple[str, str]:
+    """A first message streamed through the door: (the conversation it went to, the text streamed)."""
+    messages: list[Any] = [{"role": "user", "content": content}]
+    if door == "responses":
+        answer: Any = await openai.responses.create(model="chatmem-demo", input=messages, stream=True)
+        text = "".join([c.delta async for c in answer if c.type == "response.output_text.delta"])
+    else:
+        answer = await openai.chat.completions.create(model="chatmem-demo", messages=messages, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in answer if c.choices])
+    return answer.response.headers["x-chatmem-conversation-id"], text
+
+
+@pytest.mark.parametrize("door", ["chat-completions", "responses"])
+async def test_a_stop_of_a_chat_keys_conversation_sent_before_its_first_request_was_never_taken(
+    start_server: Any, db: Any, door: str
+) -> None:
+    """Found: the conversation an OpenAI door makes for a chat key (`X-Chatmem-Chat-Key`) has
+    an id that comes from the key, so a stop can name it before the request that makes it is
+    served. The stop was kept for that id (202), but making the conversation did not take it:
+    the first reply streamed in full and the stop stayed kept. Making it now takes the stop, as
+    the AI SDK and AG-UI doors' new chats do: the first reply starts stopped (nothing
+    streamed, stored `interrupted_by_user`), and nothing stays kept."""
+    server: LiveServer = await start_server(**SLOW)
+    key = f"key-{uuid.uuid4().hex}"
+    conversation_id = str(chat_key_conversation(Owner("t1", "u1"), key))
+    async with chat_keyed(server, key) as openai, server.client() as api:
+        stopped = await api.post(f"/v1/ai-sdk/chat/{conversation_id}/stop", json={})
+        assert (stopped.status_code, stopped.json()) == (202, {"success": False}), stopped.text
+        assert await streamed_text(openai, door, "/long story") == (conversation_id, "")
+        assert await stored_replies(api, conversation_id) == [("interrupted_by_user", "")]
+        async with db.session() as session:
+            assert list((await session.execute(KEPT_FOR_NEW_CHATS)).scalars()) == []
+
+
+async def test_a_chat_keys_first_reply_was_stopped_by_neither_another_owners_stop_of_its_id_nor_a_stale_one(
+    start_server: Any, db: Any
+) -> None:
+    """Only its owner's fresh stop is taken by a chat key's new conversation: a stop naming the
+    same id from another user or tenant is a stop of their own unused chat id (kept for them,
+    untouched), and one older than NEW_CHAT_STOP_SECONDS is dropped (time moved by SQL). The
+    first reply is answered in full either way."""
+    server: LiveServer = await start_server()
+    owner = Owner("t1", "u1")
+    key, stale_key = f"key-{uuid.uuid4().hex}", f"key-{uuid.uuid4().hex}"
+    conversation_id = str(chat_key_conversation(owner, key))
+    for tenant, user in (("t1", "u2"), ("t2", "u1")):
+        async with server.client(tenant, user) as other:
+            stopped = await other.post(f"/v1/ai-sdk/chat/{conversation_id}/stop", json={})
+            assert (stopped.status_code, stopped.json()) == (202, {"success": False}), stopped.text
+    async with chat_keyed(server, key) as openai, server.client() as api:
+        said, text = await streamed_text(openai, "chat-completions", "hello")
+        assert said == conversation_id and text
+        assert await stored_replies(api, conversation_id) == [("completed", text)]
+        async with db.session() as session:
+            kept = list((await session.execute(KEPT_FOR_NEW_CHATS)).scalars())
+        assert kept == [conversation_id, conversation_id]  # the other two owners'
+
+        stale_id = str(chat_key_conversation(owner, stale_key))
+        assert (await api.post(f"/v1/ai-sdk/chat/{stale_id}/stop", json={})).status_code == 202
+        async with db.transaction() as session:
+            await session.execute(AGE_KEPT_STOPS, {"seconds": NEW_CHAT_STOP_SECONDS + 1})
+        async with chat_keyed(server, stale_key) as later:
+            said, text = await streamed_text(later, "chat-completions", "hello")
+        assert said == stale_id and text
+        assert await stored_replies(api, stale_id) == [("completed", text)]
+
+
+async def test_a_stop_of_a_chat_keys_conversation_while_its_first_reply_ran_stopped_it_and_kept_nothing(
+    start_server: Any, db: Any
+) -> None:
+    """Once the key's conversation exists, a stop naming it stops the running reply (200
+    `{success: true}`, stored `interrupted_by_user` with exactly the text streamed) and is not
+    kept for a first reply to come."""
+    server: LiveServer = await start_server(**SLOW)
+    key = f"key-{uuid.uuid4().hex}"
+    conversation_id = str(chat_key_conversation(Owner("t1", "u1"), key))
+    messages: list[Any] = [{"role": "user", "content": "/long story"}]
+    async with chat_keyed(server, key) as openai, server.client() as api:
+        stream = await openai.chat.completions.create(model="chatmem-demo", messages=messages, stream=True)
+        assert stream.response.headers["x-chatmem-conversation-id"] == conversation_id
+        text, stopped = "", None
+        async for chunk in stream:
+            text += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+            if text and stopped is None:
+                stopped = await api.post(f"/v1/ai-sdk/chat/{conversation_id}/stop", json={})
+        assert stopped is not None
+        assert (stopped.status_code, stopped.json()) == (200, {"success": True}), stopped.text
+        assert await stored_replies(api, conversation_id) == [("interrupted_by_user", text)]
+        async with db.session() as session:
+            assert list((await session.execute(KEPT_FOR_NEW_CHATS)).scalars()) == []

@@ -6,8 +6,10 @@ user's conversations, created on first use. A chatmem conversation id works as a
 too, but only for its owner. Any other id, unused or naming another user's (or tenant's)
 conversation, is a chat this user has not used yet: the two answer exactly alike, so a
 chat id can neither reach another user's conversation nor tell whether it exists (the
-404 one got and the empty list the other got were such an oracle). Functions here take a
-session and never commit.
+404 one got and the empty list the other got were such an oracle). A conversation made under
+an id chosen for it (`made_under_id`: the OpenAI doors' chat keys name theirs so) is such a
+chat id before it exists, and takes a stop kept for it as a new chat does. Functions here take
+a session and never commit.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import uuid
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.errors import InvalidInput, NotFound
@@ -95,9 +98,15 @@ async def _found_or_locked(session: AsyncSession, owner: Owner, chat_id: str) ->
     found = await find_chat(session, owner, chat_id)
     if found is not None:
         return found
+    await _lock_new_chat(session, owner, chat_id)
+    return await find_chat(session, owner, chat_id)
+
+
+async def _lock_new_chat(session: AsyncSession, owner: Owner, chat_id: str) -> None:
+    """Take the lock that making the owner's conversation for this chat id takes (and keeping a
+    stop for it): held until this transaction ends."""
     key = f"ai-sdk-chat:{owner.tenant_id}:{owner.user_id}:{chat_id}"
     await session.execute(LOCK_NEW_CHAT, {"key": key})
-    return await find_chat(session, owner, chat_id)
 
 
 async def chat_conversation(session: AsyncSession, owner: Owner, chat_id: str) -> Conversation:
@@ -116,6 +125,24 @@ async def chat_conversation(session: AsyncSession, owner: Owner, chat_id: str) -
     await session.execute(ADD_CHAT, params)
     await take_new_chat_stop(session, owner, chat_id, conversation.id)
     return conversation
+
+
+async def made_under_id(
+    session: AsyncSession, owner: Owner, conversation_id: uuid.UUID, *, title: str
+) -> Conversation:
+    """The owner's conversation with this chosen id, made now unless a request racing this one
+    made it (NotFound if it was deleted since); a stop kept for the id as a chat id before then
+    (`stop_of_chat`) is kept on the conversation made."""
+    await _lock_new_chat(session, owner, str(conversation_id))
+    made = await session.scalar(
+        insert(Conversation)
+        .values(id=conversation_id, tenant_id=owner.tenant_id, user_id=owner.user_id, title=title)
+        .on_conflict_do_nothing(index_elements=["id"])
+        .returning(Conversation.id)
+    )
+    if made is not None:
+        await take_new_chat_stop(session, owner, str(conversation_id), conversation_id)
+    return await get_conversation(session, owner, conversation_id)
 
 
 async def stop_of_chat(

@@ -12,8 +12,9 @@ Every start clears the kept stop, taken or not; a newer stop replaces it.
 A client that picks its chat (thread) id can stop the chat's first run before the request
 that creates its conversation is served, on any process. That stop is kept by (tenant, user,
 chat id) in `chat_stops` (`keep_new_chat_stop`, under the lock that creating the chat takes:
-memory.record.ai_sdk_chats), and the transaction that creates the chat's conversation moves
-it onto the conversation's row (`take_new_chat_stop`) as if made then: nothing of that chat
+memory.record.ai_sdk_chats), and the transaction that creates the chat's conversation (or a
+conversation made under an id chosen for it, as the OpenAI doors' chat keys choose theirs)
+moves it onto the conversation's row (`take_new_chat_stop`) as if made then: nothing of that chat
 ran before it, so it can only mean the first run. It is kept NEW_CHAT_STOP_SECONDS: a stop of
 an id no run comes for is not taken after that (a chat started later is answered in full),
 and the next stop kept in the tenant deletes it; the retention job's purge deletes the rest

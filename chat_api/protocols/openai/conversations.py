@@ -48,7 +48,6 @@ from typing import Any
 
 from anyio import to_thread
 from sqlalchemy import text
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import Admission, AdmittedImport, AdmittedReply
@@ -66,6 +65,7 @@ from chat_api.replies import (
 )
 from chat_api.services import Services
 from memory.errors import InvalidInput, NotFound
+from memory.record.ai_sdk_chats import made_under_id
 from memory.record.branches import conversation_branch, fork_branch, history_oldest_first
 from memory.record.conversations import Owner, create_conversation, get_conversation
 from memory.record.history_match import Unit, sent_units, shared_prefix
@@ -216,21 +216,12 @@ async def _target_of_key(services: Services, owner: Owner, conversation_id: uuid
 
 
 async def _make(services: Services, owner: Owner, chat: ChatRequest, target: Target) -> uuid.UUID:
-    """Make the target's new conversation (a chat key's: unless a request racing this one just did)."""
+    """Make the target's new conversation (a key's: unless a request racing this one just did;
+    it takes a stop that named it before it was made, so the first reply starts stopped)."""
     async with services.db.transaction() as session:
         if target.conversation_id is None:
             return (await create_conversation(session, owner, title=_title(chat))).id
-        await session.execute(
-            insert(Conversation)
-            .values(
-                id=target.conversation_id,
-                tenant_id=owner.tenant_id,
-                user_id=owner.user_id,
-                title=_title(chat),
-            )
-            .on_conflict_do_nothing(index_elements=["id"])
-        )
-        await get_conversation(session, owner, target.conversation_id)  # deleted since: 404
+        await made_under_id(session, owner, target.conversation_id, title=_title(chat))  # deleted since: 404
     return target.conversation_id
 
 
