@@ -99,20 +99,20 @@ async def test_a_cancelled_caller_is_left_out_and_an_error_reaches_every_caller_
 
 
 @pytest.fixture(scope="module")
-def real_model() -> SentenceTransformerEmbedder:
+def real_encoder() -> SentenceTransformerEmbedder:
     model = SentenceTransformerEmbedder(default_embedding_model(), batch_size=64)
     model.load()
     return model
 
 
 async def test_real_model_concurrent_queries_get_their_own_vectors(
-    real_model: SentenceTransformerEmbedder,
+    real_encoder: SentenceTransformerEmbedder,
 ) -> None:
-    alone = [real_model.encode_sync([q])[0] for q in QUERIES]
-    calls_before = real_model.encode_calls
-    together = await asyncio.gather(*(real_model.embed([q]) for q in QUERIES))
+    alone = [real_encoder.encode_sync([q])[0] for q in QUERIES]
+    calls_before = real_encoder.encode_calls
+    together = await asyncio.gather(*(real_encoder.embed([q]) for q in QUERIES))
     # Eight concurrent calls: the first encodes at once, the rest share what follows.
-    assert real_model.encode_calls - calls_before < len(QUERIES)
+    assert real_encoder.encode_calls - calls_before < len(QUERIES)
     for own, (vector,) in zip(alone, together, strict=True):
         assert max(abs(a - b) for a, b in zip(own, vector, strict=True)) < 1e-4
     # And each is closest to its own query, not a neighbour's (no mix-up of slices).
@@ -134,26 +134,26 @@ def test_texts_are_batched_shortest_first_within_the_padding_budget() -> None:
 
 
 def test_real_model_mixed_lengths_come_back_in_order_and_as_if_alone(
-    real_model: SentenceTransformerEmbedder,
+    real_encoder: SentenceTransformerEmbedder,
 ) -> None:
     texts = [*QUERIES[:3], "My sister's garden in Reykjavik " * 60, QUERIES[3]]
-    mixed = real_model.encode_sync(texts)
+    mixed = real_encoder.encode_sync(texts)
     for text, vector in zip(texts, mixed, strict=True):
-        [alone] = real_model.encode_sync([text])
+        [alone] = real_encoder.encode_sync([text])
         assert max(abs(a - b) for a, b in zip(alone, vector, strict=True)) < 1e-4
 
 
 async def test_a_query_does_not_wait_for_a_long_encode_on_the_twin(
-    real_model: SentenceTransformerEmbedder,
+    real_encoder: SentenceTransformerEmbedder,
 ) -> None:
     # The indexer inside an API process encodes with a twin (chat_api/cli/serve.py): a reply's
     # query must not queue behind its batch, as it did when both shared one encoder.
-    twin = real_model.twin()
+    twin = real_encoder.twin()
     await asyncio.to_thread(twin.load)
     backlog = [f"Turn {i}: " + "the harbour log of a long and windy day at sea. " * 40 for i in range(48)]
     indexing = asyncio.create_task(asyncio.to_thread(twin.encode_sync, backlog))
     await wait_until(twin._encode_lock.locked, 30, "the twin started encoding", every=0.005)
-    (query,) = await asyncio.wait_for(real_model.embed(["where did the ship go?"]), 30)
+    (query,) = await asyncio.wait_for(real_encoder.embed(["where did the ship go?"]), 30)
     assert not indexing.done(), "the backlog finished first: the test proves nothing"
     vectors = await indexing
     assert len(vectors) == len(backlog)
