@@ -27,12 +27,17 @@ run: $(VENV)/.installed
 local-model: $(VENV)/.installed
 	$(BIN)/chatmem local-model start
 
-## Install the test dependencies (headless Chromium, the JS protocol clients) and run lint, mypy and every test.
+## Install the test dependencies (headless Chromium, the JS protocol clients) and run lint, mypy and every test:
+## in TEST_PROCESSES processes (pytest-xdist; each with its own embedded Postgres), then the tests of
+## the one local model server (marked real_model) in one process, since they share its single slot.
+TEST_PROCESSES ?= 2
 test: $(VENV)/.installed-test browser-deps js-deps embedding-server-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy chat_api memory indexer
-	HF_HUB_OFFLINE=1 $(BIN)/pytest
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -n $(TEST_PROCESSES) -m "not real_model"; rest=$$?; \
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -m real_model; model=$$?; \
+	test $$rest -eq 0 && test $$model -eq 0
 
 # A real embedding server (infinity-emb) for the tests of EMBEDDING_BASE_URL, in its own venv: it pins
 # numpy<2 and sentence-transformers<4, which chatmem's venv cannot hold. torch is pinned first, as above.

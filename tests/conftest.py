@@ -211,3 +211,17 @@ async def server(start_server: Callable[..., Any]) -> LiveServer:
 
 
 from tests.fake_openai import fake_openai  # noqa: E402, F401  (fixture: a scripted OpenAI-compatible server)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of the one local model server (tests/real_model.py) carries `real_model`.
+
+    `make test` runs the rest in two processes and these in one after them: they share the
+    server's single slot, and one test's reply would evict another's prompt from its cache or
+    generate while another checks that a stop left the server idle. Before pytest's own
+    selection by marker, which reads it.
+    """
+    for item in items:
+        if "real_model" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_model)
