@@ -419,7 +419,8 @@ async def test_a_stop_of_a_chat_keys_conversation_sent_before_its_first_request_
     streamed, stored `interrupted_by_user`), and nothing stays kept."""
     server: LiveServer = await start_server(**SLOW)
     key = f"key-{uuid.uuid4().hex}"
-    conversation_id = str(chat_key_conversation(Owner("t1", "u1"), key))
+    # As the README tells a client to derive it (the token's tenant and user, and the key).
+    conversation_id = str(uuid.uuid5(uuid.UUID("8f4a2b1e-5d1c-4c36-9a57-2a0d6f1c9b3e"), f"t1\x1fu1\x1f{key}"))
     async with chat_keyed(server, key) as openai, server.client() as api:
         stopped = await api.post(f"/v1/ai-sdk/chat/{conversation_id}/stop", json={})
         assert (stopped.status_code, stopped.json()) == (202, {"success": False}), stopped.text
