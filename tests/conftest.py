@@ -41,11 +41,41 @@ def encoder_export() -> None:
     openvino_export(default_embedding_model(), Path(os.environ["EMBEDDING_CACHE_DIR"]))
 
 
+def _database_of_worker(url: str, worker: str) -> str:
+    """`url`'s server, in a database of this pytest-xdist worker's own (made if missing).
+
+    Each test truncates every table: test processes sharing one database would empty each
+    other's. The role in `url` must be allowed to create databases.
+    """
+    import asyncio
+
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    given = make_url(url)
+    name = f"{given.database}_{worker}"
+
+    async def make() -> None:
+        plain = given.set(drivername="postgresql").render_as_string(hide_password=False)
+        connection = await asyncpg.connect(plain)
+        try:
+            if not await connection.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+                await connection.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await connection.close()
+
+    asyncio.run(make())
+    return given.set(database=name).render_as_string(hide_password=False)
+
+
 @pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A migrated Postgres with pgvector: the embedded server, or TEST_DATABASE_URL."""
+def pg_url(worker_id: str) -> Iterator[str]:
+    """A migrated Postgres with pgvector: the embedded server, or TEST_DATABASE_URL (a database
+    of each test process's own on that server when pytest-xdist runs several)."""
     external = os.environ.get("TEST_DATABASE_URL")
     if external:
+        if worker_id != "master":
+            external = _database_of_worker(external, worker_id)
         upgrade(external)
         yield external
         return
