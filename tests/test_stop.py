@@ -869,6 +869,20 @@ async def test_a_responses_client_resuming_from_the_last_event_it_saw_after_a_cr
     # The last checkpoint's text: empty, or a prefix of what the client read and the resume replayed.
     assert seen_text.startswith(stored.output_text)
 
+    # Found (a loaded machine's checkpoint timing put a client there): a client whose last event
+    # was numbered as the stored `error` event got only the terminal event after it, on which the
+    # SDK does not raise. The whole stored log first, to learn the `error` event's number.
+    whole: list[Any] = []
+    with pytest.raises(APIError):
+        async for event in await client.responses.retrieve(response_id, stream=True, starting_after=-1):
+            whole.append(event)
+    error_number = whole[-1].sequence_number + 1  # the `error` event follows the last one yielded
+    between = await client.responses.retrieve(response_id, stream=True, starting_after=error_number)
+    with pytest.raises(APIError) as failed:
+        async for _event in between:
+            pass
+    assert failed.value.body["code"] == "process_died"
+
 
 REFUSE_ENDINGS = (
     "CREATE FUNCTION refuse_ending() RETURNS trigger LANGUAGE plpgsql AS "

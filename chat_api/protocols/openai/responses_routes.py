@@ -386,24 +386,19 @@ async def _sse(
 ) -> AsyncIterator[bytes]:
     """The reply as Responses events after `after`; a client leaving early is `hang_up.hung_up`.
 
-    A client resuming at or past the stored ending still gets the terminal event (numbered as
-    stored; a failure's `error` event with it, as a live stream sends it), never an empty
-    stream: a process that crashed lost the events after its last checkpoint, which the client
-    may have seen, and the reaper stored the ending with a lower number than the client's last.
+    The ending is always sent whole, numbered as stored: the terminal event, and a failure's
+    `error` event with it, as a live stream sends them. A process that crashed lost the events
+    after its last checkpoint, which the client may have seen, and the reaper stored the ending
+    with lower numbers than the client's last: a client resuming at or past the ending, or
+    between its `error` and terminal events, would otherwise get an empty stream, or the
+    terminal event without the `error` event its SDK raises on.
     """
-    sent = False
-    last: list[ResponseEvent] = []
 
     def frames(events: list[ResponseEvent]) -> bytes:
-        nonlocal sent
-        out = _frames(events, after)
-        sent = sent or bool(out)
-        if events:
-            # The terminal event, and the `error` event a failure sends just before it.
-            last[:] = events[-2:] if len(events) > 1 and events[-2]["type"] == "error" else events[-1:]
-        if translator.ended and not sent:
-            return _frames(last, -1)
-        return out
+        if not translator.ended:
+            return _frames(events, after)
+        ending = 2 if len(events) > 1 and events[-2]["type"] == "error" else 1
+        return _frames(events[:-ending], after) + _frames(events[-ending:], -1)
 
     try:
         events = translator.opening() + [e for event in head for e in translator.feed(event)]
