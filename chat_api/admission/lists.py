@@ -34,6 +34,11 @@ SLICE = 1000
 Model = TypeVar("Model", bound=BaseModel)
 
 
+def is_long(items: Any) -> bool:
+    """A list long enough to be read in a worker thread (more than one slice)."""
+    return isinstance(items, list) and len(items) > SLICE
+
+
 @functools.cache
 def list_adapter(model: type[BaseModel], name: str) -> tuple[TypeAdapter[list[Any]], str]:
     """The field's annotation and constraints (`min_length`), without its SkipValidation; its JSON name."""
@@ -87,7 +92,7 @@ async def checked(body: Model, *names: str) -> Model:
     for name in names:
         adapter, where = list_adapter(type(body), name)
         items = getattr(body, name)
-        if isinstance(items, list) and len(items) > SLICE:
+        if is_long(items):
             update[name] = await asyncio.to_thread(_validated, adapter, items, where)
         else:
             update[name] = _validated(adapter, items, where)

@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from chat_api.admission import AdmissionDep, check_prompt_room_off_loop, checked, door_router
-from chat_api.admission.lists import SLICE
+from chat_api.admission.lists import is_long
 from chat_api.deps import OwnerDep, ServicesDep, StopOwnerDep
 from chat_api.protocols.ag_ui.input import LISTS, RunAgentInput, RunRequest, check_ids, read_run
 from chat_api.protocols.ag_ui.interrupts import (
@@ -104,7 +104,7 @@ async def run(
     # Reading the run walks its lists (49,000 context entries joined into the system text held the
     # event loop ~45-80 ms on 2 cores): with a long list, in a worker thread, as `checked` does.
     read = partial(read_run, body, max_message_chars=services.settings.max_message_chars)
-    long_list = any(len(getattr(body, name) or ()) > SLICE for name in LISTS)
+    long_list = any(is_long(getattr(body, name)) for name in LISTS)
     request = await asyncio.to_thread(read) if long_list else read()
     user_text = request.user_message[1] if request.user_message is not None else None
     await check_prompt_room_off_loop(
