@@ -30,6 +30,9 @@ QUESTION = "Where does my sister Ingrid live now?"
 TABLES = ("conversations", "turns", "turn_events", "tool_invocations", "outbox", "memory_items")
 
 
+STORED_UP_TO = text("SELECT coalesce(max(last_id), 0) FROM turn_events WHERE reply_id = :reply_id")
+
+
 async def rows_of(db: Database, tenant: str, user: str) -> dict[str, int]:
     """Rows per table of one user (read unscoped, as an operator would)."""
     counts = {}
@@ -241,19 +244,31 @@ async def test_a_checkpoint_still_waiting_to_write_when_the_reply_ends_cannot_ou
             # next tick claims the reply's new events, then waits for a connection.
             pool = checkpoints.pool
             held = [await checkpoints.connect() for _ in range(pool.size() + pool._max_overflow)]
-            claimed_before = reply.persisted
-            await wait_until(lambda: reply.persisted > claimed_before, 10, "a checkpoint to claim events")
 
-            async def stop_then_delete() -> None:
-                async with httpx.AsyncClient(base_url=server.base_url, headers=client.headers) as other:
-                    assert (await other.post(f"/v1/turns/{reply.turn_id}/stop")).status_code == 200
-                    assert (await other.delete("/v1/users/me")).status_code == 204
+            async def a_write_waits() -> bool:
+                """A checkpoint write claimed events it has not stored (one that had a connection
+                before ours were taken may still be finishing: its events are stored)."""
+                if reply.checkpoint_idle.is_set():
+                    return False
+                claimed = reply.events[reply.persisted - 1].id
+                async with db.session() as session:
+                    stored = await session.scalar(STORED_UP_TO, {"reply_id": reply.id})
+                return bool(stored < claimed)
 
-            deleting = asyncio.create_task(stop_then_delete())
-            done, _ = await asyncio.wait({deleting}, timeout=1.0)
-            assert not done, "the reply ended while a checkpoint of its events was still to be written"
-            for connection in held:
-                await connection.close()
+            try:
+                await wait_until(a_write_waits, 10, "a checkpoint write to claim events and wait")
+
+                async def stop_then_delete() -> None:
+                    async with httpx.AsyncClient(base_url=server.base_url, headers=client.headers) as other:
+                        assert (await other.post(f"/v1/turns/{reply.turn_id}/stop")).status_code == 200
+                        assert (await other.delete("/v1/users/me")).status_code == 204
+
+                deleting = asyncio.create_task(stop_then_delete())
+                done, _ = await asyncio.wait({deleting}, timeout=1.0)
+                assert not done, "the reply ended while a checkpoint of its events was still to be written"
+            finally:
+                for connection in held:
+                    await connection.close()
             await deleting
             rest = [line async for line in lines]
         assert "event: turn.interrupted" in rest
