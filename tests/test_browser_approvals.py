@@ -320,7 +320,6 @@ def test_a_call_nobody_decides_in_time_shows_as_timed_out_without_a_reload(
         send(tab, ASK)
         card = waiting_card(tab)
         expect_ui(card.locator(".approval-expiry")).to_contain_text("counts as rejected")
-        parked = parked_turn(api, conversation_id)
         # Nobody clicks: the server rejects the call and the reply goes on; the page sees it.
         wait_finished(tab, "completed", timeout=30_000)
         expect_ui(card).to_have_attribute("data-state", "rejected")
@@ -331,7 +330,7 @@ def test_a_call_nobody_decides_in_time_shows_as_timed_out_without_a_reload(
         stored = turns(api, conversation_id)
         assert stored[1]["tool_calls"][0]["approval"]["by"] == "timeout"
         assert reply_text(tab) == "".join(t["content"] for t in stored if t["role"] == "assistant")
-        assert runs_of(runs_log, parked["id"]) == []
+        assert runs_of(runs_log, stored[1]["id"]) == []
         # Reloaded, the stored turns say the same.
         tab.reload()
         tab.wait_for_selector("body[data-ready=true]")
