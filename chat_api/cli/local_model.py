@@ -415,6 +415,7 @@ def launch(
     *,
     port: int,
     threads: int,
+    threads_batch: int,
     ctx_size: int,
     max_tokens: int,
     wait_seconds: float,
@@ -424,7 +425,7 @@ def launch(
     key = api_key(home)
     command = [
         str(binary), "--model", str(model), "--alias", MODEL_ALIAS, "--host", "127.0.0.1",
-        "--port", str(port), "--jinja", "--threads", str(threads), "--threads-batch", str(threads),
+        "--port", str(port), "--jinja", "--threads", str(threads), "--threads-batch", str(threads_batch),
         "--ctx-size", str(ctx_size), "--n-predict", str(max_tokens), "--parallel", "1",
         "--metrics", "--slots", "--no-webui",
         # Only chatmem may call it: a key kept in the private directory, and no web page.
@@ -530,7 +531,8 @@ def cmd_start(args: argparse.Namespace) -> None:
     print(f"local-model: {info.name} ({info.architecture}) from {model}, {note}", file=sys.stderr)
     running = launch(
         home, binary, model, template,
-        port=args.port, threads=args.threads, ctx_size=args.ctx_size,
+        port=args.port, threads=args.threads, threads_batch=args.threads_batch or args.threads,
+        ctx_size=args.ctx_size,
         max_tokens=args.max_tokens, wait_seconds=args.wait, temperature=args.temperature,
     )  # fmt: skip
     print(f"local-model: llama-server is up (pid {running.pid}, log {home / 'server.log'})", file=sys.stderr)
@@ -577,6 +579,7 @@ def add_local_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     start.add_argument("--port", type=int, default=DEFAULT_PORT)
     start.add_argument("--threads", type=int, default=threads, help=f"CPU threads (default {threads})")
+    start.add_argument("--threads-batch", type=int, help="CPU threads reading a prompt (default: --threads)")
     start.add_argument("--ctx-size", type=int, default=8192)
     start.add_argument("--max-tokens", type=int, default=1024, help="longest reply, in tokens")
     start.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
