@@ -12,9 +12,10 @@ import json
 import os
 import shutil
 import signal
+import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -22,6 +23,7 @@ import pytest
 from sqlalchemy import func, select
 
 from chat_api.replies.approve import ApprovalTimeouts
+from chat_api.replies.drain import STOP_SIGNALS, Drain
 from memory.events import EventName
 from memory.storage.models import Turn
 from tests.conftest import LiveServer, token_for
@@ -406,3 +408,26 @@ async def test_a_follower_of_a_reply_another_replica_runs_does_not_hold_up_the_e
                 assert await exited(victim, 20)
                 assert followed[-1].event not in (EventName.TURN_INTERRUPTED, EventName.TURN_COMPLETED)
                 await api.post(f"/v1/turns/{first.data['reply_id']}/stop")
+
+
+def test_a_stop_signal_after_the_apps_loop_closed_is_passed_on_not_raised() -> None:
+    """An app made twice in one process can leave its stop-signal handler installed after its
+    loop closed; a SIGTERM then raised `Event loop is closed` in whatever the process ran."""
+    assert threading.current_thread() is threading.main_thread()  # where signals are handled
+    received: list[int] = []
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    signal.signal(signal.SIGTERM, lambda sig, frame: received.append(sig))
+    try:
+        drain = Drain(cast(Any, None), cast(Any, None), seconds=1.0, refuse_replies=lambda _: None)
+
+        async def watch() -> None:
+            drain.on_stop_signals()  # its undo never runs, as for the first of two apps
+
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(watch())
+        loop.close()
+        signal.raise_signal(signal.SIGTERM)
+        assert received == [signal.SIGTERM]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -143,9 +143,13 @@ class Drain:
 
         def handle(sig: int, frame: FrameType | None) -> None:
             self._signalled = True
-            # In a fresh context: the signal interrupts whatever ran, often a request, whose
-            # context (request id, tenant, user) the drain's logs and task must not carry.
-            loop.call_soon_threadsafe(self.begin, context=contextvars.Context())
+            # A process that made the app more than once (an embedding, the tests) can keep this
+            # handler after the app's loop closed (undo only removes it while it is the current
+            # one): that app has nothing left to drain, the handler before it still runs.
+            if not loop.is_closed():
+                # In a fresh context: the signal interrupts whatever ran, often a request, whose
+                # context (request id, tenant, user) the drain's logs and task must not carry.
+                loop.call_soon_threadsafe(self.begin, context=contextvars.Context())
             before: Any = previous[signal.Signals(sig)]
             if callable(before):
                 before(sig, frame)
