@@ -402,10 +402,9 @@ async def _sse(
 
     try:
         events = translator.opening() + [e for event in head for e in translator.feed(event)]
-        if translator.ended:
-            yield frames(events)
-            return
         yield frames(events)
+        if translator.ended:
+            return
         async for batch in batches:
             out = frames([e for event in batch for e in translator.feed(event)])
             if out:
