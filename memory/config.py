@@ -518,6 +518,16 @@ class RecallSettings(BaseSettings):
             " score (its best sentence's with MEMORY_SENTENCES; 0: keep all)."
         ),
     )
+    memory_standing_tokens: int = Field(
+        0,
+        ge=0,
+        le=4000,
+        description=(
+            "Tokens a conversation's first message may give to the user's newest statements about"
+            " themselves from earlier conversations, kept for the whole conversation: a prefix a model"
+            " server caches across conversations (0: none)."
+        ),
+    )
     memory_fusion: Literal["learned", "rrf"] = Field(
         "learned",
         description=(

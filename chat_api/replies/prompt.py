@@ -9,6 +9,7 @@ Later steps read the turns the reply added.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -33,8 +34,11 @@ from memory.prompt.templates import PromptSet
 from memory.recall.forgetting import lock_shown_memories
 from memory.recall.found import FoundMemory
 from memory.recall.recaller import Recaller
+from memory.recall.standing import standing_memories
 from memory.record.turns import note_reply_memory
 from memory.storage.db import Database
+
+log = logging.getLogger(__name__)
 
 
 class Prompter:
@@ -62,10 +66,23 @@ class Prompter:
         window = await self.window_for(reply.conversation_id, reply.instructions, stored)
         if recalls(request.memory_scope, window.use_memory):
             await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
+            if request.memory_scope == "user" and window.opens_conversation and self.budget.standing_tokens:
+                await self._read_standing(reply)
         else:
             reply.memory_use = "off"
             self.recaller.forget_query(reply.id)  # memory was switched off since it was accepted
         return window
+
+    async def _read_standing(self, reply: Reply) -> None:
+        """The statements a conversation's first reply begins with (memory.recall.standing), if any."""
+        if reply.nothing_stored is not None:
+            return  # nothing to find: the user had no memory when the reply was accepted
+        try:
+            async with self.db.session() as session:
+                reply.standing = await standing_memories(session, reply.owner, besides=reply.conversation_id)
+        except Exception:
+            # Memory is an aid: the reply goes on with what recall found.
+            log.exception("standing memories for reply %s could not be read", reply.id)
 
     async def window_for(
         self, conversation_id: uuid.UUID, instructions: str | None = None, stored: StoredWindow | None = None
@@ -81,9 +98,14 @@ class Prompter:
             self.db, conversation_id, prompts=prompts, budget=budget, instructions=instructions
         )
 
-    def prompt(self, window: PromptWindow, memory: Sequence[FoundMemory] = ()) -> BuiltContext:
-        """The whole prompt: the system message with the memories that fit, then the window."""
-        return prompt_from_window(window, prompts=self.prompts, budget=self.budget, memory=memory)
+    def prompt(
+        self, window: PromptWindow, memory: Sequence[FoundMemory] = (), standing: Sequence[FoundMemory] = ()
+    ) -> BuiltContext:
+        """The whole prompt: the system message, then the window with the reply's part (standing
+        memories, the time and the recalled memories that fit) before its user's words."""
+        return prompt_from_window(
+            window, prompts=self.prompts, budget=self.budget, memory=memory, standing=standing
+        )
 
     async def context_for(
         self, conversation_id: uuid.UUID, memory: Sequence[FoundMemory] = ()
@@ -99,7 +121,7 @@ class Prompter:
         """
         if window is None:
             window = await self.window_for(reply.conversation_id, reply.instructions)
-        built = self.prompt(window, reply.memories)
+        built = self.prompt(window, reply.memories, reply.standing)
         first_step = reply.turn_id == reply.id
         shown = built.new_part if first_step else None
         async with self.db.transaction() as session:

@@ -66,6 +66,8 @@ class Reply:
         self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
         self.memories: list[FoundMemory] = []  # recalled once per reply, shown to every step
+        # A conversation's first reply: the user's statements its part begins with (memory.recall.standing).
+        self.standing: list[FoundMemory] = []
         # The window's rows, read by the transaction that stored the reply's turns; taken by its
         # first prompt (None: that prompt reads them itself, as a resumed reply's does).
         self.stored_window: StoredWindow | None = None

@@ -45,6 +45,7 @@ from memory.events import INTERRUPTED_STATUSES, ToolCallState, TurnStatus
 from memory.prompt.templates import PromptSet
 from memory.prompt.tokens import count_tokens
 from memory.recall.remembering import FORGOTTEN
+from memory.recall.sentence_keys import sentences
 from memory.record.turns import recent_turn_rows
 
 if TYPE_CHECKING:
@@ -138,6 +139,8 @@ class ContextBudget:
     max_tokens: int = 6000
     reply_reserve: int = 1024
     memory_reserve: int = 800
+    # Of the memory reserve, what a conversation's first reply may give its standing memories.
+    standing_tokens: int = 0
     tool_result_max_chars: int = 4000
     interrupted_policy: InterruptedPolicy = "keep_text"
 
@@ -167,6 +170,7 @@ class ContextBudget:
             max_tokens=settings.context_max_tokens,
             reply_reserve=settings.reply_reserve_tokens,
             memory_reserve=settings.memory_reserve_tokens,
+            standing_tokens=settings.memory_standing_tokens,
             tool_result_max_chars=settings.tool_result_max_chars,
             interrupted_policy=settings.interrupted_policy,
         )
@@ -204,6 +208,8 @@ class ShownMemory:
     indexed: bool = True
     # What the block showed of it, when only its best sentences (memory.recall.excerpts).
     excerpt: str | None = None
+    # Shown in the conversation's standing block (memory.recall.standing), not recalled for the reply.
+    standing: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -221,6 +227,7 @@ class ShownMemory:
             "score": self.score,
             "indexed": self.indexed,
             **({"excerpt": self.excerpt} if self.excerpt is not None else {}),
+            **({"standing": True} if self.standing else {}),
         }
 
     @classmethod
@@ -236,10 +243,11 @@ class ShownMemory:
             score=float(data.get("score") or 0.0),
             indexed=bool(data.get("indexed", True)),
             excerpt=data["excerpt"] if isinstance(data.get("excerpt"), str) else None,
+            standing=data.get("standing") is True,
         )
 
     @classmethod
-    def of(cls, memory: PromptMemory) -> ShownMemory:
+    def of(cls, memory: PromptMemory, *, standing: bool = False) -> ShownMemory:
         return cls(
             turn_id=getattr(memory, "turn_id", None),
             chunk_index=int(getattr(memory, "chunk_index", 0) or 0),
@@ -251,6 +259,7 @@ class ShownMemory:
             score=memory.score,
             indexed=bool(getattr(memory, "indexed", True)),
             excerpt=getattr(memory, "excerpt", None),
+            standing=standing,
         )
 
 
@@ -604,10 +613,53 @@ def _replay_part(
     kept = tuple(m for m in part.memories if alive is None or m.key in alive)
     if len(kept) < len(part.memories):
         dropped["memory_gone_since_shown"] += len(part.memories) - len(kept)
-    text, used = _memory_block(kept, prompts, budget.memory_reserve, conversation, dropped, part.now)
-    unit.part = text if text is not None else prompts.render("current_time", now=part.now)
-    unit.shown = tuple(m for m in kept if m in used)
+    standing = [m for m in kept if m.standing]
+    standing_text, standing_used = _standing_block(standing, prompts, budget.memory_reserve, dropped)
+    room = budget.memory_reserve - _part_tokens(standing_text)
+    recalled = [m for m in kept if not m.standing]
+    text, used = _memory_block(recalled, prompts, room, conversation, dropped, part.now)
+    unit.part = _part_text(standing_text, text or prompts.render("current_time", now=part.now))
+    unit.shown = tuple(m for m in kept if m in standing_used or m in used)
     unit.tokens += count_tokens(unit.part) + 1
+
+
+def _part_tokens(text: str | None) -> int:
+    return count_tokens(text) + 1 if text else 0
+
+
+def _part_text(standing: str | None, part: str) -> str:
+    """A reply's part: the standing block, if the conversation's first reply got one, then the time
+    and the recalled memories."""
+    return f"{standing}\n\n{part}" if standing else part
+
+
+def _standing_block(
+    memory: Sequence[PromptMemory], prompts: PromptSet, room: int, dropped: Counter[str]
+) -> tuple[str | None, list[PromptMemory]]:
+    """The standing block (memory.recall.standing) within `room` tokens, and the items in it.
+
+    `memory` is oldest first, as the block shows it; the newest that fit are kept, so a later
+    statement that corrects an earlier one is the one left when not both fit.
+    """
+    if not memory or room <= 0:
+        return None, []
+    used = count_tokens(prompts.render("standing_block", items=""))
+    lines: list[str] = []
+    kept: list[PromptMemory] = []
+    for item in reversed(memory):
+        text = " ".join(item.text.split())
+        # A sentence a line: a small model finds one fact among a few lines better than in a paragraph.
+        line = "\n".join(prompts.render("standing_item", text=s) for s in sentences(text))
+        tokens = count_tokens(line) + 1
+        if not text or used + tokens > room:
+            dropped["standing_over_budget" if text else "memory_empty"] += 1
+            continue
+        lines.append(line)
+        kept.append(item)
+        used += tokens
+    if not lines:
+        return None, []
+    return prompts.render("standing_block", items="\n".join(reversed(lines))), kept[::-1]
 
 
 def _memory_block(
@@ -696,6 +748,13 @@ class PromptWindow:
     # The tokens the new memory block may take: the memory reserve, or what the window left of it.
     part_room: int = 0
 
+    @property
+    def opens_conversation(self) -> bool:
+        """The reply answers the window's only user message, and no earlier reply's part is shown:
+        the conversation's first reply (or one whose current exchange fills the window), which
+        is given the standing block (memory.recall.standing)."""
+        return not self.parts and sum(1 for m in self.messages if m.get("role") == "user") == 1
+
 
 def build_window(
     turns: Sequence[TurnView],
@@ -751,6 +810,10 @@ def build_window(
 def _shown_text(memory: PromptMemory | ShownMemory) -> str:
     """What a block shows of a memory: its excerpt if it has one, else its text (spacing normalised)."""
     return " ".join((getattr(memory, "excerpt", None) or memory.text).split())
+
+
+def _memory_key(memory: PromptMemory) -> tuple[str, int]:
+    return (str(getattr(memory, "turn_id", None)), int(getattr(memory, "chunk_index", 0) or 0))
 
 
 def _already_shown(memory: PromptMemory, shown: Mapping[str, frozenset[str]]) -> bool:
@@ -887,6 +950,7 @@ def prompt_from_window(
     prompts: PromptSet,
     budget: ContextBudget,
     memory: Sequence[PromptMemory] = (),
+    standing: Sequence[PromptMemory] = (),
 ) -> BuiltContext:
     """OpenAI chat messages: the system prompt, then the window; the reply's part in its latest user message.
 
@@ -896,7 +960,9 @@ def prompt_from_window(
     the memories that fit and the current time, goes before the user's words in the latest
     user message: the one place every chat template accepts (a second system message, or
     two user messages in a row, are refused by some), and a small model reads a block
-    before the question better than after it.
+    before the question better than after it. `standing` (a conversation's first reply only:
+    memory.recall.standing, oldest first) goes first in that part, before the time: the same
+    in every new conversation until the user says something new, it joins the cached prefix.
     """
     dropped: Counter[str] = Counter(window.dropped)
     system_text = prompts.render("system")
@@ -912,14 +978,26 @@ def prompt_from_window(
             dropped["memory_without_user_message"] += len(memory)
     elif latest not in window.parts:  # a later step of a reply replays the part its first step made
         now = _spoken_time(window.now)
-        # What an earlier message of the window still shows is not shown twice.
-        fresh = [m for m in memory if not _already_shown(m, window.shown_texts)]
+        standing_room = min(budget.standing_tokens, window.part_room)
+        standing_text, standing_used = _standing_block(standing, prompts, standing_room, dropped)
+        in_standing = {_memory_key(m) for m in standing_used}
+        # What an earlier message of the window, or the standing block, shows is not shown twice.
+        fresh = [
+            m
+            for m in memory
+            if not _already_shown(m, window.shown_texts) and _memory_key(m) not in in_standing
+        ]
         if len(fresh) < len(memory):
             dropped["memory_already_shown"] += len(memory) - len(fresh)
         memory_text, memory_used = _memory_block(
-            fresh, prompts, window.part_room, window.current_conversation, dropped, now
+            fresh,
+            prompts,
+            window.part_room - _part_tokens(standing_text),
+            window.current_conversation,
+            dropped,
+            now,
         )
-        part = memory_text if memory_text is not None else prompts.render("current_time", now=now)
+        part = _part_text(standing_text, memory_text or prompts.render("current_time", now=now))
         words = messages[latest]["content"]
         messages[latest] = _with_part(messages[latest], part)
         if isinstance(words, str):
@@ -927,7 +1005,11 @@ def prompt_from_window(
         else:
             tokens += count_tokens(part) + 1
         asked = str(window.asked) if window.asked is not None else None
-        new_part = ShownPart(now, tuple(ShownMemory.of(m) for m in memory_used), asked)
+        shown = (
+            *(ShownMemory.of(m, standing=True) for m in standing_used),
+            *(ShownMemory.of(m) for m in memory_used),
+        )
+        new_part = ShownPart(now, shown, asked)
     return BuiltContext(
         messages=[{"role": "system", "content": system_text}, *messages],
         window_turn_ids=list(window.turn_ids),
@@ -973,9 +1055,10 @@ def build_context(
     prompts: PromptSet,
     budget: ContextBudget,
     memory: Sequence[PromptMemory] = (),
+    standing: Sequence[PromptMemory] = (),
     now: datetime | None = None,
     alive: Collection[tuple[str, int]] | None = None,
 ) -> BuiltContext:
     """OpenAI chat messages for the next reply: the system prompt, then the window with the reply's part."""
     window = build_window(turns, prompts=prompts, budget=budget, now=now, alive=alive)
-    return prompt_from_window(window, prompts=prompts, budget=budget, memory=memory)
+    return prompt_from_window(window, prompts=prompts, budget=budget, memory=memory, standing=standing)

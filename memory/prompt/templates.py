@@ -34,6 +34,8 @@ TEMPLATE_FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
         "memory_role_user": frozenset(),
         "memory_role_assistant": frozenset(),
         "memory_role_tool": frozenset(),
+        "standing_block": frozenset({"items"}),
+        "standing_item": frozenset({"text"}),
         "query_rewrite": frozenset({"history", "message"}),
         "query_rewrite_history_line": frozenset({"role", "text"}),
         "fact_keys": frozenset({"message"}),

@@ -44,6 +44,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.recall.forgetting import TOMBSTONE, forget_replies_shown
+from memory.recall.found import FoundMemory
 from memory.record.conversations import Owner, get_conversation
 from memory.storage.models import Conversation, MemoryIndex, MemoryItem, MemoryItemKind, MemoryItemSource
 
@@ -232,6 +233,41 @@ async def items_by_key(
     query = _select_visible(owner).where(MemoryItem.turn_id.in_(turn_ids))
     found = {(row.turn_id, row.chunk_index): _stored(row) for row in await session.execute(query)}
     return {key: found[key] for key in keys if key in found}
+
+
+async def latest_in_own_words(
+    session: AsyncSession,
+    owner: Owner,
+    *,
+    limit: int,
+    max_chars: int,
+    besides: uuid.UUID | None = None,
+) -> list[FoundMemory]:
+    """The owner's newest visible items in their own words (a chunk of one of their turns, or a
+    fact they stated) of at most `max_chars` characters, outside conversation `besides`; newest
+    first, as recall's type (keyed by the row's turn id, a stated fact's own id included)."""
+    query = (
+        _select_visible(owner)
+        .where(MemoryItem.role == "user", func.char_length(MemoryItem.text) <= max_chars)
+        .order_by(MemoryItem.turn_created_at.desc(), MemoryItem.id.desc())
+        .limit(limit)
+    )
+    if besides is not None:
+        query = query.where(or_(MemoryItem.conversation_id.is_(None), MemoryItem.conversation_id != besides))
+    return [
+        FoundMemory(
+            turn_id=row.turn_id,
+            conversation_id=row.conversation_id,
+            text=row.text,
+            role=row.role,
+            created_at=row.turn_created_at,
+            score=0.0,
+            conversation_title=row.title,
+            chunk_index=row.chunk_index,
+            name=row.name,
+        )
+        for row in await session.execute(query)
+    ]
 
 
 async def remember_fact(
