@@ -174,6 +174,9 @@ class MemoryRetrievedData(TypedDict):
     rewrite: str  # model | heuristic | skipped
     scope: str
     items: list[RecalledItem]
+    # A conversation's first reply, with MEMORY_STANDING_TOKENS: the user's statements its prompt
+    # opens with, oldest first (memory.recall.standing); the items leave out what these show.
+    standing: NotRequired[list[RecalledItem]]
     latency_ms: NotRequired[dict[str, float]]
     rewrite_fallback: NotRequired[str]
     error: NotRequired[ErrorData]  # the reply goes on without memory, and says why

@@ -39,11 +39,13 @@ FACT = "My sister Ingrid keeps honeybees in Reykjavik."
 CORRECTED = "My sister Ingrid keeps honeybees in Tromsø."
 STATED = "I am vegetarian."
 OTHER_FACT = "My bicycle is a green Bianchi from 1998."
+PETS = "I keep three ferrets called Ada, Bo and Cy."
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ChatmemUp]:
-    with ChatmemUp(DEMO_TOKENS_PER_SECOND=200) as up:
+    # New chats open with the person's own statements (test_a_new_chat_opens_with_...).
+    with ChatmemUp(DEMO_TOKENS_PER_SECOND=200, MEMORY_STANDING_TOKENS=300) as up:
         yield up
 
 
@@ -205,6 +207,29 @@ def test_use_memory_in_this_chat_switch(
     wait_indexed(api, conversation)  # remembered all along: both questions are memories
     items = api.get("/v1/memory/items", params={"conversation_id": conversation}).json()["items"]
     assert {"Which bicycle do I ride?", "Which bicycle do I ride, again?"} <= {i["text"] for i in items}
+
+
+def test_a_new_chat_opens_with_what_you_said_about_yourself(
+    page: tuple[Page, PageWatch], server: ChatmemUp, api: httpx.Client
+) -> None:
+    """A new chat's first reply is given the person's own statements from earlier chats; its
+    memories panel lists them apart from what recall found for the message."""
+    tab, _ = page
+    open_chat(tab, server)
+    earlier = new_chat(tab)
+    send(tab, PETS)
+    wait_finished(tab, "completed")
+    wait_indexed(api, earlier)
+    new_chat(tab)
+    send(tab, "Hello again.")
+    wait_finished(tab, "completed")
+    reply = tab.locator(".reply").last
+    reply.locator(".memories-toggle").click()
+    panel = reply.locator("aside.memories")
+    expect_ui(panel).to_contain_text("About you, from earlier chats")
+    expect_ui(panel.locator(".standing-items")).to_contain_text(PETS)
+    expect_ui(panel.locator(".standing-items")).not_to_contain_text("score")
+    shot(tab, "memory-04-standing")
 
 
 def test_memory_view_fits_a_phone(browser: Browser, server: ChatmemUp) -> None:

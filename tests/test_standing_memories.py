@@ -18,13 +18,14 @@ from tests.conftest import LiveServer
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.openai_rules import check_chat_messages
 from tests.support import new_conversation
-from tests.test_memory_recall import FACT, index_outbox, say
+from tests.test_memory_recall import FACT, index_outbox, retrieved, say
 from tests.test_prompt_layout import context
 
 EN = load_prompts("en")
 NOW = datetime(2025, 3, 14, 9, 30, tzinfo=UTC)
 SHOWN_AT = "Friday, 14 March 2025, 09:30 UTC"
 BUDGET = ContextBudget(standing_tokens=300)
+ASKED = "Tell me about my sister Ingrid."
 
 
 def said(n: int, text: str) -> ShownMemory:
@@ -135,10 +136,10 @@ async def test_new_conversations_open_with_the_same_statements_and_a_forgotten_o
         await say(client, secret, "My password hint is my first cat's name.")
         await index_outbox(server.services.db, make_settings(**settings))
 
-        opened = []
+        opened, announced = [], []
         for title in ("Travel", "Cooking"):
             cid = await new_conversation(client, title)
-            await say(client, cid, "Let's plan something.")
+            announced.append(retrieved(await say(client, cid, ASKED)))
             opened.append(fake_openai.requests[-1].messages)
         travel, cooking = opened
         assert travel[0] == cooking[0]  # the system message
@@ -146,6 +147,10 @@ async def test_new_conversations_open_with_the_same_statements_and_a_forgotten_o
         assert block == f"<profile>\n- {FACT}\n</profile>"
         assert cooking[1]["content"].split("\n\n")[0] == block
         assert check_chat_messages(travel) is None
+        # memory.retrieved names them apart from what recall found, which does not repeat them.
+        assert [item["text"] for item in announced[0]["standing"]] == [FACT]
+        assert all(item["text"] != FACT for item in announced[0]["items"])
+        assert FACT not in travel[1]["content"].removeprefix(block)  # nor does the prompt
 
         # The conversation's next reply is sent the first prompt unchanged as its prefix.
         await say(client, cid, "Something warm, please.")
@@ -158,7 +163,7 @@ async def test_new_conversations_open_with_the_same_statements_and_a_forgotten_o
         after = await context(client, cid)
         # The block is gone from the replayed message, and so is the reply to the forgotten message.
         replayed = after[1]["content"]
-        assert replayed.startswith("<memories>\n") and replayed.endswith("\n\nLet's plan something.")
+        assert replayed.startswith("<memories>\n") and replayed.endswith(f"\n\n{ASKED}")
         assert FACT not in replayed and "Noted, my friend 0." not in replayed
         fresh = await new_conversation(client, "After")
         await say(client, fresh, "Hello again.")

@@ -27,6 +27,7 @@ from memory.prompt.context import (
     prompt_from_window,
     read_stored_window,
     read_window,
+    standing_that_fits,
     unless_still_shown,
     window_from,
 )
@@ -65,9 +66,9 @@ class Prompter:
         stored, reply.stored_window = reply.stored_window, None
         window = await self.window_for(reply.conversation_id, reply.instructions, stored)
         if recalls(request.memory_scope, window.use_memory):
-            await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
             if request.memory_scope == "user" and window.opens_conversation and self.budget.standing_tokens:
                 await self._read_standing(reply)
+            await recall_for_reply(self.recaller, reply, request.user_text, request.memory_scope, window)
         else:
             reply.memory_use = "off"
             self.recaller.forget_query(reply.id)  # memory was switched off since it was accepted
@@ -79,7 +80,8 @@ class Prompter:
             return  # nothing to find: the user had no memory when the reply was accepted
         try:
             async with self.db.session() as session:
-                reply.standing = await standing_memories(session, reply.owner, besides=reply.conversation_id)
+                found = await standing_memories(session, reply.owner, besides=reply.conversation_id)
+            reply.standing = standing_that_fits(found, self.prompts, self.budget)
         except Exception:
             # Memory is an aid: the reply goes on with what recall found.
             log.exception("standing memories for reply %s could not be read", reply.id)

@@ -93,9 +93,7 @@ async def recall_for_reply(
         log.warning("memory recall for reply %s took longer than %gs; replying without it", reply.id, timeout)
         message = f"memory recall took longer than {timeout:g}s; the reply goes on without memory"
         reply.memory_use = "unavailable"
-        reply.publish(
-            EventName.MEMORY_RETRIEVED, _without_memory(user_text, scope, RecallError.MEMORY_TIMEOUT, message)
-        )
+        _announce(reply, _without_memory(user_text, scope, RecallError.MEMORY_TIMEOUT, message))
         return
     except Exception as exc:
         # Memory is an aid: the reply goes on without it, and the client is told why.
@@ -106,22 +104,23 @@ async def recall_for_reply(
             log.exception("memory recall failed for reply %s", reply.id)
         observe_recall("error")
         reply.memory_use = "unavailable"
-        reply.publish(
-            EventName.MEMORY_RETRIEVED,
-            _without_memory(user_text, scope, RecallError.MEMORY_UNAVAILABLE, type(exc).__name__),
-        )
+        reason = type(exc).__name__
+        _announce(reply, _without_memory(user_text, scope, RecallError.MEMORY_UNAVAILABLE, reason))
         return
     observe_rewrite_of(found)
     observe_recall("ok" if found.degraded is None else "keywords_only")
     if found.query_ahead:
         observe_query_ahead("used")
     observe_retrieval(found.latency_ms["search"] / 1000)
+    # What the prompt's standing block shows is not shown again (nor listed twice).
+    standing = {(m.turn_id, m.chunk_index) for m in reply.standing}
+    memories = [m for m in found.memories if (m.turn_id, m.chunk_index) not in standing]
     payload = MemoryRetrievedData(
         query=user_text,
         rewritten_query=found.query,
         rewrite=found.rewrite.method,
         scope=scope,
-        items=[recalled_item(m) for m in found.memories],
+        items=[recalled_item(m) for m in memories],
         latency_ms=dict(found.latency_ms),
     )
     if found.rewrite.fallback_reason and found.rewrite.method == "heuristic":
@@ -131,8 +130,15 @@ async def recall_for_reply(
         code, reason = found.degraded
         log.warning("memory recall for reply %s used keyword search only: %s", reply.id, reason)
         payload["error"] = ErrorData(code=code, message=f"keyword search only: {reason}"[:500])
-    reply.memories = found.memories
+    reply.memories = memories
     reply.rewritten_query = found.query
+    _announce(reply, payload)
+
+
+def _announce(reply: Reply, payload: MemoryRetrievedData) -> None:
+    """Publish `memory.retrieved`, with the statements the prompt opens with if it has any."""
+    if reply.standing:
+        payload["standing"] = [recalled_item(m) for m in reply.standing]
     reply.publish(EventName.MEMORY_RETRIEVED, payload)
 
 

@@ -284,7 +284,7 @@ export class ReplyView {
   setMemories(payload) {
     this.memories = payload || { items: [] };
     if (payload?.rewritten_query) this.rewrittenQuery = payload.rewritten_query;
-    const count = (payload?.items || []).length;
+    const count = (payload?.items || []).length + (payload?.standing || []).length;
     this.memoriesButton.textContent = `Memories (${count})`;
     this.renderMemories();
   }
@@ -317,15 +317,27 @@ export class ReplyView {
       panel.append(query);
     }
     const items = this.memories?.items || [];
+    // A chat's first reply may open with what the user said about themselves in earlier chats.
+    const standing = this.memories?.standing || [];
     if (this.memories === null && !this.finished && !this.parked) {
       panel.append(paragraph("Not known yet."));
-    } else if (items.length === 0) {
+    } else if (items.length === 0 && standing.length === 0) {
       panel.append(paragraph("No memories were used for this reply."));
     } else {
-      const list = document.createElement("ol");
-      list.className = "memory-items";
-      for (const item of items) list.append(memoryItem(item));
-      panel.append(list);
+      if (standing.length > 0) {
+        const list = document.createElement("ol");
+        list.className = "memory-items standing-items";
+        list.setAttribute("aria-label", "What you said about yourself, given to this chat");
+        for (const item of standing) list.append(memoryItem({ ...item, score: undefined }));
+        panel.append(subheading("About you, from earlier chats"), list);
+      }
+      if (items.length > 0) {
+        const list = document.createElement("ol");
+        list.className = "memory-items";
+        for (const item of items) list.append(memoryItem(item));
+        if (standing.length > 0) panel.append(subheading("Found for this message"));
+        panel.append(list);
+      }
     }
   }
 }
@@ -411,6 +423,12 @@ function paragraph(text) {
 
 function heading(text) {
   const node = document.createElement("h3");
+  node.textContent = text;
+  return node;
+}
+
+function subheading(text) {
+  const node = document.createElement("h4");
   node.textContent = text;
   return node;
 }

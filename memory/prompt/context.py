@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from sqlalchemy import text as sql_text
 
@@ -191,6 +191,9 @@ class PromptMemory(Protocol):
     def role(self) -> str: ...
     @property
     def score(self) -> float: ...
+
+
+M = TypeVar("M", bound=PromptMemory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,6 +663,12 @@ def _standing_block(
     if not lines:
         return None, []
     return prompts.render("standing_block", items="\n".join(reversed(lines))), kept[::-1]
+
+
+def standing_that_fits(memory: Sequence[M], prompts: PromptSet, budget: ContextBudget) -> list[M]:
+    """Of `memory` (oldest first), what a standing block of the budget's size shows."""
+    shown = {id(m) for m in _standing_block(memory, prompts, budget.standing_tokens, Counter())[1]}
+    return [m for m in memory if id(m) in shown]
 
 
 def _memory_block(
