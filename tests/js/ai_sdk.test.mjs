@@ -213,8 +213,15 @@ test('disconnect, then reconnectToStream replays the reply from its start and fo
   disconnect.abort(); // what useChat's stop() does: a disconnect, and chatmem goes on generating
   await reader.cancel().catch(() => {});
 
-  // A page reload: the history so far, then resume, as useChat({resume: true}) does.
-  const partial = await stored(chatId);
+  // A page reload: the history so far, then resume, as useChat({resume: true}) does. The text
+  // streamed reaches storage with the next checkpoint (CHECKPOINT_INTERVAL_MS; later on a busy
+  // machine): wait for one that holds what the client saw first.
+  let partial = await stored(chatId);
+  const storedText = () => (partial[1] ? textOf(partial[1]) : '');
+  for (const until = Date.now() + 15_000; storedText().length < 10 && Date.now() < until; ) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    partial = await stored(chatId);
+  }
   assert.equal(partial[1].metadata.status, 'streaming');
   assert.ok(textOf(partial[1]).startsWith(before.slice(0, 10)));
   const chat = newChat({ id: chatId, messages: partial });
