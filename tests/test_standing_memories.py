@@ -80,6 +80,16 @@ def test_the_standing_block_keeps_the_newest_statements_that_fit() -> None:
     assert built.dropped["standing_over_budget"] == 2
 
 
+def test_a_statement_of_several_sentences_is_a_line_each() -> None:
+    """A small model finds one fact among lines better than inside a paragraph; short ones too."""
+    turns = [TurnView(role="user", status="completed", content="hello", id=1, seq=1)]
+    about = said(4, "Some things about me. I live in Leeds. My car is a 2009 Volvo.")
+    built = build_context(turns, prompts=EN, budget=BUDGET, now=NOW, standing=[about])
+    assert built.messages[1]["content"].startswith(
+        "<profile>\n- Some things about me.\n- I live in Leeds.\n- My car is a 2009 Volvo.\n</profile>\n\n"
+    )
+
+
 def test_the_standing_block_is_replayed_unchanged_and_loses_a_forgotten_statement() -> None:
     part = ShownPart(SHOWN_AT, (DOG, CAR)).to_json()
     part["memories"] = [{**m, "standing": True} for m in part["memories"]]

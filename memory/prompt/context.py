@@ -651,8 +651,9 @@ def _standing_block(
     kept: list[PromptMemory] = []
     for item in reversed(memory):
         text = " ".join(item.text.split())
-        # A sentence a line: a small model finds one fact among a few lines better than in a paragraph.
-        line = "\n".join(prompts.render("standing_item", text=s) for s in sentences(text))
+        # A sentence a line, short ones too ("I live in Leeds."): a small model finds one fact
+        # among lines better than in a paragraph.
+        line = "\n".join(prompts.render("standing_item", text=s) for s in sentences(text, min_chars=0))
         tokens = count_tokens(line) + 1
         if not text or used + tokens > room:
             dropped["standing_over_budget" if text else "memory_empty"] += 1

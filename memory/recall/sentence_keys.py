@@ -34,15 +34,16 @@ MIN_SENTENCE_CHARS = 25
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 
 
-def sentences(text: str) -> list[str]:
-    """The sentences of ``text``, short ones merged into the next (the last into the one before)."""
+def sentences(text: str, *, min_chars: int = MIN_SENTENCE_CHARS) -> list[str]:
+    """The sentences of ``text``, ones shorter than ``min_chars`` merged into the next (the last
+    into the one before)."""
     merged: list[str] = []
     pending = ""
     for part in (p.strip() for p in _SENTENCE_END.split(text)):
         if not part:
             continue
         pending = f"{pending} {part}" if pending else part
-        if len(pending) >= MIN_SENTENCE_CHARS:
+        if len(pending) >= min_chars:
             merged.append(pending)
             pending = ""
     if pending:
